@@ -1,0 +1,147 @@
+"""URL handling: the upstream origin the proxy is given, and the redacted form of any URL we keep.
+
+Owns parsing a URL into (scheme, host, port), normalizing an upstream to ``https://host[:port]``,
+and stripping userinfo, query and fragment before a URL is stored, logged or put in an error
+message. Must not do I/O (no DNS, no sockets) and must not import other sidecar-fsm modules
+except ``errors``: config, rewrite and store all build on it.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import re
+from dataclasses import dataclass
+from urllib.parse import SplitResult, urlsplit
+
+from sidecar_fsm.errors import ConfigError
+
+DEFAULT_PORTS = {"https": 443, "http": 80}
+
+# A registered name as DNS and the Go proxy accept it; percent-encoding and IDN are not used by
+# any model endpoint and would make "the same host" ambiguous, so they are refused rather than
+# guessed at.
+_HOST_NAME = re.compile(r"[a-z0-9_]([a-z0-9_.-]*[a-z0-9_])?\.?")
+
+_UPSTREAM_HINT = "use https://HOST[:PORT]"
+
+
+@dataclass(frozen=True)
+class Origin:
+    """The part of a URL that decides which server a request reaches.
+
+    ``host`` is lower-cased (IPv6 in its compressed form, without brackets) and ``port`` is the
+    effective port, so ``https://API.example.com`` and ``https://api.example.com:443`` compare
+    equal.
+    """
+
+    scheme: str
+    host: str
+    port: int
+
+    @property
+    def netloc(self) -> str:
+        """``host[:port]`` with the port left out when it is the scheme's default."""
+        host = f"[{self.host}]" if ":" in self.host else self.host
+        if DEFAULT_PORTS.get(self.scheme) == self.port:
+            return host
+        return f"{host}:{self.port}"
+
+    def __str__(self) -> str:
+        return f"{self.scheme}://{self.netloc}"
+
+
+def parse_origin(url: str) -> Origin:
+    """The origin of ``url``; raises ``ValueError`` whose text says what is wrong (no field, no value).
+
+    Read-only and pure. Userinfo, path, query and fragment are ignored. A scheme other than
+    http/https is accepted only with an explicit port, since there is no default to compare with.
+    """
+    try:
+        parts = urlsplit(url.strip())
+    except ValueError as exc:
+        raise ValueError(f"is not a valid URL ({str(exc).lower()})") from None
+    scheme = parts.scheme.lower()
+    if not scheme or not url.strip()[len(scheme) :].startswith("://"):
+        raise ValueError("is not an absolute URL (scheme://host)")
+    if not parts.netloc:
+        raise ValueError("has no host")
+    host = _normalize_host(parts)
+    try:
+        port = parts.port
+    except ValueError:
+        raise ValueError("has an invalid port (must be 1-65535)") from None
+    if port == 0:
+        raise ValueError("has an invalid port (must be 1-65535)")
+    if port is None:
+        if scheme not in DEFAULT_PORTS:
+            raise ValueError(f"has no port and scheme '{scheme}' has no default")
+        port = DEFAULT_PORTS[scheme]
+    return Origin(scheme, host, port)
+
+
+def _normalize_host(parts: SplitResult) -> str:
+    raw = parts.hostname  # lower-cased, brackets and userinfo already removed
+    if not raw:
+        raise ValueError("has no host")
+    if "[" in parts.netloc:
+        try:
+            return ipaddress.IPv6Address(raw.split("%", 1)[0]).compressed
+        except ValueError:
+            raise ValueError("has an invalid IPv6 address") from None
+    if not _HOST_NAME.fullmatch(raw):
+        raise ValueError("has an invalid host name")
+    return raw
+
+
+def upstream_origin(url: str, field: str) -> str:
+    """``url`` reduced to ``https://host[:port]``: host lower-cased, port 443 dropped, path dropped.
+
+    The proxy uses only the origin of its upstream (a path would be silently prepended to every
+    request otherwise), so the config keeps only that. Raises ``ConfigError`` naming ``field`` and
+    the value (credentials masked) for a scheme other than https (HTTP/2 is chosen by ALPN, so
+    there is no cleartext variant), a missing host or a bad port.
+    """
+    shown = without_userinfo(url)
+    scheme, sep, _ = url.strip().partition("://")
+    if sep and scheme.lower() != "https":
+        raise ConfigError(f"{field}: '{shown}' must be https:// (HTTP/2 is chosen by ALPN); {_UPSTREAM_HINT}")
+    try:
+        return str(parse_origin(url))
+    except ValueError as exc:
+        raise ConfigError(f"{field}: '{shown}' {exc}; {_UPSTREAM_HINT}") from None
+
+
+def without_userinfo(url: str) -> str:
+    """``url`` with any ``user:password@`` replaced by ``***@``; for error messages.
+
+    Never raises, even for text that is not a URL: it is used on the bad values being reported.
+    """
+    scheme, sep, rest = url.partition("://")
+    if not sep:
+        return url
+    end = len(rest)
+    for stop in "/?#":
+        i = rest.find(stop)
+        if i != -1:
+            end = min(end, i)
+    authority = rest[:end]
+    at = authority.rfind("@")
+    if at == -1:
+        return url
+    return f"{scheme}://***@{authority[at + 1 :]}{rest[end:]}"
+
+
+def redact_url(url: str) -> str:
+    """``url`` without userinfo, query or fragment: the form that may be stored or logged.
+
+    Tokens travel in query strings (``?api-key=``) as often as in userinfo, so both go. Never
+    raises: text that is not a URL is cut at its first ``?`` or ``#`` the same way.
+    """
+    for stop in "?#":
+        url = url.split(stop, 1)[0]
+    scheme, sep, rest = url.partition("://")
+    if not sep:
+        return url
+    authority, slash, path = rest.partition("/")
+    authority = authority.rpartition("@")[2]
+    return f"{scheme}://{authority}{slash}{path}"

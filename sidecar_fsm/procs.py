@@ -1,0 +1,237 @@
+"""Process identity and signals: the only code in sidecar-fsm that starts or signals a process.
+
+Owns spawning a sidecar in its own session, reading a process's identity (pid, start time,
+executable) with psutil, deciding whether a recorded identity is still that process
+(:func:`is_ours`), and every signal sent to a sidecar, always through a pidfd.
+
+Must not open the database, change any state or trust a pid alone: a crashed run leaves pids in
+the database for days, long enough for the kernel to hand the number to an unrelated process.
+Waiting is done by polling a pidfd (readable once the process has exited), never by sleep loops.
+Linux only (``os.pidfd_open`` needs Linux 5.3, ``signal.pidfd_send_signal`` 5.1).
+"""
+
+from __future__ import annotations
+
+import os
+import select
+import signal
+import subprocess
+from dataclasses import dataclass
+from typing import Literal
+
+import psutil
+
+from .errors import SidecarError
+
+# psutil derives the start time from clock ticks since boot (USER_HZ, 100 per second), so the
+# same process always reads the same value while two processes that reuse a pid differ by at
+# least one tick. Half a tick absorbs float rounding in whatever stored the record.
+_START_TIME_TOLERANCE = 0.005
+
+# After SIGKILL a process normally vanishes within milliseconds; one stuck in uninterruptible
+# sleep (NFS, a dying disk) can take longer, and waiting forever for it would hang stop/reap.
+_KILL_WAIT_SECONDS = 5.0
+
+TerminateOutcome = Literal["exited", "killed", "not-ours", "gone"]
+
+
+@dataclass(frozen=True)
+class ProcessIdentity:
+    """What makes a process the one we started: pid, start time (unix seconds) and executable.
+
+    ``exe`` is the resolved path of the running executable, or None when it was not recorded or
+    could not be read; a record with ``exe`` set only matches a process running that file.
+    """
+
+    pid: int
+    start_time: float
+    exe: str | None
+
+
+def identity_of(pid: int) -> ProcessIdentity | None:
+    """The identity of the live process at ``pid``; None when there is none or it is a zombie.
+
+    Read-only. A zombie has exited (only its exit status is left to collect), so it has no
+    identity worth matching: it can neither be drained nor be harmed. ``exe`` is None when the
+    process belongs to another user and its executable cannot be read.
+    """
+    try:
+        process = psutil.Process(pid)
+        with process.oneshot():
+            if process.status() == psutil.STATUS_ZOMBIE:
+                return None
+            start_time = process.create_time()
+            try:
+                exe: str | None = process.exe() or None
+            except psutil.AccessDenied:
+                exe = None
+    except psutil.NoSuchProcess:  # ZombieProcess is a subclass: raised by exe() of a zombie too
+        return None
+    return ProcessIdentity(pid=pid, start_time=start_time, exe=exe)
+
+
+def _same_exe(recorded: str, current: str | None) -> bool:
+    if current is None:
+        # Unreadable executable: identity cannot be proven, so the answer is "not ours".
+        return False
+    # The record may hold the path the binary was started by (the cache path, maybe through a
+    # symlink); /proc holds the resolved file.
+    return recorded == current or os.path.realpath(recorded) == current
+
+
+def is_ours(record: ProcessIdentity) -> bool:
+    """True if the process at ``record.pid`` is the one ``record`` describes (start time, exe).
+
+    This is the one function that decides identity. A crashed run leaves pids in the database
+    for days, long enough for the number to be reused; a different start time (or a different
+    executable, when one was recorded) means another process now holds the pid. A vanished or
+    zombie process is not an error: the answer is False. Callers that act on the answer open a
+    pidfd first, call this, then signal through the pidfd (see :func:`signal_if_ours`), so a
+    pid reused between the check and the signal is never hit.
+    """
+    current = identity_of(record.pid)
+    if current is None:
+        return False
+    if abs(current.start_time - record.start_time) >= _START_TIME_TOLERANCE:
+        return False
+    return record.exe is None or _same_exe(record.exe, current.exe)
+
+
+def spawn(argv: list[str], env: dict[str, str], log_path: str) -> subprocess.Popen[bytes]:
+    """Start ``argv`` in a new session, stdin from /dev/null, stdout and stderr appended to ``log_path``.
+
+    A new session keeps a terminal's Ctrl-C (sent to the foreground process group) away from the
+    sidecar, so it drains only when the launcher tells it to. ``close_fds`` and the CLOEXEC log
+    descriptor mean the child inherits no descriptor but its three standard ones: a leaked
+    listening socket or lock would outlive the launcher inside the sidecar. The log is opened in
+    append mode so restarts and concurrent writers never overwrite earlier output.
+
+    When this returns, the child has already exec'd ``argv[0]`` (``subprocess`` waits for the
+    exec to succeed), so :func:`identity_of` on its pid reads the sidecar's executable, not a
+    copy of the launcher. Raises ``OSError`` when the executable cannot be started.
+    """
+    log_fd = os.open(log_path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC, 0o644)
+    try:
+        return subprocess.Popen(
+            argv,
+            stdin=subprocess.DEVNULL,
+            stdout=log_fd,
+            stderr=subprocess.STDOUT,
+            env=env,
+            close_fds=True,
+            start_new_session=True,
+        )
+    finally:
+        os.close(log_fd)
+
+
+def _open_pidfd(pid: int) -> int | None:
+    try:
+        return os.pidfd_open(pid)
+    except ProcessLookupError:
+        return None
+
+
+def _wait_pidfd(pidfd: int, timeout: float | None) -> bool:
+    """True once the process behind ``pidfd`` has exited; False when ``timeout`` passed first.
+
+    A pidfd polls readable when its process exits, whether or not it has been reaped yet.
+    """
+    poller = select.poll()
+    poller.register(pidfd, select.POLLIN)
+    timeout_ms = None if timeout is None else max(0, int(timeout * 1000 + 0.999))
+    return bool(poller.poll(timeout_ms))
+
+
+def _send(pidfd: int, sig: int, record: ProcessIdentity) -> bool:
+    """Signal through the pidfd; False when the process is already gone."""
+    try:
+        signal.pidfd_send_signal(pidfd, sig)
+    except ProcessLookupError:
+        return False
+    except PermissionError as error:
+        raise SidecarError(
+            f"signal: pid {record.pid} matches its record but cannot be signalled ({error.strerror}); "
+            "run sidecar-fsm as the user that started it"
+        ) from error
+    return True
+
+
+def signal_if_ours(record: ProcessIdentity, sig: int) -> bool:
+    """Send ``sig`` to the process of ``record`` if it still is that process; True if sent.
+
+    The pidfd is opened before the identity check and the signal goes through it: a pidfd
+    names one process, not a number, so if the process exits and its pid is reused after the
+    check, the signal fails with "no such process" instead of hitting the newcomer. False when
+    the process is gone or the pid belongs to another process. Raises ``SidecarError`` when the
+    process matches but we are not allowed to signal it.
+    """
+    pidfd = _open_pidfd(record.pid)
+    if pidfd is None:
+        return False
+    try:
+        return is_ours(record) and _send(pidfd, sig, record)
+    finally:
+        os.close(pidfd)
+
+
+def terminate(record: ProcessIdentity, grace: float) -> TerminateOutcome:
+    """End the process of ``record``: SIGTERM, wait up to ``grace`` seconds, then SIGKILL and wait.
+
+    Returns ``"exited"`` (it ended within the grace), ``"killed"`` (SIGKILL was needed),
+    ``"not-ours"`` (another live process holds the pid: nothing was sent) or ``"gone"`` (no live
+    process at the pid, or it exited before we signalled it). Waiting polls the pidfd, so the
+    call returns the moment the process exits. For our own child the exit leaves a zombie: the
+    caller still reaps it with ``Popen.wait()`` (which then returns at once with the code).
+    """
+    pidfd = _open_pidfd(record.pid)
+    if pidfd is None:
+        return "gone"
+    try:
+        if not is_ours(record):
+            # identity_of is None for a zombie or a vanished process: nothing left to end.
+            return "gone" if identity_of(record.pid) is None else "not-ours"
+        if not _send(pidfd, signal.SIGTERM, record):
+            return "gone"
+        if _wait_pidfd(pidfd, grace):
+            return "exited"
+        if not _send(pidfd, signal.SIGKILL, record):
+            return "exited"
+        _wait_pidfd(pidfd, _KILL_WAIT_SECONDS)
+        return "killed"
+    finally:
+        os.close(pidfd)
+
+
+def wait_exit(popen_or_pid: subprocess.Popen[bytes] | int, timeout: float | None) -> int | None:
+    """Wait up to ``timeout`` seconds (None: forever) for a process to exit; None if it still runs.
+
+    For a ``Popen`` the child is reaped and its return code returned (negative: killed by that
+    signal). ``Popen.wait(timeout)`` would sleep-poll; this blocks on the pidfd instead, so it
+    returns the moment the child exits. For a bare pid, the code is returned only when that pid
+    is our own child; for any other process the code is unknowable and -1 means "it exited".
+    """
+    if isinstance(popen_or_pid, subprocess.Popen):
+        popen = popen_or_pid
+        if popen.returncode is not None:
+            return popen.returncode
+        pidfd = _open_pidfd(popen.pid)
+        if pidfd is not None:
+            try:
+                if not _wait_pidfd(pidfd, timeout):
+                    return None
+            finally:
+                os.close(pidfd)
+        return popen.wait()
+    pidfd = _open_pidfd(popen_or_pid)
+    if pidfd is not None:
+        try:
+            if not _wait_pidfd(pidfd, timeout):
+                return None
+        finally:
+            os.close(pidfd)
+    try:
+        pid, status = os.waitpid(popen_or_pid, os.WNOHANG)
+    except ChildProcessError:
+        return -1
+    return os.waitstatus_to_exitcode(status) if pid else -1

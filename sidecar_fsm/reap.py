@@ -1,0 +1,209 @@
+"""Reaping: closes the runs whose launcher is gone and ends only the sidecars proven to be theirs.
+
+Owns deciding whether a run's owner is alive (pid *and* start time, never the pid alone), the
+reap plan, and carrying it out: SIGTERM (then SIGKILL after the recorded grace) through
+``procs.terminate``, the ``fail`` event through the state machine, removal of stale ready files
+and ``store.end_run(run, "reaped")``. Must not signal a process itself (``procs`` does, after
+proving pid, start time and executable), set a state column (``fsm`` does), touch a run whose
+owner is alive, or reach another host: only this host's database is reaped, because a reap can
+only signal processes on its own host.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal
+
+from filelock import FileLock
+
+from sidecar_fsm import procs
+from sidecar_fsm.errors import ConfigError
+
+# Imported for their types and machines; each owns its concern (SQL, state changes).
+from sidecar_fsm.fsm import TERMINAL, InstanceMachine
+from sidecar_fsm.store import InstanceRecord, RunRecord, Store
+
+OwnerStatus = Literal["alive", "dead", "reused"]
+
+DEFAULT_GRACE_SECONDS = 60.0
+
+# States whose instance may have a process: configured/building never spawned one.
+_MAY_HAVE_PROCESS = frozenset({"spawned", "ready", "draining"})
+
+
+@dataclass(frozen=True)
+class InstanceReap:
+    """One instance of a reaped run: what was (or would be) done and how it ended."""
+
+    instance_id: int
+    name: str
+    state: str
+    pid: int | None
+    action: str
+    result: str | None = None
+
+
+@dataclass(frozen=True)
+class RunReap:
+    """One run whose owner is gone: why, its non-terminal instances, the ready files removed."""
+
+    run_id: str
+    host: str
+    owner_pid: int
+    owner: OwnerStatus
+    reason: str
+    instances: list[InstanceReap] = field(default_factory=list)
+    ready_files: list[str] = field(default_factory=list)
+
+
+@dataclass(frozen=True)
+class ReapReport:
+    dry_run: bool
+    runs: list[RunReap]
+
+
+def owner_status(run: RunRecord) -> OwnerStatus:
+    """Whether the process that started ``run`` is still alive: ``alive``, ``dead`` or ``reused``.
+
+    Read-only. A run can stay open in the database for days after its launcher was SIGKILLed,
+    long enough for the kernel to give the pid to an unrelated process; the recorded start time
+    tells them apart. Without a recorded start time the pid cannot be proven reused, so a live
+    process there counts as the owner: the safe answer, since it keeps reap away.
+    """
+    current = procs.identity_of(run.owner_pid)
+    if current is None:
+        return "dead"
+    if run.owner_start_time is None:
+        return "alive"
+    recorded = procs.ProcessIdentity(pid=run.owner_pid, start_time=run.owner_start_time, exe=None)
+    return "alive" if procs.is_ours(recorded) else "reused"
+
+
+def _reason(run: RunRecord, owner: OwnerStatus) -> str:
+    if owner == "reused":
+        return f"owner pid {run.owner_pid} now belongs to another process"
+    return f"owner pid {run.owner_pid} is gone"
+
+
+def recorded_grace_seconds(run: RunRecord) -> float:
+    """The run's ``shutdown_grace`` from its config summary; the config default when absent.
+
+    The grace is what the sidecar was told it may spend draining, so reap waits that long
+    before SIGKILL, exactly as the launcher's ``stop()`` would have.
+    """
+    summary: dict[str, Any] = dict(run.config_summary or {})
+    for key in ("shutdown_grace_seconds", "shutdown_grace"):
+        value = summary.get(key)
+        if value is None:
+            continue
+        try:
+            from sidecar_fsm.config import parse_duration_seconds
+
+            return float(parse_duration_seconds(value, f"run {run.run_id} shutdown_grace"))
+        except ConfigError:
+            break
+    return DEFAULT_GRACE_SECONDS
+
+
+def _identity(inst: InstanceRecord) -> procs.ProcessIdentity | None:
+    """The identity to match, or None when the record cannot prove one (never signal then)."""
+    if inst.pid is None or inst.pid_start_time is None or not inst.binary:
+        return None
+    return procs.ProcessIdentity(pid=inst.pid, start_time=inst.pid_start_time, exe=inst.binary)
+
+
+_RESULTS = {
+    "exited": "drained and exited after SIGTERM",
+    "killed": "killed with SIGKILL after the {grace:g}s grace",
+    "gone": "process had already exited",
+    "not-ours": "pid {pid} belongs to another process; not signalled",
+}
+
+
+def _plan_instance(inst: InstanceRecord) -> tuple[InstanceReap, procs.ProcessIdentity | None]:
+    identity = _identity(inst) if inst.state in _MAY_HAVE_PROCESS else None
+    if identity is not None and procs.is_ours(identity):
+        return InstanceReap(inst.id, inst.name, inst.state, inst.pid, "SIGTERM, mark failed"), identity
+    if inst.pid is not None and inst.state in _MAY_HAVE_PROCESS and procs.identity_of(inst.pid) is not None:
+        # Something lives at the pid but the record does not prove it is our sidecar.
+        return InstanceReap(inst.id, inst.name, inst.state, inst.pid, "mark failed (pid not ours)"), None
+    return InstanceReap(inst.id, inst.name, inst.state, inst.pid, "mark failed"), None
+
+
+def _stale_ready_files(instances: list[InstanceRecord]) -> list[str]:
+    return [inst.ready_path for inst in instances if inst.ready_path and os.path.lexists(inst.ready_path)]
+
+
+def reap_lock_path(store: Store) -> Path:
+    """The lock two reapers share: next to the database, so it is per host like the database."""
+    return Path(f"{store.path}.reap.lock")
+
+
+def reap(store: Store, *, dry_run: bool = False) -> ReapReport:
+    """Reap every open run of ``store`` whose owner is gone; with ``dry_run``, only say what.
+
+    Idempotent. The plan is made and carried out under a file lock next to the database, and
+    the open runs are read only after the lock is held: a second reaper waiting on the lock
+    then finds the runs the first one closed already ended, and does nothing. An instance is
+    marked ``failed`` (with the reason) whether we ended its process or it had exited by itself
+    (``exit_with_owner``); a pid that is not provably ours is never signalled. Each transition
+    is persisted before the signal it announces, so a reaper killed midway leaves the record
+    saying what it was about to do, and the next reap finishes the job.
+    """
+    with FileLock(str(reap_lock_path(store))):
+        report = ReapReport(dry_run=dry_run, runs=[])
+        for run in store.list_runs("live"):
+            owner = owner_status(run)
+            if owner == "alive":
+                continue
+            report.runs.append(_reap_run(store, run, owner, dry_run))
+        return report
+
+
+def _reap_run(store: Store, run: RunRecord, owner: OwnerStatus, dry_run: bool) -> RunReap:
+    reason = _reason(run, owner)
+    grace = recorded_grace_seconds(run)
+    instances = store.instances_of(run.run_id)
+    result = RunReap(run.run_id, run.host, run.owner_pid, owner, reason)
+    for inst in instances:
+        if inst.state in TERMINAL:
+            continue
+        planned, identity = _plan_instance(inst)
+        if dry_run:
+            result.instances.append(planned)
+            continue
+        result.instances.append(_reap_instance(store, inst, planned, identity, reason, grace))
+    stale = _stale_ready_files(instances)
+    if not dry_run:
+        for path in stale:
+            # The run's ready files are per run id, so no other run can be using them; a
+            # sidecar that was killed (not drained) never removed its own.
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(path)
+        store.end_run(run.run_id, "reaped")
+    result.ready_files.extend(stale)
+    return result
+
+
+def _reap_instance(
+    store: Store,
+    inst: InstanceRecord,
+    planned: InstanceReap,
+    identity: procs.ProcessIdentity | None,
+    reason: str,
+    grace: float,
+) -> InstanceReap:
+    machine = InstanceMachine(store, inst.id, inst.state)
+    if identity is None:
+        outcome: str = "not-ours" if planned.action.endswith("(pid not ours)") else "gone"
+    else:
+        if machine.state != "draining":
+            machine.fire("drain", detail=f"reap: {reason}")
+        outcome = procs.terminate(identity, grace)
+    text = _RESULTS[outcome].format(grace=grace, pid=inst.pid)
+    error = f"reaped: {reason}; {text}"
+    machine.fire("fail", detail=error, error=error)
+    return InstanceReap(inst.id, inst.name, inst.state, inst.pid, planned.action, text)

@@ -1,0 +1,435 @@
+"""Every human table and every ``--json`` document the command line prints.
+
+Owns the presentation of runs, instances, transition histories and reap plans: column layout
+(padded to the widest value, like ``supervisorctl status``), relative and absolute times, the
+``-`` for an unknown value, colour on a terminal, and the stable JSON shapes (ISO-8601 UTC
+times). Must not read the database, inspect processes or print: it turns records the caller
+already holds into strings, so the CLI decides where they go and the tests can compare them.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from datetime import datetime, timezone
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from sidecar_fsm.reap import ReapReport
+    from sidecar_fsm.rewrite import RewrittenUrl
+    from sidecar_fsm.store import InstanceRecord, RunRecord, TransitionRecord
+
+UNKNOWN = "-"
+
+# ANSI SGR codes. Colour is decoration only: the state name is always printed in full, so a log
+# file, a pipe or a colour-blind reader loses nothing.
+_STYLE_CODES = {
+    "green": "32",
+    "red": "31",
+    "yellow": "33",
+    "cyan": "36",
+    "dim": "2",
+    "bold": "1",
+}
+_STATE_STYLES = {
+    "configured": "dim",
+    "building": "yellow",
+    "spawned": "yellow",
+    "ready": "green",
+    "draining": "yellow",
+    "stopped": "dim",
+    "failed": "red",
+}
+_OWNER_STYLES = {"alive": "green", "dead": "red", "reused": "red"}
+
+
+@dataclass(frozen=True)
+class RunStatus:
+    """One run as ``status`` shows it: the record, what became of its owner, its instances.
+
+    ``owner`` is ``"alive"``, ``"dead"`` (no such process) or ``"reused"`` (the pid now belongs
+    to another process); the caller decides it with ``procs``, never from the pid alone.
+    """
+
+    run: RunRecord
+    owner: str
+    instances: Sequence[InstanceRecord]
+
+
+# --------------------------------------------------------------------------------- formatting
+
+
+def format_age(seconds: float | None) -> str:
+    """A short, coarse duration: ``41s``, ``3m12s``, ``2h05m``, ``3d04h``; ``-`` when unknown.
+
+    Clock steps can make a stored time lie in the future; that reads as ``0s``, not a negative.
+    """
+    if seconds is None:
+        return UNKNOWN
+    s = max(0, int(seconds))
+    if s < 60:
+        return f"{s}s"
+    if s < 3600:
+        return f"{s // 60}m{s % 60:02d}s"
+    if s < 86400:
+        return f"{s // 3600}h{s % 3600 // 60:02d}m"
+    return f"{s // 86400}d{s % 86400 // 3600:02d}h"
+
+
+def format_elapsed(seconds: float) -> str:
+    """Offset from the first transition of a history: ``+0.000s``, ``+1.234s``, ``+3m12s``."""
+    if seconds < 60:
+        return f"+{max(0.0, seconds):.3f}s"
+    return "+" + format_age(seconds)
+
+
+def format_local_time(ts: float | None, *, seconds: bool = False) -> str:
+    """Wall-clock time in the local zone for people (``2026-11-30 12:03``); ``-`` when unknown."""
+    if ts is None:
+        return UNKNOWN
+    moment = datetime.fromtimestamp(ts)
+    if seconds:
+        return moment.strftime("%Y-%m-%d %H:%M:%S.") + f"{moment.microsecond // 1000:03d}"
+    return moment.strftime("%Y-%m-%d %H:%M")
+
+
+def iso_utc(ts: float | None) -> str | None:
+    """ISO-8601 UTC with microseconds and a ``Z`` (the JSON form); ``None`` stays ``null``."""
+    if ts is None:
+        return None
+    return datetime.fromtimestamp(ts, tz=timezone.utc).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+
+
+def short_run_id(run_id: str) -> str:
+    """The first 12 characters: unique in practice, and ``history`` accepts any unique prefix."""
+    return run_id[:12]
+
+
+def _first_line(text: str | None) -> str | None:
+    if not text:
+        return None
+    return text.strip().splitlines()[0] if text.strip() else None
+
+
+def instance_detail(instance: InstanceRecord) -> str:
+    """The free-text column: ``exit 1: bind: address already in use``, restarts, or ``-``.
+
+    Only the first line of a stored error is shown; the JSON and ``history`` keep all of it.
+    """
+    parts: list[str] = []
+    error = _first_line(instance.error)
+    if instance.exit_code is not None:
+        parts.append(f"exit {instance.exit_code}: {error}" if error else f"exit {instance.exit_code}")
+    elif error:
+        parts.append(error)
+    if instance.restart_count:
+        parts.append(f"{instance.restart_count} restart{'s' if instance.restart_count != 1 else ''}")
+    return "; ".join(parts) or UNKNOWN
+
+
+# ------------------------------------------------------------------------------------- tables
+
+
+Cell = tuple[str, "str | None"]
+
+
+def _style(text: str, style: str | None, color: bool) -> str:
+    if not color or not style or not text:
+        return text
+    return f"\x1b[{_STYLE_CODES[style]}m{text}\x1b[0m"
+
+
+def table(
+    headers: Sequence[str],
+    rows: Iterable[Sequence[str | Cell]],
+    *,
+    indent: str = "",
+    color: bool = False,
+) -> list[str]:
+    """Lines of a table whose columns are padded to the widest value (header included).
+
+    A cell is a string or ``(text, style)``; styles are applied after padding, so escape codes
+    never skew the alignment. The last column is free text and is not padded (no trailing
+    blanks). Empty strings become ``-``.
+    """
+    matrix: list[list[Cell]] = [[(h, "bold") for h in headers]]
+    for row in rows:
+        normalized: list[Cell] = []
+        for cell in row:
+            text, style = (cell, None) if isinstance(cell, str) else cell
+            normalized.append((text if text != "" else UNKNOWN, style))
+        matrix.append(normalized)
+    widths = [max(len(row[i][0]) for row in matrix) for i in range(len(headers))]
+    lines = []
+    for row in matrix:
+        parts = []
+        for i, (text, style) in enumerate(row):
+            padded = text if i == len(row) - 1 else text.ljust(widths[i])
+            # Style only the text, not the padding, so underlines/backgrounds stay tight.
+            parts.append(_style(text, style, color) + padded[len(text) :])
+        lines.append((indent + "  ".join(parts)).rstrip())
+    return lines
+
+
+def _owner_text(run: RunRecord, owner: str) -> str:
+    return f"pid {run.owner_pid} ({owner})"
+
+
+def _run_result(run: RunRecord, owner: str, now: float) -> Cell:
+    if run.ended_at is None:
+        if owner == "alive":
+            return ("running", "green")
+        return ("owner gone: run sidecar-fsm reap", "red")
+    outcome = run.outcome or "ended"
+    style = {"ended": None, "failed": "red", "reaped": "yellow"}.get(outcome)
+    return (f"{outcome} {format_age(now - run.ended_at)} ago", style)
+
+
+def status_lines(runs: Sequence[RunStatus], *, now: float | None = None, color: bool = False) -> list[str]:
+    """The ``status`` table: a line per run, its instances indented under it.
+
+    Each run gets its own header block, so a run with no instances still reads clearly.
+    """
+    now = time.time() if now is None else now
+    lines: list[str] = []
+    for index, status in enumerate(runs):
+        run = status.run
+        if index:
+            lines.append("")
+        lines += table(
+            ["RUN", "HOST", "OWNER", "STARTED", "INSTANCES", "RESULT"],
+            [
+                [
+                    short_run_id(run.run_id),
+                    run.host,
+                    (_owner_text(run, status.owner), _OWNER_STYLES.get(status.owner)),
+                    format_local_time(run.started_at),
+                    str(len(status.instances)),
+                    _run_result(run, status.owner, now),
+                ]
+            ],
+            color=color,
+        )
+        if not status.instances:
+            continue
+        lines += table(
+            ["NAME", "STATE", "PID", "LISTEN → UPSTREAM", "SINCE", "DETAIL"],
+            [
+                [
+                    inst.name,
+                    (inst.state, _STATE_STYLES.get(inst.state)),
+                    str(inst.pid) if inst.pid is not None else UNKNOWN,
+                    f"{inst.listen or UNKNOWN} → {inst.upstream or UNKNOWN}",
+                    format_age(now - inst.state_since) if inst.state_since is not None else UNKNOWN,
+                    instance_detail(inst),
+                ]
+                for inst in status.instances
+            ],
+            indent="  ",
+            color=color,
+        )
+    return lines
+
+
+def history_lines(
+    run: RunRecord,
+    transitions: Sequence[tuple[str, TransitionRecord]],
+    *,
+    color: bool = False,
+) -> list[str]:
+    """The ``history`` table: every transition of the run (or one instance), oldest first.
+
+    ``transitions`` pairs each record with its instance's name. TIME is local wall-clock time
+    with milliseconds; AFTER is the offset from the first row, which is what a reader compares.
+    """
+    started = format_local_time(run.started_at)
+    head = f"run {run.run_id} on {run.host}, owner pid {run.owner_pid}, started {started}"
+    if not transitions:
+        return [head, "no transitions recorded"]
+    first = transitions[0][1].at
+    rows: list[list[str | Cell]] = [
+        [
+            format_local_time(t.at, seconds=True),
+            format_elapsed(t.at - first),
+            name,
+            (t.source, _STATE_STYLES.get(t.source)),
+            (t.dest, _STATE_STYLES.get(t.dest)),
+            t.event,
+            _first_line(t.detail) or UNKNOWN,
+        ]
+        for name, t in transitions
+    ]
+    return [head, *table(["TIME", "AFTER", "INSTANCE", "FROM", "TO", "EVENT", "DETAIL"], rows, color=color)]
+
+
+def reap_lines(report: ReapReport, *, color: bool = False) -> list[str]:
+    """What ``reap`` did (or, with ``--dry-run``, would do), a block per run."""
+    if not report.runs:
+        return ["nothing to reap: every recorded run has a live owner or is already closed"]
+    lines: list[str] = []
+    verb = "would reap" if report.dry_run else "reaped"
+    for index, run in enumerate(report.runs):
+        if index:
+            lines.append("")
+        lines.append(f"{verb} run {short_run_id(run.run_id)} on {run.host}: {run.reason}")
+        if run.instances:
+            lines += table(
+                ["NAME", "STATE", "PID", "ACTION", "RESULT"],
+                [
+                    [
+                        inst.name,
+                        (inst.state, _STATE_STYLES.get(inst.state)),
+                        str(inst.pid) if inst.pid is not None else UNKNOWN,
+                        inst.action,
+                        inst.result or UNKNOWN,
+                    ]
+                    for inst in run.instances
+                ],
+                indent="  ",
+                color=color,
+            )
+        for path in run.ready_files:
+            lines.append(f"  {'would remove' if report.dry_run else 'removed'} stale ready file {path}")
+    return lines
+
+
+def started_lines(
+    run_id: str | None,
+    log_dir: str,
+    instances: Sequence[tuple[str, str, str]],
+    rewritten: Sequence[RewrittenUrl],
+) -> list[str]:
+    """What ``start`` prints once every sidecar is ready: instances, rewritten URLs, how to stop.
+
+    ``instances`` holds ``(name, listen, upstream)`` with the bound address.
+    """
+    from sidecar_fsm.urls import redact_url
+
+    lines = [f"run {run_id or UNKNOWN}: {len(instances)} sidecar(s) ready; state in {log_dir}"]
+    lines += table(
+        ["NAME", "LISTEN → UPSTREAM"],
+        [[name, f"{listen} → {upstream}"] for name, listen, upstream in instances],
+        indent="  ",
+    )
+    if rewritten:
+        lines.append("rewritten base URLs:")
+        lines += table(
+            ["LOCATION", "NEW", "OLD"],
+            [[r.location, r.new, redact_url(r.old)] for r in rewritten],
+            indent="  ",
+        )
+    else:
+        lines.append("no base_url points at a sidecar upstream; nothing rewritten")
+    lines.append("supervising; Ctrl-C or SIGTERM drains and stops the sidecars")
+    return lines
+
+
+# --------------------------------------------------------------------------------------- JSON
+
+
+def dumps(document: Mapping[str, Any]) -> str:
+    """The one JSON document a ``--json`` command prints: sorted keys, so diffs stay small."""
+    return json.dumps(document, indent=2, sort_keys=True, ensure_ascii=False)
+
+
+def run_json(run: RunRecord, owner: str | None = None) -> dict[str, Any]:
+    return {
+        "run_id": run.run_id,
+        "host": run.host,
+        "owner": {
+            "pid": run.owner_pid,
+            "start_time": iso_utc(run.owner_start_time),
+            "status": owner,
+        },
+        "started_at": iso_utc(run.started_at),
+        "ended_at": iso_utc(run.ended_at),
+        "outcome": run.outcome,
+        "config_summary": dict(run.config_summary),
+    }
+
+
+def instance_json(inst: InstanceRecord) -> dict[str, Any]:
+    return {
+        "id": inst.id,
+        "name": inst.name,
+        "state": inst.state,
+        "state_since": iso_utc(inst.state_since),
+        "pid": inst.pid,
+        "pid_start_time": iso_utc(inst.pid_start_time),
+        "listen": inst.listen,
+        "upstream": inst.upstream,
+        "binary": inst.binary,
+        "log_path": inst.log_path,
+        "ready_path": inst.ready_path,
+        "exit_code": inst.exit_code,
+        "error": inst.error,
+        "restart_count": inst.restart_count,
+    }
+
+
+def status_json(runs: Sequence[RunStatus]) -> str:
+    return dumps(
+        {
+            "runs": [
+                {**run_json(s.run, s.owner), "instances": [instance_json(i) for i in s.instances]}
+                for s in runs
+            ]
+        }
+    )
+
+
+def history_json(run: RunRecord, transitions: Sequence[tuple[str, TransitionRecord]]) -> str:
+    return dumps(
+        {
+            "run": run_json(run),
+            "transitions": [
+                {
+                    "instance": name,
+                    "instance_id": t.instance_id,
+                    "from": t.source,
+                    "to": t.dest,
+                    "event": t.event,
+                    "at": iso_utc(t.at),
+                    "detail": t.detail,
+                }
+                for name, t in transitions
+            ],
+        }
+    )
+
+
+def reap_json(report: ReapReport) -> str:
+    return dumps(
+        {
+            "dry_run": report.dry_run,
+            "runs": [
+                {
+                    "run_id": run.run_id,
+                    "host": run.host,
+                    "owner_pid": run.owner_pid,
+                    "owner": run.owner,
+                    "reason": run.reason,
+                    "ready_files": list(run.ready_files),
+                    "instances": [
+                        {
+                            "id": inst.instance_id,
+                            "name": inst.name,
+                            "state": inst.state,
+                            "pid": inst.pid,
+                            "action": inst.action,
+                            "result": inst.result,
+                        }
+                        for inst in run.instances
+                    ],
+                }
+                for run in report.runs
+            ],
+        }
+    )
+
+
+def empty_json(kind: str) -> str:
+    """The JSON of a command that found no state at all (``{"runs": []}``, ``{"transitions": []}``)."""
+    return dumps({kind: []})

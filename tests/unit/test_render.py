@@ -1,0 +1,239 @@
+"""render: aligned columns, '-' for unknown, relative times, JSON keys and UTC times."""
+
+from __future__ import annotations
+
+import json
+import re
+
+from sidecar_fsm import render
+from sidecar_fsm.reap import InstanceReap, ReapReport, RunReap
+from sidecar_fsm.store import InstanceRecord, RunRecord, TransitionRecord
+
+NOW = 1_800_000_000.0  # a fixed "now" so relative times are exact
+
+
+def run_record(**overrides: object) -> RunRecord:
+    fields: dict[str, object] = {
+        "run_id": "4c1e9a3f2b10deadbeef",
+        "host": "node7",
+        "owner_pid": 41022,
+        "owner_start_time": NOW - 500.25,
+        "started_at": NOW - 500,
+        "ended_at": None,
+        "outcome": None,
+        "config_summary": {"instances": 2},
+    }
+    fields.update(overrides)
+    return RunRecord(**fields)  # type: ignore[arg-type]
+
+
+def instance_record(**overrides: object) -> InstanceRecord:
+    fields: dict[str, object] = {
+        "id": 1,
+        "run_id": "4c1e9a3f2b10deadbeef",
+        "name": "policy",
+        "listen": "127.0.0.1:1250",
+        "upstream": "https://api.example.com",
+        "state": "ready",
+        "state_since": NOW - 192,
+        "pid": 41030,
+        "pid_start_time": NOW - 193,
+        "binary": "/cache/h2-ping-sidecar",
+        "log_path": "/logs/h2ping-policy.log",
+        "ready_path": "/logs/h2ping-policy.ready",
+        "exit_code": None,
+        "error": None,
+        "restart_count": 0,
+    }
+    fields.update(overrides)
+    return InstanceRecord(**fields)  # type: ignore[arg-type]
+
+
+def two_instance_status() -> render.RunStatus:
+    return render.RunStatus(
+        run=run_record(),
+        owner="alive",
+        instances=[
+            instance_record(),
+            instance_record(
+                id=2,
+                name="judge",
+                state="failed",
+                pid=None,
+                listen="127.0.0.1:1251",
+                upstream="https://judge.example.com",
+                state_since=NOW - 41,
+                exit_code=1,
+                error="bind: address already in use\nlog tail line",
+            ),
+        ],
+    )
+
+
+def test_age_formats() -> None:
+    assert [render.format_age(s) for s in (0, 41, 192, 3600 + 5 * 60, 3 * 86400 + 4 * 3600)] == [
+        "0s",
+        "41s",
+        "3m12s",
+        "1h05m",
+        "3d04h",
+    ]
+    assert render.format_age(None) == "-"
+    assert render.format_age(-5) == "0s"  # a clock step never shows a negative age
+
+
+def test_iso_utc_is_utc_with_z() -> None:
+    assert render.iso_utc(0) == "1970-01-01T00:00:00.000000Z"
+    assert render.iso_utc(None) is None
+
+
+def test_status_columns_are_aligned_and_unknowns_are_dashes() -> None:
+    lines = render.status_lines([two_instance_status()], now=NOW)
+    assert lines[0].split() == ["RUN", "HOST", "OWNER", "STARTED", "INSTANCES", "RESULT"]
+    assert lines[1].startswith("4c1e9a3f2b10  node7  pid 41022 (alive)")
+    assert lines[1].split()[-2:] == ["2", "running"]
+    header, policy, judge = lines[2], lines[3], lines[4]
+    assert header.startswith("  NAME")
+    # Every column of every instance row starts where its header starts.
+    for column in ("STATE", "PID", "LISTEN", "SINCE", "DETAIL"):
+        start = header.index(column)
+        assert policy[start - 1] == " " and policy[start] != " ", (column, policy)
+        assert judge[start - 1] == " " and judge[start] != " ", (column, judge)
+    assert policy.split()[:4] == ["policy", "ready", "41030", "127.0.0.1:1250"]
+    assert "3m12s" in policy and policy.endswith("  -")
+    assert judge.split()[:3] == ["judge", "failed", "-"]
+    assert "41s" in judge
+    # Free text last, first line of the error only.
+    assert judge.endswith("exit 1: bind: address already in use")
+    assert all(line == line.rstrip() for line in lines)
+
+
+def test_status_shows_a_dead_owner_and_finished_runs() -> None:
+    dead = render.RunStatus(run=run_record(), owner="dead", instances=[])
+    ended = render.RunStatus(
+        run=run_record(run_id="aaaa", ended_at=NOW - 30, outcome="reaped"), owner="dead", instances=[]
+    )
+    lines = render.status_lines([dead, ended], now=NOW)
+    assert "pid 41022 (dead)" in lines[1]
+    assert lines[1].endswith("owner gone: run sidecar-fsm reap")
+    assert lines[2] == ""
+    assert lines[4].endswith("reaped 30s ago")
+
+
+def test_colour_only_on_request_and_state_names_stay() -> None:
+    plain = render.status_lines([two_instance_status()], now=NOW)
+    coloured = render.status_lines([two_instance_status()], now=NOW, color=True)
+    assert not any("\x1b[" in line for line in plain)
+    assert any("\x1b[32mready\x1b[0m" in line for line in coloured)
+    strip = re.compile(r"\x1b\[[0-9;]*m")
+    assert [strip.sub("", line) for line in coloured] == plain
+
+
+def test_status_json_keys_and_times() -> None:
+    document = json.loads(render.status_json([two_instance_status()]))
+    (run,) = document["runs"]
+    assert set(run) == {
+        "run_id",
+        "host",
+        "owner",
+        "started_at",
+        "ended_at",
+        "outcome",
+        "config_summary",
+        "instances",
+    }
+    assert run["owner"] == {"pid": 41022, "start_time": render.iso_utc(NOW - 500.25), "status": "alive"}
+    assert run["ended_at"] is None
+    assert run["started_at"].endswith("Z")
+    judge = run["instances"][1]
+    assert set(judge) == {
+        "id",
+        "name",
+        "state",
+        "state_since",
+        "pid",
+        "pid_start_time",
+        "listen",
+        "upstream",
+        "binary",
+        "log_path",
+        "ready_path",
+        "exit_code",
+        "error",
+        "restart_count",
+    }
+    assert judge["error"] == "bind: address already in use\nlog tail line"  # JSON keeps it all
+    assert judge["pid"] is None and judge["exit_code"] == 1
+
+
+def test_history_lines_and_json() -> None:
+    run = run_record()
+    rows = [
+        ("policy", TransitionRecord(1, 1, "configured", "building", "build", NOW, None)),
+        ("policy", TransitionRecord(2, 1, "building", "spawned", "spawn", NOW + 0.25, "pid 41030")),
+        ("policy", TransitionRecord(3, 1, "spawned", "ready", "ready", NOW + 61.5, None)),
+    ]
+    lines = render.history_lines(run, rows)
+    assert lines[0].startswith("run 4c1e9a3f2b10deadbeef on node7")
+    assert lines[1].split() == ["TIME", "AFTER", "INSTANCE", "FROM", "TO", "EVENT", "DETAIL"]
+    assert "+0.000s" in lines[2] and lines[2].endswith("build  -")
+    assert "+0.250s" in lines[3] and lines[3].endswith("pid 41030")
+    assert "+1m01s" in lines[4]
+    event_column = lines[1].index("EVENT")
+    assert {line[event_column - 2 : event_column] for line in lines[2:]} == {"  "}
+    document = json.loads(render.history_json(run, rows))
+    assert set(document) == {"run", "transitions"}
+    assert document["transitions"][1] == {
+        "instance": "policy",
+        "instance_id": 1,
+        "from": "building",
+        "to": "spawned",
+        "event": "spawn",
+        "at": render.iso_utc(NOW + 0.25),
+        "detail": "pid 41030",
+    }
+    assert render.history_lines(run, [])[1] == "no transitions recorded"
+
+
+def test_reap_lines_and_json() -> None:
+    report = ReapReport(
+        dry_run=True,
+        runs=[
+            RunReap(
+                run_id="4c1e9a3f2b10deadbeef",
+                host="node7",
+                owner_pid=41022,
+                owner="dead",
+                reason="owner pid 41022 is gone",
+                instances=[InstanceReap(1, "policy", "ready", 41030, "SIGTERM, mark failed")],
+                ready_files=["/logs/h2ping-policy.ready"],
+            )
+        ],
+    )
+    lines = render.reap_lines(report)
+    assert lines[0] == "would reap run 4c1e9a3f2b10 on node7: owner pid 41022 is gone"
+    assert lines[1].split() == ["NAME", "STATE", "PID", "ACTION", "RESULT"]
+    assert lines[2].split()[:3] == ["policy", "ready", "41030"] and lines[2].endswith("-")
+    assert lines[3] == "  would remove stale ready file /logs/h2ping-policy.ready"
+    document = json.loads(render.reap_json(report))
+    assert document["dry_run"] is True
+    assert set(document["runs"][0]) == {
+        "run_id",
+        "host",
+        "owner_pid",
+        "owner",
+        "reason",
+        "ready_files",
+        "instances",
+    }
+    assert document["runs"][0]["instances"][0]["action"] == "SIGTERM, mark failed"
+    assert render.reap_lines(ReapReport(dry_run=False, runs=[]))[0].startswith("nothing to reap")
+
+
+def test_table_pads_to_widest_value_and_replaces_empty() -> None:
+    lines = render.table(["A", "LONGER", "LAST"], [["xxxxx", "", "free text"], ["y", "z", ""]])
+    assert lines == [
+        "A      LONGER  LAST",
+        "xxxxx  -       free text",
+        "y      z       -",
+    ]

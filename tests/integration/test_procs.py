@@ -1,0 +1,216 @@
+"""procs on real processes: spawn, identity, and signals that never hit a process that is not ours."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from sidecar_fsm import procs
+from sidecar_fsm.procs import ProcessIdentity
+
+SLEEP = shutil.which("sleep") or "/bin/sleep"
+# Ignores SIGTERM, and says so on stdout once the handler is installed.
+IGNORE_TERM = (
+    "import signal, sys, time\n"
+    "signal.signal(signal.SIGTERM, signal.SIG_IGN)\n"
+    "print('armed', flush=True)\n"
+    "time.sleep(60)\n"
+)
+
+
+@pytest.fixture
+def started() -> Iterator[list[subprocess.Popen[bytes]]]:
+    """Processes a test starts; all killed and reaped afterwards, pass or fail."""
+    processes: list[subprocess.Popen[bytes]] = []
+    yield processes
+    for process in processes:
+        if process.poll() is None:
+            process.kill()
+        process.wait()
+
+
+def _spawn(started: list[subprocess.Popen[bytes]], argv: list[str], log: Path) -> subprocess.Popen[bytes]:
+    process = procs.spawn(argv, dict(os.environ), str(log))
+    started.append(process)
+    return process
+
+
+def _wait_for_text(path: Path, text: str, timeout: float = 10.0) -> None:
+    deadline = time.monotonic() + timeout
+    while text not in path.read_text(errors="replace"):
+        assert time.monotonic() < deadline, f"{path} never contained {text!r}"
+        time.sleep(0.01)
+
+
+def test_spawn_new_session_devnull_stdin_log_appended_and_no_inherited_fds(
+    tmp_path: Path, started: list[subprocess.Popen[bytes]]
+) -> None:
+    log = tmp_path / "child.log"
+    log.write_text("earlier run\n")
+    read_end, write_end = os.pipe()
+    os.set_inheritable(write_end, True)  # a descriptor the child must still not inherit
+    try:
+        child = _spawn(started, [SLEEP, "30"], log)
+    finally:
+        os.close(read_end)
+        os.close(write_end)
+    assert os.getsid(child.pid) == child.pid
+    assert os.getpgid(child.pid) == child.pid
+    fds = sorted(int(fd) for fd in os.listdir(f"/proc/{child.pid}/fd"))
+    assert fds == [0, 1, 2]
+    assert os.readlink(f"/proc/{child.pid}/fd/0") == "/dev/null"
+    assert os.readlink(f"/proc/{child.pid}/fd/1") == str(log)
+    assert os.readlink(f"/proc/{child.pid}/fd/2") == str(log)
+    flags = Path(f"/proc/{child.pid}/fdinfo/1").read_text().split("flags:")[1].split()[0]
+    assert int(flags, 8) & os.O_APPEND
+
+    echo = _spawn(
+        started, [sys.executable, "-c", "import sys; print('out'); print('err', file=sys.stderr)"], log
+    )
+    assert procs.wait_exit(echo, 10) == 0
+    assert log.read_text().splitlines() == ["earlier run", "out", "err"]
+
+
+def test_identity_of_a_live_process_and_none_once_it_exits(
+    tmp_path: Path, started: list[subprocess.Popen[bytes]]
+) -> None:
+    child = _spawn(started, [SLEEP, "30"], tmp_path / "log")
+    identity = procs.identity_of(child.pid)
+    assert identity is not None
+    assert identity.pid == child.pid
+    assert identity.exe == os.path.realpath(SLEEP)  # the exec'd program, not a copy of python
+    assert abs(identity.start_time - time.time()) < 30
+    assert procs.is_ours(identity)
+    assert procs.is_ours(ProcessIdentity(child.pid, identity.start_time, None))
+    assert procs.is_ours(ProcessIdentity(child.pid, identity.start_time, SLEEP))  # unresolved path
+
+    child.kill()
+    pidfd = os.pidfd_open(child.pid)
+    try:
+        procs._wait_pidfd(pidfd, 10)  # exited, not reaped yet: a zombie
+    finally:
+        os.close(pidfd)
+    assert procs.identity_of(child.pid) is None
+    assert not procs.is_ours(identity)
+    assert procs.terminate(identity, 1) == "gone"
+    child.wait()
+    assert procs.identity_of(child.pid) is None
+    assert not procs.signal_if_ours(identity, signal.SIGTERM)
+    assert procs.terminate(identity, 1) == "gone"
+
+
+def test_record_with_other_start_time_or_exe_is_never_signalled(
+    tmp_path: Path, started: list[subprocess.Popen[bytes]]
+) -> None:
+    """A record whose pid now belongs to an unrelated process: nothing is sent, it survives."""
+    unrelated = _spawn(started, [SLEEP, "30"], tmp_path / "log")
+    actual = procs.identity_of(unrelated.pid)
+    assert actual is not None
+    records = [
+        ProcessIdentity(unrelated.pid, actual.start_time - 3600, actual.exe),
+        ProcessIdentity(unrelated.pid, actual.start_time + 0.01, None),
+        ProcessIdentity(unrelated.pid, actual.start_time, "/opt/other/h2-ping-sidecar"),
+    ]
+    for record in records:
+        assert not procs.is_ours(record)
+        assert not procs.signal_if_ours(record, signal.SIGKILL)
+        assert procs.terminate(record, 0.1) == "not-ours"
+    assert procs.wait_exit(unrelated, 0.2) is None
+    assert procs.identity_of(unrelated.pid) == actual
+
+
+def _spawn_at_pid(
+    started: list[subprocess.Popen[bytes]], pid: int, log: Path
+) -> subprocess.Popen[bytes] | None:
+    """Start `sleep` so the kernel hands it ``pid`` (needs a writable ns_last_pid); None if it did not."""
+    for _ in range(20):
+        try:
+            Path("/proc/sys/kernel/ns_last_pid").write_text(str(pid - 1))
+        except OSError:
+            return None
+        process = _spawn(started, [SLEEP, "30"], log)
+        if process.pid == pid:
+            return process
+        process.kill()  # another process on the machine took the pid first: try again
+        process.wait()
+    return None
+
+
+def test_real_pid_reuse_is_never_signalled(tmp_path: Path, started: list[subprocess.Popen[bytes]]) -> None:
+    """The recorded process exits and the kernel gives its pid to a newcomer: the newcomer survives."""
+    first = _spawn(started, [SLEEP, "30"], tmp_path / "log")
+    record = procs.identity_of(first.pid)
+    assert record is not None
+    first.kill()
+    first.wait()
+    # Start times are counted in 10 ms clock ticks: let a few pass so the two forks differ.
+    while time.time() < record.start_time + 0.05:
+        time.sleep(0.01)
+    newcomer = _spawn_at_pid(started, record.pid, tmp_path / "log")
+    if newcomer is None:
+        pytest.skip("cannot steer pid allocation here (/proc/sys/kernel/ns_last_pid not writable)")
+    assert not procs.is_ours(record)
+    assert not procs.signal_if_ours(record, signal.SIGKILL)
+    assert procs.terminate(record, 0.1) == "not-ours"
+    assert procs.wait_exit(newcomer, 0.2) is None
+
+
+def test_terminate_cooperative_process_returns_as_soon_as_it_exits(
+    tmp_path: Path, started: list[subprocess.Popen[bytes]]
+) -> None:
+    child = _spawn(started, [SLEEP, "30"], tmp_path / "log")
+    record = procs.identity_of(child.pid)
+    assert record is not None
+    began = time.monotonic()
+    assert procs.terminate(record, 10) == "exited"
+    elapsed = time.monotonic() - began
+    assert elapsed < 1.0, f"terminate took {elapsed:.3f}s for a process that exits on SIGTERM"
+    assert procs.wait_exit(child, 1) == -signal.SIGTERM
+
+
+def test_process_ignoring_sigterm_is_killed_after_grace(
+    tmp_path: Path, started: list[subprocess.Popen[bytes]]
+) -> None:
+    log = tmp_path / "log"
+    child = _spawn(started, [sys.executable, "-c", IGNORE_TERM], log)
+    _wait_for_text(log, "armed")
+    record = procs.identity_of(child.pid)
+    assert record is not None
+    grace = 0.3
+    began = time.monotonic()
+    assert procs.terminate(record, grace) == "killed"
+    elapsed = time.monotonic() - began
+    assert grace <= elapsed < grace + 2.0
+    assert procs.wait_exit(child, 1) == -signal.SIGKILL
+
+
+def test_signal_if_ours_reaches_our_process(tmp_path: Path, started: list[subprocess.Popen[bytes]]) -> None:
+    child = _spawn(started, [SLEEP, "30"], tmp_path / "log")
+    record = procs.identity_of(child.pid)
+    assert record is not None
+    assert procs.signal_if_ours(record, signal.SIGUSR1)
+    assert procs.wait_exit(child, 10) == -signal.SIGUSR1
+
+
+def test_wait_exit_times_out_then_returns_code(
+    tmp_path: Path, started: list[subprocess.Popen[bytes]]
+) -> None:
+    child = _spawn(
+        started, [sys.executable, "-c", "import sys, time; time.sleep(0.3); sys.exit(7)"], tmp_path / "l"
+    )
+    assert procs.wait_exit(child, 0.01) is None
+    assert procs.wait_exit(child, 10) == 7
+    assert procs.wait_exit(child, 0) == 7  # already reaped: the remembered code
+
+    other = _spawn(started, [SLEEP, "30"], tmp_path / "log")
+    assert procs.wait_exit(other.pid, 0.01) is None
+    other.kill()
+    assert procs.wait_exit(other.pid, 10) == -signal.SIGKILL  # our child by pid: reaped, code known

@@ -1,0 +1,3 @@
+module sidecar-fsm/bench/origin
+
+go 1.24

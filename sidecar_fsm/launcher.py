@@ -1,0 +1,237 @@
+"""NeMo Gym's launcher API (``nemo_gym.h2_ping_sidecar.launcher``), wired to sidecar-fsm's parts.
+
+Owns the order of a start, which is the guarantee callers rely on: every check that needs no
+side effect first (the ``sidecar:`` block, a dry-run rewrite on a copy, the CA file, the binary),
+then the processes, then the in-place rewrite of the caller's config with the addresses the
+proxies actually bound. A bad config therefore fails with nothing started and the config
+untouched, and any failure or ``KeyboardInterrupt`` once a process exists stops it first.
+
+Re-exports the rest of the public names from the modules that own them (config, rewrite,
+buildcache, supervise). Must not change instance state itself (``supervise`` fires events) nor
+parse config values (``config`` does).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import copy
+import os
+import tempfile
+from pathlib import Path
+from typing import Any
+
+from omegaconf import DictConfig
+
+from sidecar_fsm.buildcache import (
+    SIDECAR_BINARY_NAME,
+    build_sidecar,
+    cache_dir_of,
+    default_binary_path,
+    ensure_binary,
+)
+from sidecar_fsm.config import (
+    H2PingSidecarConfig,
+    SidecarInstanceConfig,
+    h2_ping_sidecar_config_from_global_config,
+    is_loopback_host,
+)
+from sidecar_fsm.errors import ConfigError, SidecarError
+from sidecar_fsm.resources import SIDECAR_SOURCE_DIR
+from sidecar_fsm.rewrite import RewrittenUrl, rewrite_base_urls
+from sidecar_fsm.supervise import NodeSidecars, _interrupts_deferred, sidecar_command, sidecar_env
+
+__all__ = [
+    "SIDECAR_BINARY_NAME",
+    "SIDECAR_SOURCE_DIR",
+    "H2PingSidecarConfig",
+    "H2PingSidecarManager",
+    "NodeSidecars",
+    "RewrittenUrl",
+    "SidecarError",
+    "SidecarInstanceConfig",
+    "build_sidecar",
+    "default_binary_path",
+    "h2_ping_sidecar_config_from_global_config",
+    "resolve_binary",
+    "resolve_log_dir",
+    "rewrite_base_urls",
+    "sidecar_command",
+    "sidecar_env",
+    "start_h2_ping_sidecar",
+]
+
+NEMO_GYM_LOG_DIR_KEY = "nemo_gym_log_dir"
+
+
+def _global_get(global_config_dict: Any, key: str) -> Any:
+    if global_config_dict is None:
+        return None
+    try:
+        return global_config_dict.get(key)
+    except (AttributeError, TypeError):
+        return None
+
+
+def _progress(message: str) -> None:
+    print(f"h2-ping-sidecar: {message}", flush=True)
+
+
+def resolve_binary(config: H2PingSidecarConfig, global_config_dict: Any) -> Path:
+    """The proxy executable: ``sidecar.binary`` if set, else the build cache; built if missing and allowed.
+
+    The cache lookup runs no subprocess when warm (the Go version is remembered against the
+    toolchain file). A build, when needed, runs under the cache's lock so concurrent runs build
+    once. Raises ``SidecarError`` when there is no usable executable and none can be built.
+    """
+    if config.binary:
+        path = Path(os.path.abspath(os.path.expanduser(config.binary)))
+        if not path.exists() and config.build_if_missing:
+            build_sidecar(path, progress=_progress)
+    else:
+        path = ensure_binary(
+            cache_dir_of(global_config_dict), build_if_missing=config.build_if_missing, progress=_progress
+        )
+    if not (path.is_file() and os.access(path, os.X_OK)):
+        raise SidecarError(
+            f"sidecar.binary: '{path}' does not exist or is not executable; "
+            "point it at a built h2-ping-sidecar or set build_if_missing: true"
+        )
+    return path
+
+
+def resolve_log_dir(config: H2PingSidecarConfig, global_config_dict: Any) -> str:
+    """``sidecar.log_dir``, else the global ``nemo_gym_log_dir``, else ``<tmp>/nemo_gym_h2ping-<uid>``.
+
+    Absolute, so a later ``chdir`` of the caller does not move the logs. Read-only: the folder
+    is created when the run starts.
+    """
+    configured = config.log_dir or _global_get(global_config_dict, NEMO_GYM_LOG_DIR_KEY)
+    if configured:
+        return os.path.abspath(os.path.expanduser(str(configured)))
+    return os.path.join(tempfile.gettempdir(), f"nemo_gym_h2ping-{os.getuid()}")
+
+
+class H2PingSidecarManager:
+    """Owns the sidecar processes one run started: Gym starts it, polls ``check()``, calls ``stop()``.
+
+    ``start()`` prints one line per instance; ``check()`` raises ``SidecarError`` naming every
+    instance that stopped (after any restart its policy allows); ``stop()`` drains and ends them
+    all and is idempotent. ``instances_actual`` gives the bound addresses (``:0`` resolved) once
+    started; ``run_id`` names the run in the state database under ``log_dir``.
+    """
+
+    def __init__(
+        self,
+        config: H2PingSidecarConfig,
+        instances: list[SidecarInstanceConfig],
+        binary: Path,
+        log_dir: str,
+    ) -> None:
+        self.config = config
+        self.instances = list(instances)
+        self._binary = str(binary)
+        self._log_dir = log_dir
+        self._sidecars: NodeSidecars | None = None
+        self.run_id: str | None = None
+
+    @property
+    def log_dir(self) -> str:
+        return self._log_dir
+
+    @property
+    def instances_actual(self) -> list[SidecarInstanceConfig]:
+        if self._sidecars is None:
+            return list(self.instances)
+        return self._sidecars.instances_actual
+
+    def start(self) -> None:
+        """Start every instance and await them together; on any failure nothing is left running."""
+        if self._sidecars is not None:
+            raise SidecarError(f"run {self.run_id}: already started; call stop() first")
+        sidecars = NodeSidecars(self.config, self.instances, self._binary, self._log_dir)
+        self._sidecars = sidecars
+        self.run_id = sidecars.run_id
+        # NodeSidecars.start() stops its children before any exception leaves it.
+        for line in sidecars.start():
+            print(f"h2-ping-sidecar {line}", flush=True)
+
+    def check(self) -> None:
+        """Raise ``SidecarError`` if any sidecar stopped. Called from Gym's poll loop."""
+        if self._sidecars is not None:
+            self._sidecars.check()
+
+    def stop(self) -> None:
+        """SIGTERM every sidecar (it drains), SIGKILL after grace + slack, remove ready files. Idempotent."""
+        if self._sidecars is not None:
+            self._sidecars.stop()
+
+
+def _check_readable_file(field: str, value: str | None) -> None:
+    if not value:
+        return
+    path = os.path.expanduser(value)
+    if not (os.path.isfile(path) and os.access(path, os.R_OK)):
+        raise ConfigError(
+            f"{field}: '{value}' is not a readable file; give the PEM file of the upstream's CA"
+        )
+
+
+def start_h2_ping_sidecar(global_config_dict: DictConfig) -> H2PingSidecarManager | None:
+    """Start the sidecars when ``sidecar.enabled`` and point model base URLs at them, in place.
+
+    Returns the manager to poll and stop, or None when the block is absent or disabled. Call it
+    before the config is serialized for the servers. Order, which is the guarantee:
+    1. validate the block, dry-run the rewrite on a copy (unparseable URLs), check ``ca_file``,
+       resolve (and if needed build) the binary: a failure here starts no process and leaves
+       ``global_config_dict`` exactly as it was;
+    2. start every instance and await them together;
+    3. rewrite ``global_config_dict`` with the addresses actually bound (``:0`` resolved), print
+       each change, warn when nothing matched.
+    Raises ``ConfigError`` (a ``SidecarError``) for bad input, ``SidecarError`` otherwise. Once a
+    process exists, any exception or ``KeyboardInterrupt`` stops every sidecar of this run
+    before it propagates; the config is only changed by step 3, which SIGINT cannot cut in half.
+    """
+    config = h2_ping_sidecar_config_from_global_config(global_config_dict)
+    if not config.enabled:
+        return None
+    instances = list(config.instances)
+    if config.rewrite_base_urls:
+        # Dry run on a copy: an unparseable URL fails here, before a process exists.
+        rewrite_base_urls(copy.deepcopy(global_config_dict), instances)
+    _check_readable_file("sidecar.ca_file", config.ca_file)
+    for instance in instances:
+        if not is_loopback_host(instance.listen_host):
+            print(
+                f"WARNING: h2-ping-sidecar '{instance.name}' listens on {instance.listen}, not loopback: "
+                f"the proxy has no authentication, so anything that reaches it can send requests to "
+                f"{instance.upstream}",
+                flush=True,
+            )
+    binary = resolve_binary(config, global_config_dict)
+    log_dir = resolve_log_dir(config, global_config_dict)
+
+    manager = H2PingSidecarManager(config, instances, binary, log_dir)
+    try:
+        manager.start()
+        if config.rewrite_base_urls:
+            # In-memory and microseconds long, but a KeyboardInterrupt in the middle would leave
+            # the caller's config half rewritten with its sidecars stopped: SIGINT waits until
+            # it is done, and is then handled by the except below like any other interrupt.
+            with _interrupts_deferred():
+                changes = rewrite_base_urls(global_config_dict, manager.instances_actual)
+            for change in changes:
+                print(f"h2-ping-sidecar: {change.location}: {change.old} -> {change.new}", flush=True)
+            if not changes:
+                upstreams = ", ".join(instance.upstream for instance in instances)
+                print(
+                    f"WARNING: h2-ping-sidecar is running but no model base_url points at its upstream "
+                    f"({upstreams}), so nothing is routed through it",
+                    flush=True,
+                )
+    except BaseException:
+        # The original error is the one to report; stop() has ended the processes even if it
+        # then complains that a state write failed.
+        with contextlib.suppress(Exception):
+            manager.stop()
+        raise
+    return manager

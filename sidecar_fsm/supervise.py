@@ -1,0 +1,626 @@
+"""One run's sidecar children on this host: spawn, await readiness, supervise, restart, drain, stop.
+
+Owns the processes a launcher run starts and every decision about them: the command line and
+environment they get, when an instance counts as ready, failed or restartable, and how it is
+ended. Each decision becomes an event fired on the instance's ``InstanceMachine`` with the facts
+it establishes (pid, start time, exit code, error, restart count, bound address) as arguments:
+this module never sets a state, never writes SQL (``store`` does, inside the transition) and
+never signals a process except through ``procs``. It does not build the binary (``buildcache``),
+parse the config (``config``) or touch the caller's global config (``launcher``/``rewrite``).
+
+Interrupts: once a process exists, any exception or ``KeyboardInterrupt`` out of ``start()``
+stops every child first. The few lines between creating a process and remembering it run with
+SIGINT held (``_interrupts_deferred``), since an interrupt there would leak a child nothing knows.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import socket
+import subprocess
+import threading
+import time
+import uuid
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from sidecar_fsm import procs
+from sidecar_fsm.config import H2PingSidecarConfig, SidecarInstanceConfig, is_loopback_host
+from sidecar_fsm.errors import SidecarError
+from sidecar_fsm.fsm import STATES, TERMINAL, InstanceMachine
+from sidecar_fsm.ready import ReadyOutcome, ReadyWait, wait_all_ready
+from sidecar_fsm.store import InstanceRecord, Store
+from sidecar_fsm.urls import redact_url
+
+# Time past `shutdown_grace` that `stop()` allows before SIGKILL: the proxy's own drain ends at
+# the grace, so this only covers exiting (flushing logs, removing its ready file) on a busy host.
+STOP_SLACK_SECONDS = 5.0
+# Waiting for a SIGKILLed child to be reaped; the kernel needs no cooperation, so this is generous.
+KILL_REAP_SECONDS = 5.0
+LOG_TAIL_LINES = 20
+_LOG_TAIL_BYTES = 16384
+# Exit statuses of a proxy that was asked to stop: 0 from its drain, -SIGTERM if the signal
+# arrived before Go installed its handler (the first milliseconds of the process).
+_CLEAN_STOP_CODES = (0, -signal.SIGTERM)
+_NON_TERMINAL = tuple(state for state in STATES if state not in TERMINAL)
+
+
+def sidecar_command(
+    binary: str, config: H2PingSidecarConfig, instance: SidecarInstanceConfig, ready_path: str
+) -> list[str]:
+    """The proxy's argv for ``instance``: every tuning flag from ``config``, explicit, nothing implied.
+
+    Pure apart from reading our own pid: with ``exit_with_owner`` the child gets
+    ``-exit-with-pid <this process>``, so a launcher killed with SIGKILL (no ``stop()``) leaves a
+    sidecar that drains and exits by itself instead of holding the port forever.
+    """
+    command = [
+        str(binary),
+        "-listen",
+        instance.listen,
+        "-upstream",
+        instance.upstream,
+        "-ping-interval",
+        config.ping_interval,
+        "-ping-timeout",
+        config.ping_timeout,
+        "-shutdown-grace",
+        config.shutdown_grace,
+        "-retry-body-limit",
+        str(config.retry_body_limit),
+        "-max-conn-age",
+        config.max_conn_age,
+        "-ready-file",
+        ready_path,
+    ]
+    if config.ca_file:
+        command += ["-ca-file", str(Path(config.ca_file).expanduser())]
+    if config.exit_with_owner:
+        command += ["-exit-with-pid", str(os.getpid())]
+    if config.insecure_skip_verify:
+        command.append("-insecure-skip-verify")
+    return command
+
+
+def sidecar_env(config: H2PingSidecarConfig) -> dict[str, str]:
+    """The child's environment: ours, plus the Go runtime limits, minus any ``http2debug`` in GODEBUG.
+
+    ``GODEBUG=http2debug=1`` makes net/http log every HTTP/2 frame, Authorization headers
+    included; the proxy refuses to start with it, so it is removed here rather than turned into a
+    startup failure caused by a debugging variable the user set for something else.
+    """
+    env = dict(os.environ)
+    godebug = env.pop("GODEBUG", None)
+    if godebug is not None:
+        kept = [
+            setting
+            for setting in godebug.split(",")
+            if setting.strip() and setting.split("=", 1)[0].strip() != "http2debug"
+        ]
+        if kept:
+            env["GODEBUG"] = ",".join(kept)
+    if config.gomemlimit is not None:
+        env["GOMEMLIMIT"] = str(config.gomemlimit)
+    if config.gomaxprocs is not None:
+        env["GOMAXPROCS"] = str(config.gomaxprocs)
+    return env
+
+
+@contextlib.contextmanager
+def _interrupts_deferred() -> Iterator[None]:
+    """Hold SIGINT for the body and raise ``KeyboardInterrupt`` after it, if one arrived.
+
+    Used around "create a process, remember it, record it": an interrupt between ``fork`` and
+    the assignment that keeps the ``Popen`` would leave a sidecar that ``stop()`` cannot see.
+    Only in the main thread and only when SIGINT has Python's default handler; a caller that
+    installed its own handler keeps full control of it.
+    """
+    if (
+        threading.current_thread() is not threading.main_thread()
+        or signal.getsignal(signal.SIGINT) is not signal.default_int_handler
+    ):
+        yield
+        return
+    pending: list[int] = []
+
+    def hold(signum: int, frame: Any) -> None:
+        pending.append(signum)
+
+    previous = signal.signal(signal.SIGINT, hold)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, previous)
+        if pending:
+            raise KeyboardInterrupt
+
+
+def log_tail(log_path: str, lines: int = LOG_TAIL_LINES) -> str:
+    """The last ``lines`` lines of a child's log, for error messages; never raises.
+
+    Reads only the end of the file: a sidecar that ran for days has a long log.
+    """
+    try:
+        with open(log_path, "rb") as log:
+            log.seek(0, os.SEEK_END)
+            size = log.tell()
+            log.seek(max(0, size - _LOG_TAIL_BYTES))
+            data = log.read()
+    except OSError as exc:
+        return f"(log {log_path} unreadable: {exc.strerror or exc})"
+    text = data.decode(errors="replace").splitlines()
+    if size > _LOG_TAIL_BYTES and text:
+        text = text[1:]  # the first line is probably cut
+    return "\n".join(text[-lines:]) or "(empty log)"
+
+
+@dataclass
+class _Child:
+    """One instance of this run: its machine, its paths and its current process, if any."""
+
+    index: int
+    instance: SidecarInstanceConfig
+    machine: InstanceMachine
+    record_id: int
+    log_path: str
+    ready_path: str
+    # The address the proxy actually bound (from its ready file) once it was ready; until then the
+    # configured one. A restart reuses it, so a `:0` instance keeps the port URLs were rewritten to.
+    listen: str
+    process: subprocess.Popen[bytes] | None = None
+    identity: procs.ProcessIdentity | None = None
+    restart_count: int = 0
+    error: str | None = None
+
+    @property
+    def name(self) -> str:
+        return self.instance.name
+
+    @property
+    def state(self) -> str:
+        return self.machine.state
+
+
+class NodeSidecars:
+    """The sidecar processes one run owns on this host: one child per instance.
+
+    ``start()`` records the run and its instances in the host's database, spawns every instance
+    and awaits them together; ``failures()`` reports (or restarts) children that stopped;
+    ``stop()`` drains and ends them all. Not thread-safe: one thread drives a run (Gym's poll
+    loop). ``store`` and ``run_id`` may be given by a caller that already holds them (tests,
+    the CLI); otherwise ``start()`` opens ``Store.open(log_dir)`` and closes it in ``stop()``.
+    """
+
+    def __init__(
+        self,
+        config: H2PingSidecarConfig,
+        instances: list[SidecarInstanceConfig],
+        binary: str,
+        log_dir: str,
+        store: Store | None = None,
+        run_id: str | None = None,
+    ) -> None:
+        self.config = config
+        self.instances = list(instances)
+        self.binary = str(binary)
+        self.log_dir = str(log_dir)
+        self.host = socket.gethostname()
+        self.run_id = run_id or uuid.uuid4().hex[:12]
+        self.store = store
+        self._owns_store = store is None
+        self._children: list[_Child] = []
+        self._started = False
+        self._run_created = False
+        self._stopped = False
+
+    # -- naming -------------------------------------------------------------------------------
+
+    def _path(self, instance: SidecarInstanceConfig, suffix: str) -> str:
+        # Run id in the name: concurrent runs sharing a log dir (same instance names, same host)
+        # never read, truncate or delete one another's log or readiness marker.
+        return os.path.join(self.log_dir, f"h2ping-{instance.name}-{self.host}-{self.run_id}{suffix}")
+
+    def _where(self, child: _Child) -> str:
+        return f"h2-ping-sidecar '{child.name}' (run {self.run_id} on {self.host})"
+
+    @property
+    def instances_actual(self) -> list[SidecarInstanceConfig]:
+        """The instances with ``listen`` as bound: a ``:0`` port replaced by the real one once ready."""
+        if not self._children:
+            return list(self.instances)
+        return [child.instance.model_copy(update={"listen": child.listen}) for child in self._children]
+
+    def config_summary(self) -> dict[str, Any]:
+        """What the run row keeps about the config: shape and tuning, never credentials.
+
+        Upstreams are origins already (config drops paths) and are redacted once more so that
+        no userinfo or query can reach the database whatever the config module accepts.
+        """
+        c = self.config
+        return {
+            "instances": [
+                {"name": i.name, "upstream": redact_url(i.upstream), "listen": i.listen}
+                for i in self.instances
+            ],
+            "binary": self.binary,
+            "ping_interval": c.ping_interval,
+            "ping_timeout": c.ping_timeout,
+            "shutdown_grace": c.shutdown_grace,
+            "max_conn_age": c.max_conn_age,
+            "retry_body_limit": c.retry_body_limit,
+            "startup_timeout_seconds": c.startup_timeout_seconds,
+            "exit_with_owner": c.exit_with_owner,
+            "restart": {"max_restarts": c.restart.max_restarts, "backoff": c.restart.backoff},
+            "ca_file": c.ca_file,
+            "insecure_skip_verify": c.insecure_skip_verify,
+            "gomemlimit": c.gomemlimit,
+            "gomaxprocs": c.gomaxprocs,
+        }
+
+    # -- start --------------------------------------------------------------------------------
+
+    def start(self) -> list[str]:
+        """Start every instance and wait until all are ready; one summary line per instance.
+
+        All children are spawned first and awaited together, so N instances take one startup.
+        Raises ``SidecarError`` naming every instance that exited or missed
+        ``startup_timeout_seconds`` (with its log tail); before any exception leaves, including
+        ``KeyboardInterrupt``, every child of this run has been stopped.
+        """
+        if self._started:
+            raise SidecarError(
+                f"run {self.run_id}: already started; create a new NodeSidecars for another run"
+            )
+        self._started = True
+        try:
+            self._open_run()
+            for child in self._children:
+                child.machine.fire("build", detail=self.binary, binary=self.binary)
+            if not (os.path.isfile(self.binary) and os.access(self.binary, os.X_OK)):
+                message = (
+                    f"sidecar.binary: '{self.binary}' is not an executable file; "
+                    "build it or set sidecar.binary"
+                )
+                for child in self._children:
+                    self._fail(child, message)
+                raise SidecarError(message)
+            env = sidecar_env(self.config)
+            for child in self._children:
+                self._spawn(child, env, restart_of=None)
+            errors = self._await_ready(self._children)
+            if errors:
+                raise SidecarError("\n".join(errors))
+        except BaseException:
+            # The original error is the one worth reporting; a state write failing during this
+            # cleanup has already ended the processes (stop() guarantees it) and is dropped.
+            with contextlib.suppress(Exception):
+                self.stop()
+            raise
+        return [
+            f"{self.host}: {child.name} listening on {child.listen} -> {child.instance.upstream} "
+            f"(run {self.run_id})"
+            for child in self._children
+        ]
+
+    def _open_run(self) -> None:
+        os.makedirs(self.log_dir, exist_ok=True)
+        if self.store is None:
+            self.store = Store.open(self.log_dir)
+        owner = procs.identity_of(os.getpid())
+        self.store.create_run(
+            self.run_id, os.getpid(), owner.start_time if owner else None, self.config_summary()
+        )
+        self._run_created = True
+        for index, instance in enumerate(self.instances):
+            log_path = self._path(instance, ".log")
+            ready_path = self._path(instance, ".ready")
+            record = self.store.create_instance(
+                self.run_id,
+                instance.name,
+                instance.listen,
+                instance.upstream,
+                self.binary,
+                log_path,
+                ready_path,
+            )
+            machine = InstanceMachine(self.store, record.id)
+            self._children.append(
+                _Child(index, instance, machine, record.id, log_path, ready_path, listen=instance.listen)
+            )
+
+    def _spawn(self, child: _Child, env: dict[str, str], restart_of: int | None) -> None:
+        """Spawn ``child`` on ``child.listen`` and fire ``spawn`` (or ``restart``) with its identity.
+
+        ``restart_of`` is the exit code of the process being replaced (None for a first start).
+        """
+        # A ready file left by a crashed process would pass for readiness; wait_all_ready also
+        # insists on our pid, this just keeps the directory honest.
+        Path(child.ready_path).unlink(missing_ok=True)
+        instance = child.instance.model_copy(update={"listen": child.listen})
+        argv = sidecar_command(self.binary, self.config, instance, child.ready_path)
+        with _interrupts_deferred():
+            try:
+                process = procs.spawn(argv, env, child.log_path)
+            except OSError as exc:
+                message = (
+                    f"{self._where(child)}: '{self.binary}' could not be started ({exc}); "
+                    "check sidecar.binary"
+                )
+                self._fail(child, message, exit_code=restart_of)
+                raise SidecarError(message) from exc
+            child.process = process
+            child.identity = procs.identity_of(process.pid)
+            facts: dict[str, Any] = {
+                "pid": process.pid,
+                "pid_start_time": child.identity.start_time if child.identity else None,
+            }
+            if restart_of is None:
+                child.machine.fire("spawn", detail=f"pid {process.pid}", **facts)
+            else:
+                child.restart_count += 1
+                child.machine.fire(
+                    "restart",
+                    detail=(
+                        f"exit {restart_of}; attempt {child.restart_count} of "
+                        f"{self.config.restart.max_restarts}, pid {process.pid} on {child.listen}"
+                    ),
+                    restart_count=child.restart_count,
+                    **facts,
+                )
+
+    def _await_ready(self, children: list[_Child]) -> list[str]:
+        """Wait for all ``children`` at once; fire ``ready`` or ``fail``; the failure messages."""
+        waits = [
+            ReadyWait(child.name, child.ready_path, child.process) for child in children if child.process
+        ]
+        outcomes = wait_all_ready(waits, timeout=float(self.config.startup_timeout_seconds))
+        errors: list[str] = []
+        for child in children:
+            outcome = outcomes.get(child.name)
+            if outcome is not None and outcome.info is not None:
+                child.listen = outcome.info.listen
+                child.machine.fire("ready", detail=f"listening on {child.listen}", listen=child.listen)
+                continue
+            errors.append(self._startup_failure(child, outcome))
+        return errors
+
+    def _startup_failure(self, child: _Child, outcome: ReadyOutcome | None) -> str:
+        """Fail ``child`` that did not become ready (ending its process first); the message."""
+        exit_code = outcome.exit_code if outcome else None
+        if exit_code is None:
+            # Timed out (or never waited on): it is not serving anything, so no drain is owed.
+            exit_code = self._kill(child)
+            message = (
+                f"{self._where(child)}: not ready after {self.config.startup_timeout_seconds:g}s "
+                f"(startup_timeout_seconds); raise it or see {child.log_path}"
+            )
+        else:
+            message = self._exit_message(child, exit_code, before_ready=True)
+        message = f"{message}\n{log_tail(child.log_path)}"
+        self._fail(child, message, exit_code=exit_code)
+        return message
+
+    def _exit_message(self, child: _Child, exit_code: int, before_ready: bool) -> str:
+        tail = log_tail(child.log_path)
+        if "address already in use" in tail:
+            return self._port_clash_message(child)
+        when = "before it was ready" if before_ready else "unexpectedly"
+        return f"{self._where(child)}: exited with code {exit_code} {when}; see {child.log_path}"
+
+    def _port_clash_message(self, child: _Child) -> str:
+        where = f"sidecar.instances[{child.index}].listen: '{child.listen}'"
+        holder = self._listen_holder(child.listen)
+        if holder is None:
+            return f"{where} is already in use by another process; stop it or choose another port (or port 0)"
+        pid = f"pid {holder.pid}" if holder.pid else "no pid yet"
+        return (
+            f"{where} is already in use by run {holder.run_id} instance '{holder.name}' ({pid}); "
+            f"stop that run (sidecar-fsm status, sidecar-fsm reap) or choose another port"
+        )
+
+    def _listen_holder(self, listen: str) -> InstanceRecord | None:
+        """The live instance of another run on ``listen`` according to the database, if any."""
+        if self.store is None:
+            return None
+        try:
+            candidates = self.store.instances_in_states(_NON_TERMINAL)
+        except Exception:
+            return None  # a diagnosis; never let it hide the failure it explains
+        # Newest first; a record left non-terminal by a crashed run names the holder only when
+        # its process is provably still that sidecar (pid and start time), else it is skipped.
+        fallback: InstanceRecord | None = None
+        for record in reversed(candidates):
+            if record.run_id == self.run_id or not _same_address(record.listen, listen):
+                continue
+            if record.pid is not None and record.pid_start_time is not None:
+                if procs.is_ours(procs.ProcessIdentity(record.pid, record.pid_start_time, None)):
+                    return record
+            elif fallback is None:
+                fallback = record
+        return fallback
+
+    # -- supervision --------------------------------------------------------------------------
+
+    def failures(self) -> list[str]:
+        """One message per instance that is no longer running, after restarting what may be.
+
+        A ``ready`` child whose process exited is restarted when ``restart.max_restarts`` allows
+        (after ``restart.backoff``, on the address it had bound, awaited like a start); otherwise,
+        or when the restart fails, it is ``failed`` with its exit code and log tail. Failed
+        instances are reported on every call. Empty after ``stop()``.
+        """
+        if not self._started or self._stopped:
+            return []
+        dead: list[tuple[_Child, int]] = []
+        for child in self._children:
+            if child.state == "ready" and child.process is not None:
+                code = child.process.poll()
+                if code is not None:
+                    dead.append((child, code))
+        policy = self.config.restart
+        to_restart: list[tuple[_Child, int]] = []
+        for child, code in dead:
+            if child.restart_count < policy.max_restarts:
+                to_restart.append((child, code))
+            else:
+                message = f"{self._exit_message(child, code, before_ready=False)}\n{log_tail(child.log_path)}"
+                self._fail(child, message, exit_code=code)
+        if to_restart:
+            self._restart(to_restart)
+        return [child.error for child in self._children if child.state == "failed" and child.error]
+
+    def check(self) -> None:
+        """Raise ``SidecarError`` naming every instance that stopped (see ``failures()``)."""
+        messages = self.failures()
+        if messages:
+            raise SidecarError("h2-ping-sidecar stopped unexpectedly:\n" + "\n".join(messages))
+
+    def _restart(self, dead: list[tuple[_Child, int]]) -> None:
+        # The backoff is a real wait, not ordering: a proxy that dies at once (upstream refused
+        # its flags, port taken) must not be respawned in a tight loop.
+        time.sleep(self.config.restart.backoff_seconds)
+        env = sidecar_env(self.config)
+        spawned: list[_Child] = []
+        for child, code in dead:
+            try:
+                self._spawn(child, env, restart_of=code)
+            except SidecarError:
+                continue  # already failed with its message
+            spawned.append(child)
+        self._await_ready(spawned)
+
+    # -- stop ---------------------------------------------------------------------------------
+
+    def stop(self) -> None:
+        """Drain and end every child, remove ready files and end the run row. Idempotent.
+
+        Instances with no process go straight to ``stopped``. The rest get ``drain`` and SIGTERM
+        together and are awaited against one deadline (``shutdown_grace`` + slack); any still
+        running then is SIGKILLed and ``failed`` ("killed after grace"). A ``KeyboardInterrupt``
+        during the wait skips to SIGKILL for the rest and propagates after the cleanup. A state
+        write that fails never keeps a process alive: processes are ended first, the error is
+        raised after.
+        """
+        if self._stopped:
+            return
+        self._stopped = True
+        problems: list[BaseException] = []
+        interrupted: BaseException | None = None
+        try:
+            draining: list[_Child] = []
+            for child in self._children:
+                state = child.state
+                if state in ("configured", "building"):
+                    self._fire_collecting(problems, child, "stop", detail="stopped before a process existed")
+                elif state in ("spawned", "ready"):
+                    code = child.process.poll() if child.process else None
+                    if code is not None:
+                        message = (
+                            f"{self._exit_message(child, code, before_ready=state == 'spawned')}\n"
+                            f"{log_tail(child.log_path)}"
+                        )
+                        self._fail(child, message, exit_code=code, problems=problems)
+                        continue
+                    self._fire_collecting(problems, child, "drain", detail="SIGTERM")
+                    if child.identity is not None:
+                        procs.signal_if_ours(child.identity, signal.SIGTERM)
+                    draining.append(child)
+            deadline = time.monotonic() + self.config.shutdown_grace_seconds + STOP_SLACK_SECONDS
+            try:
+                for child in draining:
+                    assert child.process is not None
+                    procs.wait_exit(child.process, max(0.0, deadline - time.monotonic()))
+            except BaseException as exc:  # KeyboardInterrupt: no more waiting, kill what is left
+                interrupted = exc
+            for child in draining:
+                assert child.process is not None
+                code = child.process.poll()
+                if code is None:
+                    code = self._kill(child)
+                    reason = "interrupted during drain" if interrupted else "killed after grace"
+                    grace = self.config.shutdown_grace
+                    message = f"{self._where(child)}: {reason} (shutdown_grace {grace}); see {child.log_path}"
+                    self._fail(child, message, exit_code=code, problems=problems)
+                elif code in _CLEAN_STOP_CODES:
+                    self._fire_collecting(problems, child, "stop", detail=f"exit {code}", exit_code=code)
+                else:
+                    message = (
+                        f"{self._where(child)}: exited with code {code} while draining; "
+                        f"see {child.log_path}\n{log_tail(child.log_path)}"
+                    )
+                    self._fail(child, message, exit_code=code, problems=problems)
+        finally:
+            for child in self._children:
+                Path(child.ready_path).unlink(missing_ok=True)
+            self._end_run(problems)
+        if interrupted is not None:
+            raise interrupted
+        if problems:
+            raise SidecarError(
+                f"run {self.run_id}: stopped, but its state was not fully recorded: {problems[0]}"
+            )
+
+    def _end_run(self, problems: list[BaseException]) -> None:
+        if self.store is None:
+            return
+        try:
+            if self._run_created:
+                failed = any(child.state == "failed" for child in self._children)
+                self.store.end_run(self.run_id, "failed" if failed else "ended")
+        except Exception as exc:
+            problems.append(exc)
+        finally:
+            if self._owns_store:
+                self.store.close()
+
+    def _kill(self, child: _Child) -> int | None:
+        """SIGKILL ``child``'s process (through procs) and reap it; its exit code."""
+        if child.process is None:
+            return None
+        if child.identity is not None and child.process.poll() is None:
+            procs.signal_if_ours(child.identity, signal.SIGKILL)
+        return procs.wait_exit(child.process, KILL_REAP_SECONDS)
+
+    def _fail(
+        self,
+        child: _Child,
+        message: str,
+        exit_code: int | None = None,
+        problems: list[BaseException] | None = None,
+    ) -> None:
+        child.error = message
+        if child.state in TERMINAL:
+            return
+        facts: dict[str, Any] = {"error": message}
+        if exit_code is not None:
+            facts["exit_code"] = exit_code
+        detail = message.split("\n", 1)[0]
+        if problems is None:
+            child.machine.fire("fail", detail=detail, **facts)
+        else:
+            self._fire_collecting(problems, child, "fail", detail=detail, **facts)
+
+    @staticmethod
+    def _fire_collecting(
+        problems: list[BaseException], child: _Child, event: str, detail: str | None = None, **facts: Any
+    ) -> None:
+        try:
+            child.machine.fire(event, detail=detail, **facts)
+        except Exception as exc:
+            problems.append(exc)
+
+
+def _same_address(a: str, b: str) -> bool:
+    """Whether two ``host:port`` listens name the same socket, loopback spellings included."""
+    if a == b:
+        return True
+    host_a, _, port_a = a.rpartition(":")
+    host_b, _, port_b = b.rpartition(":")
+    if port_a != port_b or port_a == "0":
+        return False
+    unbracket = str.maketrans("", "", "[]")
+    return is_loopback_host(host_a.translate(unbracket)) and is_loopback_host(host_b.translate(unbracket))

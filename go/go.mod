@@ -1,0 +1,3 @@
+module h2-ping-sidecar
+
+go 1.26

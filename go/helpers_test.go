@@ -1,0 +1,106 @@
+package main
+
+import (
+	"context"
+	"crypto/x509"
+	"encoding/pem"
+	"io"
+	"log"
+	"net"
+	"net/http"
+	"net/http/httptest"
+	"os"
+	"path/filepath"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+)
+
+// newH2Origin starts a TLS origin that negotiates only h2 (ALPN) on loopback.
+func newH2Origin(t *testing.T, h http.Handler) *httptest.Server {
+	t.Helper()
+	srv := httptest.NewUnstartedServer(h)
+	srv.EnableHTTP2 = true
+	srv.StartTLS()
+	srv.TLS.NextProtos = []string{"h2"}
+	t.Cleanup(srv.Close)
+	return srv
+}
+
+// caFileOf writes srv's certificate as a PEM file for -ca-file.
+func caFileOf(t *testing.T, srv *httptest.Server) string {
+	t.Helper()
+	path := filepath.Join(t.TempDir(), "ca.pem")
+	data := pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: srv.Certificate().Raw})
+	if err := os.WriteFile(path, data, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	return path
+}
+
+// logBuffer collects log lines safely from many goroutines.
+type logBuffer struct {
+	mu sync.Mutex
+	b  strings.Builder
+}
+
+func (l *logBuffer) Write(p []byte) (int, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.Write(p)
+}
+
+func (l *logBuffer) String() string {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.String()
+}
+
+// inProcessProxy is the proxy handler on a loopback listener in this process, so tests can
+// read the pool's state directly.
+type inProcessProxy struct {
+	url  string
+	up   *upstream
+	logs *logBuffer
+}
+
+func startProxy(t *testing.T, origin *httptest.Server, args ...string) *inProcessProxy {
+	t.Helper()
+	full := append([]string{"-upstream", origin.URL, "-ca-file", caFileOf(t, origin)}, args...)
+	cfg, err := parseConfig(full, func(string) string { return "" }, io.Discard)
+	if err != nil {
+		t.Fatalf("parseConfig(%q): got %v; want nil", full, err)
+	}
+	logs := &logBuffer{}
+	logger := log.New(logs, "", 0)
+	up := newUpstream(cfg)
+	up.pool = newPool(up.newClientConn, cfg.MaxConnAge)
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv := &http.Server{Handler: newProxy(cfg, up, logger), ErrorLog: logger}
+	go srv.Serve(ln)
+	t.Cleanup(func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		defer cancel()
+		srv.Shutdown(ctx)
+		up.pool.close()
+	})
+	return &inProcessProxy{url: "http://" + ln.Addr().String(), up: up, logs: logs}
+}
+
+// waitFor polls cond until it holds or the deadline passes; failures name what.
+func waitFor(t *testing.T, what string, timeout time.Duration, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(timeout)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("waiting for %s: got timeout after %s; want it to happen", what, timeout)
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+}
+
+var _ = x509.NewCertPool

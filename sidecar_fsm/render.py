@@ -18,7 +18,6 @@ from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from sidecar_fsm.reap import ReapReport
-    from sidecar_fsm.rewrite import RewrittenUrl
     from sidecar_fsm.store import InstanceRecord, RunRecord, TransitionRecord
 
 UNKNOWN = "-"
@@ -295,34 +294,19 @@ def reap_lines(report: ReapReport, *, color: bool = False) -> list[str]:
     return lines
 
 
-def started_lines(
-    run_id: str | None,
-    log_dir: str,
-    instances: Sequence[tuple[str, str, str]],
-    rewritten: Sequence[RewrittenUrl],
-) -> list[str]:
-    """What ``start`` prints once every sidecar is ready: instances, rewritten URLs, how to stop.
+def started_lines(run_id: str | None, log_dir: str, instances: Sequence[tuple[str, str, str]]) -> list[str]:
+    """What ``start`` prints once every sidecar is ready (the launcher has already printed each
+    rewritten base URL, as NeMo Gym's does): the run, its instances, and how to stop them.
 
     ``instances`` holds ``(name, listen, upstream)`` with the bound address.
     """
-    from sidecar_fsm.urls import redact_url
-
     lines = [f"run {run_id or UNKNOWN}: {len(instances)} sidecar(s) ready; state in {log_dir}"]
     lines += table(
         ["NAME", "LISTEN → UPSTREAM"],
         [[name, f"{listen} → {upstream}"] for name, listen, upstream in instances],
         indent="  ",
     )
-    if rewritten:
-        lines.append("rewritten base URLs:")
-        lines += table(
-            ["LOCATION", "NEW", "OLD"],
-            [[r.location, r.new, redact_url(r.old)] for r in rewritten],
-            indent="  ",
-        )
-    else:
-        lines.append("no base_url points at a sidecar upstream; nothing rewritten")
-    lines.append("supervising; Ctrl-C or SIGTERM drains and stops the sidecars")
+    lines.append("supervising; Ctrl-C or SIGTERM drains and stops the sidecars (see: sidecar-fsm status)")
     return lines
 
 

@@ -1,0 +1,250 @@
+"""The launcher's pure parts and its refusals: argv, environment, log dir, and checks before any start.
+
+No child processes: what needs a running proxy is in tests/integration/test_launcher*.py.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import tempfile
+from pathlib import Path
+from typing import Any
+
+import pytest
+from omegaconf import OmegaConf
+
+from sidecar_fsm import launcher, supervise
+from sidecar_fsm.config import H2PingSidecarConfig
+from sidecar_fsm.errors import ConfigError, SidecarError
+from sidecar_fsm.launcher import (
+    SIDECAR_BINARY_NAME,
+    SIDECAR_SOURCE_DIR,
+    h2_ping_sidecar_config_from_global_config,
+    resolve_binary,
+    resolve_log_dir,
+    sidecar_command,
+    sidecar_env,
+    start_h2_ping_sidecar,
+)
+
+SPEC_NAMES = (
+    "start_h2_ping_sidecar",
+    "H2PingSidecarManager",
+    "NodeSidecars",
+    "RewrittenUrl",
+    "SidecarError",
+    "build_sidecar",
+    "default_binary_path",
+    "resolve_binary",
+    "resolve_log_dir",
+    "rewrite_base_urls",
+    "sidecar_command",
+    "sidecar_env",
+    "h2_ping_sidecar_config_from_global_config",
+    "SIDECAR_BINARY_NAME",
+    "SIDECAR_SOURCE_DIR",
+)
+
+
+def _config(**block: Any) -> H2PingSidecarConfig:
+    block.setdefault("enabled", True)
+    block.setdefault("instances", [{"name": "nvcf", "upstream": "https://api.example.com"}])
+    return h2_ping_sidecar_config_from_global_config(OmegaConf.create({"sidecar": block}))
+
+
+def test_every_spec_name_is_exported() -> None:
+    missing = [name for name in SPEC_NAMES if not hasattr(launcher, name)]
+    assert missing == []
+    assert SIDECAR_BINARY_NAME == "h2-ping-sidecar"
+    assert (SIDECAR_SOURCE_DIR / "go.mod").is_file()
+    assert issubclass(launcher.SidecarError, RuntimeError)
+
+
+def test_command_passes_every_tuning_flag_explicitly() -> None:
+    config = _config(ping_interval=90, shutdown_grace="2m", retry_body_limit=0, max_conn_age=0)
+    command = sidecar_command("/bin/h2", config, config.instances[0], "/logs/x.ready")
+    flags = dict(zip(command[1::2], command[2::2], strict=False))
+    assert command[0] == "/bin/h2"
+    assert flags["-listen"] == "127.0.0.1:1250"
+    assert flags["-upstream"] == "https://api.example.com"
+    assert flags["-ping-interval"] == "1m30s"
+    assert flags["-shutdown-grace"] == "2m0s" or flags["-shutdown-grace"] == "2m"
+    assert flags["-retry-body-limit"] == "0"
+    assert flags["-max-conn-age"] == "0s"
+    assert flags["-ready-file"] == "/logs/x.ready"
+    assert flags["-exit-with-pid"] == str(os.getpid())
+    assert "-insecure-skip-verify" not in command
+    assert "-ca-file" not in command
+
+
+def test_command_optional_flags() -> None:
+    config = _config(exit_with_owner=False, insecure_skip_verify=True, ca_file="~/ca.pem")
+    command = sidecar_command("/bin/h2", config, config.instances[0], "/r")
+    assert "-exit-with-pid" not in command
+    assert command[-1] == "-insecure-skip-verify"
+    assert command[command.index("-ca-file") + 1] == str(Path("~/ca.pem").expanduser())
+
+
+@pytest.mark.parametrize(
+    ("godebug", "expected"),
+    [
+        (None, None),
+        ("http2debug=2", None),
+        ("http2debug=1,madvdontneed=1", "madvdontneed=1"),
+        ("madvdontneed=1, http2debug=2 ,x=y", "madvdontneed=1,x=y"),
+        ("http2client=0", "http2client=0"),
+    ],
+)
+def test_env_drops_http2debug_only(
+    monkeypatch: pytest.MonkeyPatch, godebug: str | None, expected: str | None
+) -> None:
+    if godebug is None:
+        monkeypatch.delenv("GODEBUG", raising=False)
+    else:
+        monkeypatch.setenv("GODEBUG", godebug)
+    monkeypatch.setenv("SIDECAR_FSM_TEST_MARKER", "kept")
+    env = sidecar_env(_config())
+    assert env.get("GODEBUG") == expected
+    assert env["SIDECAR_FSM_TEST_MARKER"] == "kept"
+    assert "GOMEMLIMIT" not in env or os.environ.get("GOMEMLIMIT") == env["GOMEMLIMIT"]
+
+
+def test_env_passes_go_limits() -> None:
+    env = sidecar_env(_config(gomemlimit="1GiB", gomaxprocs=2))
+    assert env["GOMEMLIMIT"] == "1GiB"
+    assert env["GOMAXPROCS"] == "2"
+
+
+def test_log_dir_order(tmp_path: Path) -> None:
+    own = _config(log_dir=str(tmp_path / "own"))
+    assert resolve_log_dir(own, {"nemo_gym_log_dir": "/elsewhere"}) == str(tmp_path / "own")
+    plain = _config()
+    assert resolve_log_dir(plain, OmegaConf.create({"nemo_gym_log_dir": str(tmp_path)})) == str(tmp_path)
+    assert resolve_log_dir(plain, {}) == os.path.join(tempfile.gettempdir(), f"nemo_gym_h2ping-{os.getuid()}")
+    assert resolve_log_dir(plain, None).endswith(f"nemo_gym_h2ping-{os.getuid()}")
+
+
+def test_disabled_or_absent_block_starts_nothing() -> None:
+    assert start_h2_ping_sidecar(OmegaConf.create({"x": 1})) is None
+    assert start_h2_ping_sidecar(OmegaConf.create({"sidecar": {"enabled": False}})) is None
+
+
+def _gym_config(tmp_path: Path, **block: Any) -> Any:
+    block.setdefault("enabled", True)
+    block.setdefault("instances", [{"name": "nvcf", "upstream": "https://api.example.com"}])
+    block.setdefault("log_dir", str(tmp_path / "logs"))
+    return OmegaConf.create(
+        {
+            "cache_dir": str(tmp_path / "cache"),
+            "policy_base_url": "https://api.example.com/v1",
+            "policy": {"responses_api_models": {"m": {"base_url": "${policy_base_url}"}}},
+            "sidecar": block,
+        }
+    )
+
+
+@pytest.mark.parametrize(
+    ("block", "message"),
+    [
+        ({"instances": []}, "sidecar.instances"),
+        ({"ping_interval": "6m"}, "sidecar.ping_interval: '6m'"),
+        ({"nodes": 2}, "nodes"),
+        ({"ca_file": "/nonexistent/ca.pem"}, "sidecar.ca_file: '/nonexistent/ca.pem' is not a readable file"),
+        ({"binary": "/nonexistent/h2", "build_if_missing": False}, "sidecar.binary: '/nonexistent/h2'"),
+    ],
+)
+def test_bad_input_fails_before_any_side_effect(tmp_path: Path, block: dict[str, Any], message: str) -> None:
+    config = _gym_config(tmp_path, **block)
+    before = OmegaConf.to_container(config)
+    with pytest.raises(SidecarError, match=message.replace(".", r"\.").replace("(", r"\(")):
+        start_h2_ping_sidecar(config)
+    assert OmegaConf.to_container(config) == before
+    # Nothing was created: no log dir (so no database, no run), no cache.
+    assert not (tmp_path / "logs").exists()
+    assert not (tmp_path / "cache").exists()
+
+
+def test_unparseable_model_url_fails_before_any_side_effect(tmp_path: Path) -> None:
+    config = _gym_config(tmp_path)
+    config.policy.responses_api_models.m.base_url = "https://[broken"
+    before = OmegaConf.to_container(config)
+    with pytest.raises(SidecarError):
+        start_h2_ping_sidecar(config)
+    assert OmegaConf.to_container(config) == before
+    assert not (tmp_path / "logs").exists()
+
+
+def test_config_errors_are_config_errors(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError):
+        start_h2_ping_sidecar(_gym_config(tmp_path, ping_timeout="-1s"))
+
+
+def test_resolve_binary_refuses_a_non_executable(tmp_path: Path) -> None:
+    plain = tmp_path / "h2"
+    plain.write_text("not a program")
+    with pytest.raises(SidecarError, match="is not executable"):
+        resolve_binary(_config(binary=str(plain), build_if_missing=False), {})
+    plain.chmod(0o755)
+    assert resolve_binary(_config(binary=str(plain)), {}) == plain
+
+
+def test_missing_go_and_no_prebuilt(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from sidecar_fsm import buildcache
+
+    monkeypatch.setattr(buildcache, "find_go", lambda: None)
+    config = _gym_config(tmp_path)
+    before = OmegaConf.to_container(config)
+    with pytest.raises(SidecarError, match="no Go toolchain and no prebuilt h2-ping-sidecar"):
+        start_h2_ping_sidecar(config)
+    assert OmegaConf.to_container(config) == before
+    assert not (tmp_path / "logs").exists()
+
+
+def test_log_tail_reads_only_the_end(tmp_path: Path) -> None:
+    log = tmp_path / "x.log"
+    log.write_text("".join(f"line {i}\n" for i in range(10000)))
+    assert supervise.log_tail(str(log), lines=3) == "line 9997\nline 9998\nline 9999"
+    assert supervise.log_tail(str(tmp_path / "missing.log")).startswith("(log ")
+    (tmp_path / "empty.log").write_text("")
+    assert supervise.log_tail(str(tmp_path / "empty.log")) == "(empty log)"
+
+
+@pytest.mark.parametrize(
+    ("a", "b", "same"),
+    [
+        ("127.0.0.1:1250", "127.0.0.1:1250", True),
+        ("localhost:1250", "127.0.0.1:1250", True),
+        ("[::1]:1250", "127.0.0.1:1250", True),
+        ("127.0.0.1:1250", "127.0.0.1:1251", False),
+        ("127.0.0.1:0", "localhost:0", False),
+        ("10.0.0.1:1250", "127.0.0.1:1250", False),
+    ],
+)
+def test_same_address(a: str, b: str, same: bool) -> None:
+    assert supervise._same_address(a, b) is same
+
+
+def test_interrupt_held_until_the_block_ends() -> None:
+    reached_end = False
+    with pytest.raises(KeyboardInterrupt), supervise._interrupts_deferred():
+        os.kill(os.getpid(), signal.SIGINT)
+        # Python runs handlers between bytecodes: a few statements give it the chance to raise.
+        for _ in range(1000):
+            pass
+        reached_end = True
+    assert reached_end
+    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
+
+
+def test_interrupt_not_held_when_caller_owns_sigint() -> None:
+    seen: list[int] = []
+    previous = signal.signal(signal.SIGINT, lambda signum, frame: seen.append(signum))
+    try:
+        with supervise._interrupts_deferred():
+            os.kill(os.getpid(), signal.SIGINT)
+            for _ in range(1000):
+                pass
+        assert seen == [signal.SIGINT]
+    finally:
+        signal.signal(signal.SIGINT, previous)

@@ -58,8 +58,10 @@ def parse_origin(url: str) -> Origin:
     """
     try:
         parts = urlsplit(url.strip())
-    except ValueError as exc:
-        raise ValueError(f"is not a valid URL ({str(exc).lower()})") from None
+    except ValueError:
+        # urllib's own wording changes between Python releases; brackets are what it rejects.
+        what = "has an invalid IPv6 address in brackets" if "[" in url else "is not a valid URL"
+        raise ValueError(what) from None
     scheme = parts.scheme.lower()
     if not scheme or not url.strip()[len(scheme) :].startswith("://"):
         raise ValueError("is not an absolute URL (scheme://host)")
@@ -87,7 +89,7 @@ def _normalize_host(parts: SplitResult) -> str:
         try:
             return ipaddress.IPv6Address(raw.split("%", 1)[0]).compressed
         except ValueError:
-            raise ValueError("has an invalid IPv6 address") from None
+            raise ValueError("has an invalid IPv6 address in brackets") from None
     if not is_valid_host_name(raw):
         raise ValueError("has an invalid host name")
     return raw

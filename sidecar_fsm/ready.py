@@ -20,6 +20,7 @@ import os
 import select
 import struct
 import subprocess
+import threading
 import time
 from collections.abc import Iterable
 from dataclasses import dataclass
@@ -138,6 +139,16 @@ class _Inotify:
     def close(self) -> None:
         os.close(self.fd)
 
+    def close_in_background(self) -> None:
+        """Close without making the caller wait for it.
+
+        Closing an inotify instance tears its watches down and waits for an SRCU grace period
+        in the kernel: 10-25 ms measured on a busy 2-core machine, twenty times the wait for the
+        event itself. The caller has its answer already; a daemon thread pays that cost
+        (``os.close`` releases the GIL).
+        """
+        threading.Thread(target=os.close, args=(self.fd,), name="inotify-close", daemon=True).start()
+
 
 def _open_inotify(directories: Iterable[str]) -> tuple[_Inotify | None, set[str]]:
     """An inotify watching ``directories``, and those it could not watch (they fall back to polling)."""
@@ -255,5 +266,5 @@ def wait_all_ready(waits: list[ReadyWait], timeout: float) -> dict[str, ReadyOut
         for pidfd in pidfds:
             os.close(pidfd)
         if inotify is not None:
-            inotify.close()
+            inotify.close_in_background()
     return {name: outcomes[name] for name in names}

@@ -52,7 +52,7 @@ _STREAM_WINDOW = 1 << 20
 _CONNECTION_WINDOW = 16 << 20
 _MAX_HEADER_LIST = 1 << 16
 # How long stop() lets a connection flush its GOAWAY and TLS close_notify before aborting it.
-_CLOSE_FLUSH_SECONDS = 1.0
+_CLOSE_FLUSH_SECONDS = 0.5
 _STARTUP_SECONDS = 10.0
 _SLOW_DEFAULT_SIZE = 64
 _MAX_SLOW_SIZE = 64 << 20

@@ -233,3 +233,14 @@ def test_sidecar_pings_keep_a_slow_request_alive_through_the_relay(
     assert response.body.startswith(b"slow: first byte after 2.5s")
     assert relay.drops == 0
     assert tls_origin.pings >= 3
+
+
+def test_sidecar_answers_502_for_an_http11_only_origin(
+    make_tls_origin: Callable[..., TlsH2Origin], run_sidecar: Callable[..., Any]
+) -> None:
+    origin = make_tls_origin(h1_only=True)
+    sidecar = run_sidecar(origin.url, ca_file=origin.ca_file)
+    response = http11_request(sidecar.host, sidecar.port, "/echo", timeout=20)
+    assert response.status == 502
+    assert b"h2" in response.body.lower()
+    assert origin.requests == 0

@@ -2,7 +2,6 @@ package main
 
 import (
 	"context"
-	"crypto/x509"
 	"encoding/pem"
 	"io"
 	"log"
@@ -65,9 +64,9 @@ type inProcessProxy struct {
 	logs *logBuffer
 }
 
-func startProxy(t *testing.T, origin *httptest.Server, args ...string) *inProcessProxy {
+func startProxy(t *testing.T, originURL, caFile string, args ...string) *inProcessProxy {
 	t.Helper()
-	full := append([]string{"-upstream", origin.URL, "-ca-file", caFileOf(t, origin)}, args...)
+	full := append([]string{"-upstream", originURL, "-ca-file", caFile}, args...)
 	cfg, err := parseConfig(full, func(string) string { return "" }, io.Discard)
 	if err != nil {
 		t.Fatalf("parseConfig(%q): got %v; want nil", full, err)
@@ -102,5 +101,3 @@ func waitFor(t *testing.T, what string, timeout time.Duration, cond func() bool)
 		time.Sleep(5 * time.Millisecond)
 	}
 }
-
-var _ = x509.NewCertPool

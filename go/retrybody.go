@@ -100,6 +100,7 @@ func (u *upstream) RoundTrip(req *http.Request) (*http.Response, error) {
 		default:
 			return nil, err
 		}
+		u.resent.Add(1)
 	}
 }
 

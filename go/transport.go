@@ -34,6 +34,8 @@ type upstream struct {
 
 	// handshakes counts completed TLS handshakes (tests compare it with connections used).
 	handshakes atomic.Int64
+	// resent counts requests re-sent after a refusal (tests assert the retry happened).
+	resent atomic.Int64
 
 	pool *pool
 }

@@ -1,0 +1,238 @@
+"""reap on real processes and a real database: only provably-ours processes are ever signalled.
+
+Records are written through the real store and state machine, pointing at real processes this
+test spawns (``sleep``), so identity checks run against the kernel's idea of pid, start time and
+executable; no mocks. The full kill -9 of a real ``sidecar-fsm start`` is in ``test_cli.py``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sqlite3
+import subprocess
+import sys
+import uuid
+from pathlib import Path
+from typing import Any
+
+import pytest
+from helpers import ProcessRegistry
+
+from sidecar_fsm import procs
+from sidecar_fsm.fsm import InstanceMachine
+from sidecar_fsm.reap import owner_status, reap
+from sidecar_fsm.store import Store, database_path
+
+SLEEP = "/bin/sleep" if os.path.exists("/bin/sleep") else "/usr/bin/sleep"
+
+
+def sleeper(registry: ProcessRegistry) -> subprocess.Popen[bytes]:
+    proc = subprocess.Popen([SLEEP, "300"], stdin=subprocess.DEVNULL)
+    registry.add(proc)
+    return proc
+
+
+def dead_pid() -> tuple[int, float]:
+    """A pid that no longer runs, with the start time it had (its owner is "gone")."""
+    proc = subprocess.Popen([sys.executable, "-c", "pass"])
+    identity = procs.identity_of(proc.pid)
+    proc.wait()
+    return proc.pid, identity.start_time if identity else 1.0
+
+
+def db_rows(path: Path) -> dict[str, list[tuple[Any, ...]]]:
+    conn = sqlite3.connect(path)
+    try:
+        tables = [row[0] for row in conn.execute("SELECT name FROM sqlite_master WHERE type = 'table'")]
+        return {
+            table: sorted(conn.execute(f"SELECT * FROM {table}").fetchall(), key=repr) for table in tables
+        }
+    finally:
+        conn.close()
+
+
+def make_run(
+    store: Store,
+    log_dir: Path,
+    owner: tuple[int, float | None],
+    instances: list[tuple[str, procs.ProcessIdentity | None, str | None]],
+    state: str = "ready",
+) -> str:
+    """A run owned by ``owner`` whose instances point at the given processes, in ``state``.
+
+    Each instance is ``(name, identity recorded as pid/start time, executable recorded as binary)``
+    and gets a ready file, as a real sidecar would have written.
+    """
+    run_id = uuid.uuid4().hex
+    store.create_run(run_id, owner[0], owner[1], {"shutdown_grace": "5s"})
+    for index, (name, identity, binary) in enumerate(instances):
+        ready = log_dir / f"h2ping-{name}-{run_id}.ready"
+        record = store.create_instance(
+            run_id,
+            name,
+            f"127.0.0.1:{20000 + index}",
+            "https://api.example.com",
+            binary,
+            str(ready),
+            str(ready),
+        )
+        machine = InstanceMachine(store, record.id)
+        machine.fire("build")
+        if state == "building":
+            continue
+        assert identity is not None
+        machine.fire("spawn", pid=identity.pid, pid_start_time=identity.start_time)
+        ready.write_text(json.dumps({"pid": identity.pid, "listen": f"127.0.0.1:{20000 + index}"}))
+        if state == "ready":
+            machine.fire("ready")
+    return run_id
+
+
+@pytest.fixture
+def store(log_dir: Path) -> Any:
+    opened = Store.open(log_dir)
+    yield opened
+    opened.close()
+
+
+def test_process_that_is_ours_is_terminated_and_marked_failed(
+    store: Store, log_dir: Path, process_registry: ProcessRegistry
+) -> None:
+    proc = sleeper(process_registry)
+    identity = procs.identity_of(proc.pid)
+    assert identity is not None
+    run_id = make_run(store, log_dir, dead_pid(), [("policy", identity, identity.exe)])
+
+    report = reap(store)
+
+    assert procs.wait_exit(proc, 5) is not None, "our process was not ended"
+    (run,) = report.runs
+    assert run.run_id == run_id and run.owner == "dead"
+    assert run.instances[0].result == "drained and exited after SIGTERM"
+    (inst,) = store.instances_of(run_id)
+    assert inst.state == "failed"
+    assert inst.error is not None and inst.error.startswith(f"reaped: owner pid {run.owner_pid} is gone")
+    assert [(t.source, t.dest) for t in store.history(inst.id)][-2:] == [
+        ("ready", "draining"),
+        ("draining", "failed"),
+    ]
+    assert not Path(inst.ready_path or "").exists()
+    stored = store.get_run(run_id)
+    assert stored is not None and stored.outcome == "reaped" and stored.ended_at is not None
+    # Idempotent: the second reap finds nothing.
+    assert reap(store).runs == []
+
+
+@pytest.mark.parametrize("mismatch", ["start time", "executable"])
+def test_pid_now_held_by_an_unrelated_process_is_never_signalled(
+    mismatch: str, store: Store, log_dir: Path, process_registry: ProcessRegistry
+) -> None:
+    unrelated = sleeper(process_registry)
+    real = procs.identity_of(unrelated.pid)
+    assert real is not None
+    if mismatch == "start time":
+        recorded = procs.ProcessIdentity(real.pid, real.start_time - 10, real.exe)
+        binary = real.exe
+    else:
+        recorded = real
+        binary = "/opt/cache/h2-ping-sidecar"
+    run_id = make_run(store, log_dir, dead_pid(), [("policy", recorded, binary)])
+
+    report = reap(store)
+
+    assert unrelated.poll() is None, "an unrelated process was signalled"
+    assert procs.identity_of(unrelated.pid) == real
+    (inst,) = store.instances_of(run_id)
+    assert inst.state == "failed"
+    assert report.runs[0].instances[0].result == f"pid {real.pid} belongs to another process; not signalled"
+    assert inst.error and "not signalled" in inst.error
+    assert not Path(inst.ready_path or "").exists()
+
+
+def test_owner_pid_reused_counts_as_gone(
+    store: Store, log_dir: Path, process_registry: ProcessRegistry
+) -> None:
+    impostor = sleeper(process_registry)
+    real = procs.identity_of(impostor.pid)
+    assert real is not None
+    run_id = make_run(
+        store, log_dir, (real.pid, real.start_time - 100), [("policy", None, None)], state="building"
+    )
+    run = store.get_run(run_id)
+    assert run is not None and owner_status(run) == "reused"
+
+    report = reap(store)
+
+    assert impostor.poll() is None
+    assert report.runs[0].reason == f"owner pid {real.pid} now belongs to another process"
+    (inst,) = store.instances_of(run_id)
+    assert inst.state == "failed" and inst.error and "process had already exited" in inst.error
+
+
+def test_live_run_is_left_entirely_alone(
+    store: Store, log_dir: Path, process_registry: ProcessRegistry
+) -> None:
+    proc = sleeper(process_registry)
+    identity = procs.identity_of(proc.pid)
+    me = procs.identity_of(os.getpid())
+    assert identity is not None and me is not None
+    make_run(store, log_dir, (me.pid, me.start_time), [("policy", identity, identity.exe)])
+    before = db_rows(store.path)
+    ready_files = sorted(log_dir.glob("*.ready"))
+
+    assert reap(store).runs == []
+
+    assert proc.poll() is None
+    assert db_rows(store.path) == before
+    assert sorted(log_dir.glob("*.ready")) == ready_files
+
+
+def test_dry_run_changes_nothing_then_the_real_reap_does_what_it_said(
+    store: Store, log_dir: Path, process_registry: ProcessRegistry
+) -> None:
+    proc, other = sleeper(process_registry), sleeper(process_registry)
+    identity, other_identity = procs.identity_of(proc.pid), procs.identity_of(other.pid)
+    assert identity is not None and other_identity is not None
+    instances = [("policy", identity, identity.exe), ("judge", other_identity, "/not/ours")]
+    make_run(store, log_dir, dead_pid(), instances)
+    before = db_rows(store.path)
+    ready_files = sorted(log_dir.glob("*.ready"))
+
+    plan = reap(store, dry_run=True)
+
+    assert db_rows(store.path) == before
+    assert sorted(log_dir.glob("*.ready")) == ready_files
+    assert proc.poll() is None
+    assert [i.action for i in plan.runs[0].instances] == [
+        "SIGTERM, mark failed",
+        "mark failed (pid not ours)",
+    ]
+    assert sorted(plan.runs[0].ready_files) == [str(p) for p in ready_files]
+
+    done = reap(store)
+    assert [i.action for i in done.runs[0].instances] == [i.action for i in plan.runs[0].instances]
+    assert procs.wait_exit(proc, 5) is not None
+    assert other.poll() is None
+    assert list(log_dir.glob("*.ready")) == []
+
+
+def test_two_reapers_at_once_reap_each_run_exactly_once(store: Store, log_dir: Path) -> None:
+    for _ in range(3):
+        make_run(store, log_dir, dead_pid(), [("policy", None, None)], state="building")
+    env = {**os.environ, "SIDECAR_FSM_LOG_DIR": str(log_dir)}
+    reapers = [
+        subprocess.Popen(
+            [sys.executable, "-m", "sidecar_fsm", "reap", "--json"],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            env=env,
+        )
+        for _ in range(2)
+    ]
+    outputs = [reaper.communicate(timeout=60) for reaper in reapers]
+    assert [reaper.returncode for reaper in reapers] == [0, 0], [err for _, err in outputs]
+    reaped = [run["run_id"] for out, _ in outputs for run in json.loads(out)["runs"]]
+    assert len(reaped) == 3 and len(set(reaped)) == 3
+    assert all(run.outcome == "reaped" for run in store.list_runs("all"))
+    assert database_path(log_dir).exists()

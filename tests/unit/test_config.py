@@ -1,0 +1,627 @@
+"""config: every default, every validation rule (bad value -> exact message), durations, reading the block."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+import yaml
+from omegaconf import OmegaConf
+
+from sidecar_fsm.config import (
+    SIDECAR_KEY,
+    H2PingSidecarConfig,
+    RestartPolicy,
+    SidecarInstanceConfig,
+    format_go_duration,
+    h2_ping_sidecar_config_from_global_config,
+    is_loopback_host,
+    parse_duration_seconds,
+    split_listen,
+)
+from sidecar_fsm.errors import ConfigError, SidecarError
+
+UP = "https://api.example.com"
+DURATION_HINT = "use Go syntax like '60s', '1m30s', '250ms' or a number of seconds"
+LISTEN_HINT = "use 127.0.0.1:PORT (0 picks a free port; IPv6 as [::1]:PORT)"
+PING = "must be above 0 and below 340s (the idle limit it exists to beat); try '60s'"
+AGE = "must be below 3600s (the load balancer's connection age limit); try '50m', or '0s' to disable"
+BODY = "try 16777216, or 0 to disable buffering"
+PROCS = "try 2, or null to leave it to the go runtime"
+NAME = "is not a valid name; use letters, digits, '_' and '-', starting with a letter or digit"
+HTTPS = "must be https:// (HTTP/2 is chosen by ALPN); use https://HOST[:PORT]"
+CLASH = "give each instance its own port, or 0 for any free port"
+NOT_LOOPBACK = "is not loopback; use 127.0.0.1:PORT or allow_non_loopback"
+LIST_HINT = "write a list of {name, upstream, listen} entries"
+MEM_HINT = "use bytes or a KiB, MiB, GiB or TiB count like '1GiB', or 'off'"
+
+
+def inst(
+    name: str = "nvcf", listen: str = "127.0.0.1:1250", upstream: str = UP, **extra: Any
+) -> dict[str, Any]:
+    return {"name": name, "upstream": upstream, "listen": listen, **extra}
+
+
+def load(block: Any) -> H2PingSidecarConfig:
+    return h2_ping_sidecar_config_from_global_config({SIDECAR_KEY: block})
+
+
+# --- defaults --------------------------------------------------------------------------------
+
+DEFAULTS = {
+    "enabled": False,
+    "binary": None,
+    "build_if_missing": True,
+    "instances": [],
+    "ping_interval": "60s",
+    "ping_timeout": "15s",
+    "shutdown_grace": "60s",
+    "retry_body_limit": 16777216,
+    "max_conn_age": "50m",
+    "insecure_skip_verify": False,
+    "gomemlimit": None,
+    "gomaxprocs": None,
+    "startup_timeout_seconds": 30.0,
+    "log_dir": None,
+    "rewrite_base_urls": True,
+    "ca_file": None,
+    "allow_non_loopback": False,
+    "exit_with_owner": True,
+    "restart": {"max_restarts": 0, "backoff": "1s"},
+}
+
+
+@pytest.mark.parametrize(
+    "global_config",
+    [None, {}, {"other": 1}, {SIDECAR_KEY: None}, OmegaConf.create({}), OmegaConf.create({SIDECAR_KEY: {}})],
+    ids=["none", "empty-dict", "no-block", "null-block", "empty-dictconfig", "empty-block"],
+)
+def test_absent_block_is_disabled_with_every_default(global_config: Any) -> None:
+    config = h2_ping_sidecar_config_from_global_config(global_config)
+    assert config.model_dump() == DEFAULTS
+    assert sorted(H2PingSidecarConfig.model_fields) == sorted(DEFAULTS)
+
+
+def test_default_seconds_and_instance_defaults() -> None:
+    config = H2PingSidecarConfig()
+    assert (config.ping_interval_seconds, config.ping_timeout_seconds) == (60.0, 15.0)
+    assert (config.shutdown_grace_seconds, config.max_conn_age_seconds) == (60.0, 3000.0)
+    assert config.restart.backoff_seconds == 1.0
+    instance = SidecarInstanceConfig(upstream=UP)
+    assert (instance.name, instance.listen, instance.listen_host, instance.listen_port) == (
+        "nvcf",
+        "127.0.0.1:1250",
+        "127.0.0.1",
+        1250,
+    )
+
+
+def test_struct_mode_dictconfig_without_block_is_disabled() -> None:
+    global_config = OmegaConf.create({"policy_base_url": UP})
+    OmegaConf.set_struct(global_config, True)
+    assert h2_ping_sidecar_config_from_global_config(global_config) == H2PingSidecarConfig()
+
+
+# --- accepted values ---------------------------------------------------------------------------
+
+GOOD = [
+    # (block, attribute, expected)
+    ({"ping_interval": 90}, "ping_interval", "1m30s"),
+    ({"ping_interval": 90}, "ping_interval_seconds", 90.0),
+    ({"ping_interval": "90"}, "ping_interval", "1m30s"),
+    ({"ping_interval": 0.25}, "ping_interval", "250ms"),
+    ({"ping_interval": "1m30s"}, "ping_interval", "1m30s"),
+    ({"ping_interval": " 45s "}, "ping_interval", "45s"),
+    ({"ping_interval": "339.9s"}, "ping_interval_seconds", 339.9),
+    ({"ping_interval": "5m39s"}, "ping_interval_seconds", 339.0),
+    ({"ping_timeout": "250ms"}, "ping_timeout_seconds", 0.25),
+    ({"ping_timeout": "1h"}, "ping_timeout_seconds", 3600.0),
+    ({"shutdown_grace": 0}, "shutdown_grace", "0s"),
+    ({"shutdown_grace": "15m"}, "shutdown_grace_seconds", 900.0),
+    ({"shutdown_grace": "1h2m3.5s"}, "shutdown_grace_seconds", 3723.5),
+    ({"max_conn_age": 0}, "max_conn_age", "0s"),
+    ({"max_conn_age": "0"}, "max_conn_age", "0s"),
+    ({"max_conn_age": "0s"}, "max_conn_age_seconds", 0.0),
+    ({"max_conn_age": "59m59s"}, "max_conn_age_seconds", 3599.0),
+    ({"retry_body_limit": 0}, "retry_body_limit", 0),
+    ({"retry_body_limit": "1024"}, "retry_body_limit", 1024),
+    ({"gomemlimit": "1GiB"}, "gomemlimit", "1GiB"),
+    ({"gomemlimit": "512MiB"}, "gomemlimit", "512MiB"),
+    ({"gomemlimit": "100B"}, "gomemlimit", "100B"),
+    ({"gomemlimit": 1073741824}, "gomemlimit", "1073741824"),
+    ({"gomemlimit": "off"}, "gomemlimit", "off"),
+    ({"gomemlimit": "8388607TiB"}, "gomemlimit", "8388607TiB"),
+    ({"gomaxprocs": 2}, "gomaxprocs", 2),
+    ({"startup_timeout_seconds": 0.5}, "startup_timeout_seconds", 0.5),
+    ({"enabled": "false"}, "enabled", False),  # booleans as YAML and dotlist overrides write them
+    ({"insecure_skip_verify": "yes"}, "insecure_skip_verify", True),
+    ({"exit_with_owner": 0}, "exit_with_owner", False),
+    ({"binary": ""}, "binary", None),
+    ({"log_dir": "  "}, "log_dir", None),
+    ({"ca_file": "/etc/ca.pem"}, "ca_file", "/etc/ca.pem"),
+    ({"restart": None}, "restart", RestartPolicy()),
+    ({"restart": {"max_restarts": 2, "backoff": 2}}, "restart", RestartPolicy(max_restarts=2, backoff="2s")),
+    ({"restart": {"backoff": "500ms"}}, "restart.backoff_seconds", 0.5),
+    ({"instances": [inst(upstream="https://API.Example.com:443/v1?x=1")]}, "instances.0.upstream", UP),
+    (
+        {"instances": [inst(upstream="https://h.example.com:8443/")]},
+        "instances.0.upstream",
+        "https://h.example.com:8443",
+    ),
+    ({"instances": [inst(listen="[::1]:1250")]}, "instances.0.listen_host", "::1"),
+    ({"instances": [inst(listen="localhost:0")]}, "instances.0.listen_port", 0),
+    ({"instances": [inst(listen="127.0.0.2:65535")]}, "instances.0.listen_port", 65535),
+    ({"instances": [inst(name="A_b-9")]}, "instances.0.name", "A_b-9"),
+    # two port-0 listens on one host are not a clash: the kernel picks two free ports
+    (
+        {"instances": [inst("a", "127.0.0.1:0"), inst("b", "127.0.0.1:0")]},
+        "instances.1.listen",
+        "127.0.0.1:0",
+    ),
+    # same port on two loopback addresses is fine
+    (
+        {"instances": [inst("a", "127.0.0.1:1250"), inst("b", "127.0.0.2:1250")]},
+        "instances.1.listen_port",
+        1250,
+    ),
+    (
+        {"instances": [inst(listen="0.0.0.0:1250")], "allow_non_loopback": True},
+        "instances.0.listen_host",
+        "0.0.0.0",
+    ),
+    (
+        {"instances": [inst(listen="node7:1250")], "allow_non_loopback": True},
+        "instances.0.listen_host",
+        "node7",
+    ),
+]
+
+
+def _attr(config: Any, dotted: str) -> Any:
+    for part in dotted.split("."):
+        config = config[int(part)] if part.isdigit() else getattr(config, part)
+    return config
+
+
+@pytest.mark.parametrize(("block", "attribute", "expected"), GOOD)
+def test_accepted(block: dict[str, Any], attribute: str, expected: Any) -> None:
+    assert _attr(load(block), attribute) == expected
+
+
+def test_enabled_with_instances() -> None:
+    config = load(
+        {"enabled": True, "instances": [inst("policy", "127.0.0.1:0"), inst("judge", "127.0.0.1:0")]}
+    )
+    assert config.enabled
+    assert [i.name for i in config.instances] == ["policy", "judge"]
+
+
+# --- refused values: the exact one-line message -----------------------------------------------
+
+BAD = [
+    # durations
+    ({"ping_interval": "6m"}, f"sidecar.ping_interval: '6m' {PING}"),
+    ({"ping_interval": "340s"}, f"sidecar.ping_interval: '340s' {PING}"),
+    ({"ping_interval": 0}, f"sidecar.ping_interval: '0' {PING}"),
+    ({"ping_interval": "soon"}, f"sidecar.ping_interval: 'soon' is not a duration; {DURATION_HINT}"),
+    ({"ping_interval": "60S"}, f"sidecar.ping_interval: '60S' is not a duration; {DURATION_HINT}"),
+    ({"ping_interval": "1m 30s"}, f"sidecar.ping_interval: '1m 30s' is not a duration; {DURATION_HINT}"),
+    ({"ping_interval": ""}, f"sidecar.ping_interval: '' is not a duration; {DURATION_HINT}"),
+    ({"ping_interval": None}, f"sidecar.ping_interval: 'null' is not a duration; {DURATION_HINT}"),
+    (
+        {"ping_interval": "-5s"},
+        "sidecar.ping_interval: '-5s' must not be negative; use a duration like '60s'",
+    ),
+    ({"ping_interval": -5}, "sidecar.ping_interval: '-5' must not be negative; use a duration like '60s'"),
+    ({"ping_interval": float("nan")}, f"sidecar.ping_interval: 'nan' is not a duration; {DURATION_HINT}"),
+    ({"ping_timeout": "0s"}, "sidecar.ping_timeout: '0s' must be above 0; try '15s'"),
+    ({"ping_timeout": "-1s"}, "sidecar.ping_timeout: '-1s' must not be negative; use a duration like '15s'"),
+    ({"shutdown_grace": True}, f"sidecar.shutdown_grace: 'true' is not a duration; {DURATION_HINT}"),
+    (
+        {"shutdown_grace": "-1m"},
+        "sidecar.shutdown_grace: '-1m' must not be negative; use a duration like '60s'",
+    ),
+    ({"max_conn_age": "1h"}, f"sidecar.max_conn_age: '1h' {AGE}"),
+    ({"max_conn_age": 3600}, f"sidecar.max_conn_age: '3600' {AGE}"),
+    ({"max_conn_age": "-1s"}, "sidecar.max_conn_age: '-1s' must not be negative; use a duration like '50m'"),
+    ({"restart": {"backoff": "x"}}, f"sidecar.restart.backoff: 'x' is not a duration; {DURATION_HINT}"),
+    (
+        {"restart": {"backoff": "-1s"}},
+        "sidecar.restart.backoff: '-1s' must not be negative; use a duration like '1s'",
+    ),
+    # numbers
+    ({"retry_body_limit": -1}, f"sidecar.retry_body_limit: '-1' must be 0 or more; {BODY}"),
+    ({"retry_body_limit": "16MiB"}, "sidecar.retry_body_limit: '16MiB' is not a whole number"),
+    ({"retry_body_limit": True}, f"sidecar.retry_body_limit: 'true' is not a whole number of bytes; {BODY}"),
+    ({"gomaxprocs": 0}, f"sidecar.gomaxprocs: '0' must be a positive whole number; {PROCS}"),
+    ({"gomaxprocs": -2}, f"sidecar.gomaxprocs: '-2' must be a positive whole number; {PROCS}"),
+    ({"gomaxprocs": 1.5}, "sidecar.gomaxprocs: '1.5' is not a whole number"),
+    ({"gomaxprocs": True}, f"sidecar.gomaxprocs: 'true' is not a whole number; {PROCS}"),
+    (
+        {"startup_timeout_seconds": 0},
+        "sidecar.startup_timeout_seconds: '0' must be a number of seconds above 0; try 30",
+    ),
+    (
+        {"startup_timeout_seconds": -3},
+        "sidecar.startup_timeout_seconds: '-3' must be a number of seconds above 0; try 30",
+    ),
+    (
+        {"startup_timeout_seconds": "inf"},
+        "sidecar.startup_timeout_seconds: 'inf' must be a number of seconds above 0; try 30",
+    ),
+    ({"startup_timeout_seconds": "30s"}, "sidecar.startup_timeout_seconds: '30s' is not a number"),
+    (
+        {"restart": {"max_restarts": -1}},
+        "sidecar.restart.max_restarts: '-1' must be 0 or more; try 2, or 0 to fail fast",
+    ),
+    ({"restart": {"max_restarts": "two"}}, "sidecar.restart.max_restarts: 'two' is not a whole number"),
+    # gomemlimit in Go's GOMEMLIMIT syntax
+    ({"gomemlimit": "1GB"}, f"sidecar.gomemlimit: '1GB' is not a go memory limit; {MEM_HINT}"),
+    ({"gomemlimit": "1 GiB"}, f"sidecar.gomemlimit: '1 GiB' is not a go memory limit; {MEM_HINT}"),
+    ({"gomemlimit": "1.5GiB"}, f"sidecar.gomemlimit: '1.5GiB' is not a go memory limit; {MEM_HINT}"),
+    ({"gomemlimit": "1gib"}, f"sidecar.gomemlimit: '1gib' is not a go memory limit; {MEM_HINT}"),
+    ({"gomemlimit": "-1"}, f"sidecar.gomemlimit: '-1' is not a go memory limit; {MEM_HINT}"),
+    ({"gomemlimit": 1.5}, f"sidecar.gomemlimit: '1.5' is not a go memory limit; {MEM_HINT}"),
+    (
+        {"gomemlimit": "8388608TiB"},
+        f"sidecar.gomemlimit: '8388608TiB' is larger than go allows (2^63-1 bytes); {MEM_HINT}",
+    ),
+    # booleans and types
+    ({"enabled": "maybe"}, "sidecar.enabled: 'maybe' is not a boolean; use true or false"),
+    ({"allow_non_loopback": 2}, "sidecar.allow_non_loopback: '2' is not a boolean; use true or false"),
+    ({"binary": 5}, "sidecar.binary: '5' is not a string; quote it"),
+    ({"restart": 3}, "sidecar.restart: '3' is not a mapping of keys; write {max_restarts: N, backoff: 1s}"),
+    ({"instances": "x"}, f"sidecar.instances: 'x' is not a list; {LIST_HINT}"),
+    ({"instances": ["x"]}, f"sidecar.instances[0]: 'x' is not a mapping of keys; {LIST_HINT}"),
+    # unknown keys, Gym's old `nodes` included
+    (
+        {"nodes": [{"host": "n1"}]},
+        "sidecar.nodes: NeMo Gym's old 'nodes' key is not supported: the sidecar always runs next to the "
+        "servers that call it (one per node, started by gym env start there); remove it",
+    ),
+    ({"ping_intervall": "5s"}, "sidecar.ping_intervall: unknown key; did you mean 'ping_interval'?"),
+    (
+        {"zzz": 1},
+        "sidecar.zzz: unknown key; known keys are allow_non_loopback, binary, build_if_missing, ca_file, "
+        "enabled, exit_with_owner, gomaxprocs, gomemlimit, insecure_skip_verify, instances, log_dir, "
+        "max_conn_age, ping_interval, ping_timeout, restart, retry_body_limit, rewrite_base_urls, "
+        "shutdown_grace, startup_timeout_seconds",
+    ),
+    (
+        {"restart": {"max_restart": 1}},
+        "sidecar.restart.max_restart: unknown key; did you mean 'max_restarts'?",
+    ),
+    (
+        {"instances": [inst(port=1250)]},
+        "sidecar.instances[0].port: unknown key; known keys are listen, name, upstream",
+    ),
+    # names
+    ({"instances": [inst(name="-x")]}, f"sidecar.instances[0].name: '-x' {NAME}"),
+    ({"instances": [inst(name="a b")]}, f"sidecar.instances[0].name: 'a b' {NAME}"),
+    ({"instances": [inst(name="")]}, f"sidecar.instances[0].name: '' {NAME}"),
+    (
+        {"instances": [inst("a", "127.0.0.1:1"), inst("b", "127.0.0.1:2"), inst("a", "127.0.0.1:3")]},
+        "sidecar.instances[2].name: 'a' is also the name of instances[0]; give each instance its own name",
+    ),
+    # upstreams
+    (
+        {"instances": [inst(upstream="http://api.example.com")]},
+        f"sidecar.instances[0].upstream: 'http://api.example.com' {HTTPS}",
+    ),
+    (
+        {"instances": [inst(upstream="http://user:pw@api.example.com")]},
+        f"sidecar.instances[0].upstream: 'http://***@api.example.com' {HTTPS}",
+    ),
+    (
+        {"instances": [inst(upstream="https://h:99999")]},
+        "sidecar.instances[0].upstream: 'https://h:99999' has an invalid port (must be 1-65535); use https://HOST[:PORT]",
+    ),
+    (
+        {"instances": [inst(upstream="api.example.com")]},
+        "sidecar.instances[0].upstream: 'api.example.com' is not an absolute URL (scheme://host); use https://HOST[:PORT]",
+    ),
+    (
+        {"instances": [{"name": "x"}]},
+        "sidecar.instances[0].upstream: is required; set it to the https:// url to forward to, like https://api.example.com",
+    ),
+    # listens
+    (
+        {"instances": [inst(listen="0.0.0.0:1250")]},
+        f"sidecar.instances[0].listen: '0.0.0.0:1250' {NOT_LOOPBACK}",
+    ),
+    (
+        {"instances": [inst("a", "127.0.0.1:1"), inst(listen="node7:1250")]},
+        f"sidecar.instances[1].listen: 'node7:1250' {NOT_LOOPBACK}",
+    ),
+    ({"instances": [inst(listen="[::]:1250")]}, f"sidecar.instances[0].listen: '[::]:1250' {NOT_LOOPBACK}"),
+    (
+        {"instances": [inst(listen="1250")]},
+        f"sidecar.instances[0].listen: '1250' is not host:port; {LISTEN_HINT}",
+    ),
+    (
+        {"instances": [inst(listen=1250)]},
+        "sidecar.instances[0].listen: '1250' is not a string; use a string like '127.0.0.1:1250'",
+    ),
+    (
+        {"instances": [inst(listen=":1250")]},
+        "sidecar.instances[0].listen: ':1250' has no host; "
+        "use 127.0.0.1:PORT, or 0.0.0.0:PORT with allow_non_loopback",
+    ),
+    (
+        {"instances": [inst(listen="::1:1250")]},
+        "sidecar.instances[0].listen: '::1:1250' has an IPv6 host without brackets; write it like [::1]:1250",
+    ),
+    (
+        {"instances": [inst(listen="[::1]1250")]},
+        f"sidecar.instances[0].listen: '[::1]1250' is not host:port; {LISTEN_HINT}",
+    ),
+    (
+        {"instances": [inst(listen="[nope]:1250")]},
+        f"sidecar.instances[0].listen: '[nope]:1250' has an invalid IPv6 address; {LISTEN_HINT}",
+    ),
+    (
+        {"instances": [inst(listen="127.0.0.1:70000")]},
+        f"sidecar.instances[0].listen: '127.0.0.1:70000' has port 70000 outside 0-65535; {LISTEN_HINT}",
+    ),
+    (
+        {"instances": [inst(listen="127.0.0.1:-1")]},
+        f"sidecar.instances[0].listen: '127.0.0.1:-1' has a port that is not a number; {LISTEN_HINT}",
+    ),
+    (
+        {"instances": [inst(listen="127.0.0.1:")]},
+        f"sidecar.instances[0].listen: '127.0.0.1:' has a port that is not a number; {LISTEN_HINT}",
+    ),
+    (
+        {"instances": [inst(listen="bad host:1")]},
+        f"sidecar.instances[0].listen: 'bad host:1' has an invalid host; {LISTEN_HINT}",
+    ),
+    (
+        {"instances": [inst("a"), inst("b")]},
+        "sidecar.instances[1].listen: '127.0.0.1:1250' clashes with "
+        f"instances[0].listen '127.0.0.1:1250'; {CLASH}",
+    ),
+    (
+        {"instances": [inst("a", "localhost:1250"), inst("b", "127.0.0.1:1250")]},
+        "sidecar.instances[1].listen: '127.0.0.1:1250' clashes with "
+        f"instances[0].listen 'localhost:1250'; {CLASH}",
+    ),
+    (
+        {"instances": [inst("a", "0.0.0.0:9"), inst("b", "127.0.0.1:9")], "allow_non_loopback": True},
+        f"sidecar.instances[1].listen: '127.0.0.1:9' clashes with instances[0].listen '0.0.0.0:9'; {CLASH}",
+    ),
+]
+
+
+@pytest.mark.parametrize(("block", "message"), BAD)
+def test_refused_with_exact_message(block: dict[str, Any], message: str) -> None:
+    with pytest.raises(ConfigError) as caught:
+        load(block)
+    assert str(caught.value) == message
+    assert caught.value.__cause__ is None  # no pydantic traceback chained behind it
+
+
+def test_instances_required_when_enabled_shows_a_yaml_example() -> None:
+    with pytest.raises(ConfigError) as caught:
+        load({"enabled": True})
+    first, *example = str(caught.value).splitlines()
+    assert first == (
+        "sidecar.instances: is empty but sidecar.enabled is true; add one instance per upstream, for example:"
+    )
+    # the lines after the first are a working block
+    shown = yaml.safe_load("\n".join(example))
+    assert load(shown[SIDECAR_KEY]).instances == [SidecarInstanceConfig(upstream=UP)]
+
+
+def test_several_problems_are_all_reported_first_on_line_one() -> None:
+    with pytest.raises(ConfigError) as caught:
+        load({"ping_timeout": "0s", "gomaxprocs": 0})
+    assert str(caught.value).splitlines() == [
+        "sidecar.ping_timeout: '0s' must be above 0; try '15s'",
+        f"  also sidecar.gomaxprocs: '0' must be a positive whole number; {PROCS}",
+    ]
+
+
+@pytest.mark.parametrize(
+    "build",
+    [
+        lambda: H2PingSidecarConfig(ping_interval="6m"),
+        lambda: H2PingSidecarConfig.model_validate({"ping_interval": "6m"}),
+        lambda: SidecarInstanceConfig(upstream="http://x"),
+        lambda: RestartPolicy(max_restarts=-1),
+    ],
+    ids=["init", "model_validate", "instance", "restart"],
+)
+def test_no_pydantic_error_escapes_any_constructor(build: Any) -> None:
+    with pytest.raises(ConfigError) as caught:
+        build()
+    assert isinstance(caught.value, SidecarError) and isinstance(caught.value, ValueError)
+    assert type(caught.value) is ConfigError
+
+
+def test_direct_construction_messages_name_the_model() -> None:
+    with pytest.raises(ConfigError, match=r"^sidecar\.instance\.upstream: 'http://x' must be https://"):
+        SidecarInstanceConfig(upstream="http://x")
+    with pytest.raises(ConfigError, match=r"^sidecar\.restart\.max_restarts: '-1' must be 0 or more"):
+        RestartPolicy(max_restarts=-1)
+
+
+# --- reading from a NeMo Gym global config ----------------------------------------------------
+
+
+def test_gym_block_unchanged_is_accepted(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("NVCF_URL", "https://NVCF.example.com/v1")
+    global_config = OmegaConf.create(
+        {
+            "nemo_gym_log_dir": "/tmp/logs",
+            "policy_base_url": "https://judge.example.com/v1",
+            "sidecar": {
+                "enabled": True,
+                "binary": None,
+                "build_if_missing": True,
+                "instances": [
+                    {"name": "nvcf", "upstream": "${oc.env:NVCF_URL}", "listen": "127.0.0.1:1250"},
+                    {"name": "judge", "upstream": "${policy_base_url}", "listen": "127.0.0.1:1251"},
+                ],
+                "ping_interval": "60s",
+                "ping_timeout": "15s",
+                "shutdown_grace": "60s",
+                "retry_body_limit": 16777216,
+                "max_conn_age": "50m",
+                "insecure_skip_verify": False,
+                "gomemlimit": "1GiB",
+                "gomaxprocs": 2,
+                "startup_timeout_seconds": 30,
+                "log_dir": None,
+                "rewrite_base_urls": True,
+            },
+        }
+    )
+    config = h2_ping_sidecar_config_from_global_config(global_config)
+    assert [(i.name, i.upstream, i.listen) for i in config.instances] == [
+        ("nvcf", "https://nvcf.example.com", "127.0.0.1:1250"),
+        ("judge", "https://judge.example.com", "127.0.0.1:1251"),
+    ]
+    assert (config.gomemlimit, config.gomaxprocs) == ("1GiB", 2)
+    # read-only: the config still holds its interpolations
+    assert OmegaConf.to_container(global_config, resolve=False)["sidecar"]["instances"][0]["upstream"] == (  # type: ignore[index]
+        "${oc.env:NVCF_URL}"
+    )
+
+
+def test_plain_dict_interpolations_are_resolved_like_omegaconf() -> None:
+    config = h2_ping_sidecar_config_from_global_config(
+        {
+            "judge_url": "https://judge.example.com/v1",
+            "sidecar": {"instances": [{"upstream": "${judge_url}"}]},
+        }
+    )
+    assert config.instances[0].upstream == "https://judge.example.com"
+
+
+def test_dotlist_overrides_are_strings_and_still_validate() -> None:
+    # `sidecar-fsm start cfg.yaml sidecar.ping_interval=90` style overrides
+    base = OmegaConf.create({"sidecar": {"enabled": True, "instances": [inst()]}})
+    merged = OmegaConf.merge(
+        base, OmegaConf.from_dotlist(["sidecar.ping_interval=90", "sidecar.enabled=false"])
+    )
+    config = h2_ping_sidecar_config_from_global_config(merged)
+    assert (config.ping_interval, config.enabled) == ("1m30s", False)
+
+
+def test_unresolvable_interpolation_names_the_field(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("SIDECAR_FSM_TEST_UNSET", raising=False)
+    global_config = OmegaConf.create(
+        {"sidecar": {"enabled": True, "instances": [{"upstream": "${oc.env:SIDECAR_FSM_TEST_UNSET}"}]}}
+    )
+    with pytest.raises(ConfigError) as caught:
+        h2_ping_sidecar_config_from_global_config(global_config)
+    assert str(caught.value) == (
+        "sidecar.instances[0].upstream: '${oc.env:SIDECAR_FSM_TEST_UNSET}' cannot be resolved "
+        "(environment variable 'SIDECAR_FSM_TEST_UNSET' not found); set what it refers to, or write the value"
+    )
+
+
+def test_missing_mandatory_value_names_the_field() -> None:
+    with pytest.raises(ConfigError) as caught:
+        h2_ping_sidecar_config_from_global_config(OmegaConf.create({"sidecar": {"enabled": "???"}}))
+    assert str(caught.value) == (
+        "sidecar.enabled: '???' is a mandatory value that was never set; "
+        "set it in the config or on the command line"
+    )
+
+
+@pytest.mark.parametrize("block", [True, "on", [1, 2]])
+def test_block_that_is_not_a_mapping(block: Any) -> None:
+    with pytest.raises(ConfigError, match=r"^sidecar: '.*' is not a mapping of settings; "):
+        h2_ping_sidecar_config_from_global_config(OmegaConf.create({"sidecar": block}))
+
+
+# --- durations and addresses on their own ------------------------------------------------------
+
+DURATIONS = [
+    ("60s", 60.0),
+    ("1m30s", 90.0),
+    ("250ms", 0.25),
+    ("1h", 3600.0),
+    ("1h2m3s", 3723.0),
+    ("1.5h", 5400.0),
+    (".5s", 0.5),
+    ("100us", 1e-4),
+    ("100µs", 1e-4),
+    ("10ns", 1e-8),
+    ("0", 0.0),
+    ("-0s", 0.0),
+    ("+5s", 5.0),
+    (90, 90.0),
+    (2.5, 2.5),
+    ("90", 90.0),
+]
+
+
+@pytest.mark.parametrize(("value", "seconds"), DURATIONS)
+def test_parse_duration_seconds(value: str | int | float, seconds: float) -> None:
+    assert parse_duration_seconds(value, "f") == pytest.approx(seconds)
+
+
+@pytest.mark.parametrize(
+    ("value", "message"),
+    [
+        ("1d", f"f: '1d' is not a duration; {DURATION_HINT}"),
+        ("s", f"f: 's' is not a duration; {DURATION_HINT}"),
+        ("1m-30s", f"f: '1m-30s' is not a duration; {DURATION_HINT}"),
+        ("-1m", "f: '-1m' must not be negative; use a duration like '60s'"),
+        (-0.5, "f: '-0.5' must not be negative; use a duration like '60s'"),
+    ],
+)
+def test_parse_duration_seconds_refuses(value: str | float, message: str) -> None:
+    with pytest.raises(ConfigError) as caught:
+        parse_duration_seconds(value, "f")
+    assert str(caught.value) == message
+
+
+@pytest.mark.parametrize(
+    ("seconds", "text"),
+    [
+        (0, "0s"),
+        (90, "1m30s"),
+        (0.25, "250ms"),
+        (3600, "1h"),
+        (3000, "50m"),
+        (60, "1m"),
+        (90.5, "1m30.5s"),
+        (7261, "2h1m1s"),
+        (0.0015, "1.5ms"),
+        (1e-6, "1us"),
+        (1e-9, "1ns"),
+        (-90, "-1m30s"),
+    ],
+)
+def test_format_go_duration(seconds: float, text: str) -> None:
+    assert format_go_duration(seconds) == text
+    assert parse_duration_seconds(text.lstrip("-"), "f") == pytest.approx(abs(seconds))
+
+
+@pytest.mark.parametrize(
+    ("host", "loopback"),
+    [
+        ("127.0.0.1", True),
+        ("127.8.9.10", True),
+        ("::1", True),
+        ("[::1]", True),
+        ("localhost", True),
+        ("LOCALHOST", True),
+        ("0.0.0.0", False),
+        ("::", False),
+        ("10.0.0.1", False),
+        ("node7", False),
+        ("localhost.example.com", False),
+    ],
+)
+def test_is_loopback_host(host: str, loopback: bool) -> None:
+    assert is_loopback_host(host) is loopback
+
+
+def test_split_listen() -> None:
+    assert split_listen("127.0.0.1:1250") == ("127.0.0.1", 1250)
+    assert split_listen("[::1]:0") == ("::1", 0)
+    assert split_listen("localhost:65535") == ("localhost", 65535)

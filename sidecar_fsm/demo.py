@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import contextlib
 import http.client
+import io
 import shutil
 import sys
 import tempfile
@@ -161,8 +162,14 @@ def _through_sidecar(
     say.step(
         f"[4/4] the same request through a sidecar (HTTP/1.1 in; HTTP/2, PING every {PING_INTERVAL}, out)"
     )
-    say.line("  start_h2_ping_sidecar(config), as `gym env start` calls it:")
-    manager = start_h2_ping_sidecar(config)
+    say.line("  start_h2_ping_sidecar(config), as `gym env start` calls it, prints:")
+    printed = io.StringIO()
+    try:
+        with contextlib.redirect_stdout(printed):
+            manager = start_h2_ping_sidecar(config)
+    finally:
+        for text in printed.getvalue().splitlines():
+            say.line(f"    {text}")
     if manager is None:  # pragma: no cover - the demo config enables it
         say.failed("the launcher started nothing")
         return None, False

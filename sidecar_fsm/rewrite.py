@@ -15,14 +15,13 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
-from urllib.parse import urlsplit
 
 from omegaconf import DictConfig, ListConfig, OmegaConf, open_dict, read_write
 from omegaconf.errors import OmegaConfBaseException
 
 from sidecar_fsm.config import SidecarInstanceConfig
 from sidecar_fsm.errors import ConfigError
-from sidecar_fsm.urls import Origin, parse_origin, without_userinfo
+from sidecar_fsm.urls import Origin, parse_origin, split_url, without_userinfo
 
 MODEL_SERVER_TYPE = "responses_api_models"
 BASE_URL_KEY_SUFFIX = "base_url"
@@ -121,11 +120,9 @@ def _plan(root: DictConfig, by_origin: dict[Origin, SidecarInstanceConfig]) -> l
 def _local_url(url: str, by_origin: dict[Origin, SidecarInstanceConfig], location: str) -> str | None:
     """The sidecar URL replacing ``url``, or None when ``url`` is not aimed at any instance."""
     try:
-        parts = urlsplit(url)
+        parts = split_url(url)
     except ValueError as exc:
-        raise ConfigError(
-            f"{location}: '{without_userinfo(url)}' is not a valid URL ({str(exc).lower()}); {_FIX_HINT}"
-        ) from None
+        raise ConfigError(f"{location}: '{without_userinfo(url)}' {exc}; {_FIX_HINT}") from None
     if parts.scheme.lower() != "https":
         return None
     try:

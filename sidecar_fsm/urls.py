@@ -56,12 +56,7 @@ def parse_origin(url: str) -> Origin:
     Read-only and pure. Userinfo, path, query and fragment are ignored. A scheme other than
     http/https is accepted only with an explicit port, since there is no default to compare with.
     """
-    try:
-        parts = urlsplit(url.strip())
-    except ValueError:
-        # urllib's own wording changes between Python releases; brackets are what it rejects.
-        what = "has an invalid IPv6 address in brackets" if "[" in url else "is not a valid URL"
-        raise ValueError(what) from None
+    parts = split_url(url.strip())
     scheme = parts.scheme.lower()
     if not scheme or not url.strip()[len(scheme) :].startswith("://"):
         raise ValueError("is not an absolute URL (scheme://host)")
@@ -79,6 +74,23 @@ def parse_origin(url: str) -> Origin:
             raise ValueError(f"has no port and scheme '{scheme}' has no default")
         port = DEFAULT_PORTS[scheme]
     return Origin(scheme, host, port)
+
+
+def split_url(url: str) -> SplitResult:
+    """``urlsplit(url)``, raising ``ValueError`` with wording that does not change between Pythons.
+
+    urllib refuses unbalanced brackets and (newer releases) a bracketed host that is not an IP
+    address; its own messages differ from one release to the next.
+    """
+    what = "has an invalid IPv6 address in brackets" if "[" in url else "is not a valid URL"
+    try:
+        parts = urlsplit(url)
+        if "[" in parts.netloc:
+            # Older Pythons accept any text in brackets; check it here so every release agrees.
+            ipaddress.IPv6Address((parts.hostname or "").split("%", 1)[0])
+    except ValueError:
+        raise ValueError(what) from None
+    return parts
 
 
 def _normalize_host(parts: SplitResult) -> str:

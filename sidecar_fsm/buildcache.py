@@ -358,8 +358,9 @@ def ensure_binary(
     Warm path: hash the sources, read the version memo, stat the binary (a few milliseconds,
     no subprocess). Cold path: one build per cache however many processes ask at once; the rest
     wait on the lock and find the file. Without Go, the newest binary already built from these
-    sources is used. Raises ``SidecarError`` when there is no Go and no prebuilt binary, when the
-    binary is missing and ``build_if_missing`` is false, or when the build fails.
+    sources is used, and so it is when ``build_if_missing`` is false and this Go's build is
+    missing. Raises ``SidecarError`` when there is no Go and no prebuilt binary, when nothing
+    was built from these sources and ``build_if_missing`` is false, or when the build fails.
     """
     cache_dir = Path(os.path.abspath(cache_dir))
     sources = sources_hash(source_dir)
@@ -373,6 +374,10 @@ def ensure_binary(
     if _is_executable_file(path):
         return path
     if not build_if_missing:
+        # Not allowed to build: a binary from these very sources under another Go still fits.
+        prebuilt = newest_prebuilt(cache_dir, sources)
+        if prebuilt is not None:
+            return prebuilt
         raise SidecarError(
             f"{path}: not built yet and sidecar.build_if_missing is false; "
             "run 'sidecar-fsm build' or set sidecar.binary"

@@ -214,6 +214,8 @@ def wait_all_ready(waits: list[ReadyWait], timeout: float) -> dict[str, ReadyOut
         if inotify is not None:
             poller.register(inotify.fd, select.POLLIN)
         for wait in waits:
+            if wait.process.returncode is not None:
+                continue  # reaped already: its pid may name another process by now
             try:
                 pidfd = os.pidfd_open(wait.process.pid)
             except ProcessLookupError:  # already reaped: poll() below returns its code

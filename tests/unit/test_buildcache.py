@@ -258,6 +258,14 @@ def test_build_if_missing_false_refuses_to_build(tmp_path: Path, fake_go: Path, 
     )
     assert not [call for call in _calls(fake_go) if call.startswith("build")]
 
+    # Built from these sources by another Go: good enough when building is not allowed.
+    other_go = expected.parent.parent / "go1.26.0" / "h2-ping-sidecar"
+    other_go.parent.mkdir(parents=True)
+    other_go.write_text("#!/bin/sh\n")
+    other_go.chmod(0o755)
+    assert buildcache.ensure_binary(cache, build_if_missing=False, source_dir=src) == other_go
+    assert not [call for call in _calls(fake_go) if call.startswith("build")]
+
 
 def test_build_sidecar_keeps_an_existing_binary_unless_forced(
     tmp_path: Path, fake_go: Path, src: Path

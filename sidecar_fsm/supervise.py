@@ -353,7 +353,11 @@ class NodeSidecars:
                 self._fail(child, message, exit_code=restart_of)
                 raise SidecarError(message) from exc
             child.process = process
-            child.identity = procs.identity_of(process.pid)
+            # Start time only, no executable: a wrapper script that execs the proxy changes its
+            # exe after we look, and would then never be "ours" to signal. Until we reap it the
+            # pid cannot be reused, so pid and start time identify our child exactly.
+            found = procs.identity_of(process.pid)
+            child.identity = procs.ProcessIdentity(found.pid, found.start_time, None) if found else None
             facts: dict[str, Any] = {
                 "pid": process.pid,
                 "pid_start_time": child.identity.start_time if child.identity else None,

@@ -296,6 +296,13 @@ class _Model(BaseModel):
         except ValidationError as exc:
             raise _config_error(exc, cls) from None
 
+    @classmethod
+    def model_validate_json(cls, json_data: str | bytes | bytearray, *args: Any, **kwargs: Any) -> Self:
+        try:
+            return super().model_validate_json(json_data, *args, **kwargs)
+        except ValidationError as exc:
+            raise _config_error(exc, cls) from None
+
 
 def _reject_bool(value: object, what: str) -> object:
     # pydantic's lax mode reads true as 1; "gomaxprocs: true" is a mistake, not a request for 1.

@@ -426,10 +426,11 @@ def test_several_problems_are_all_reported_first_on_line_one() -> None:
     [
         lambda: H2PingSidecarConfig(ping_interval="6m"),
         lambda: H2PingSidecarConfig.model_validate({"ping_interval": "6m"}),
+        lambda: H2PingSidecarConfig.model_validate_json('{"ping_interval": "6m"}'),
         lambda: SidecarInstanceConfig(upstream="http://x"),
         lambda: RestartPolicy(max_restarts=-1),
     ],
-    ids=["init", "model_validate", "instance", "restart"],
+    ids=["init", "model_validate", "model_validate_json", "instance", "restart"],
 )
 def test_no_pydantic_error_escapes_any_constructor(build: Any) -> None:
     with pytest.raises(ConfigError) as caught:
@@ -625,3 +626,14 @@ def test_split_listen() -> None:
     assert split_listen("127.0.0.1:1250") == ("127.0.0.1", 1250)
     assert split_listen("[::1]:0") == ("::1", 0)
     assert split_listen("localhost:65535") == ("localhost", 65535)
+
+
+def test_config_survives_pickle_and_json() -> None:
+    # Ray ships the config to every node's launcher
+    import pickle
+
+    config = load(
+        {"enabled": True, "instances": [inst()], "ping_interval": 90, "restart": {"max_restarts": 1}}
+    )
+    assert pickle.loads(pickle.dumps(config)) == config
+    assert H2PingSidecarConfig.model_validate_json(config.model_dump_json()) == config

@@ -130,6 +130,9 @@ def _duration_seconds(value: object, example: str = "60s") -> float:
         raise _Problem(f"is not a duration; {_DURATION_HINT}")
     if seconds < 0:
         raise _Problem(f"must not be negative; use a duration like '{example}'")
+    if seconds * 1e9 > _INT64_MAX:
+        # Go counts a duration in int64 nanoseconds; the proxy would refuse the flag at start.
+        raise _Problem(f"is longer than go allows (about 292 years); use a duration like '{example}'")
     return seconds + 0.0  # -0.0 (from "-0s") reads as 0 everywhere it is shown
 
 
@@ -189,7 +192,9 @@ def _normalize_duration(value: object, example: str) -> tuple[str, float]:
     seconds = _duration_seconds(value, example)
     if isinstance(value, str) and not _NUMBER.fullmatch(value.strip()):
         return value.strip(), seconds
-    return format_go_duration(seconds), seconds
+    # Checks apply to what the proxy will be given: 1e-10 seconds becomes "0s", which is 0.
+    text = format_go_duration(seconds)
+    return text, _duration_seconds(text)
 
 
 # --------------------------------------------------------------------------------------------

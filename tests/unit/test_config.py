@@ -215,6 +215,12 @@ BAD = [
     ({"ping_interval": -5}, "sidecar.ping_interval: '-5' must not be negative; use a duration like '60s'"),
     ({"ping_interval": float("nan")}, f"sidecar.ping_interval: 'nan' is not a duration; {DURATION_HINT}"),
     ({"ping_timeout": "0s"}, "sidecar.ping_timeout: '0s' must be above 0; try '15s'"),
+    ({"ping_timeout": 1e-10}, "sidecar.ping_timeout: '1e-10' must be above 0; try '15s'"),
+    (
+        {"shutdown_grace": "2562048h"},
+        "sidecar.shutdown_grace: '2562048h' is longer than go allows (about 292 years); "
+        "use a duration like '60s'",
+    ),
     ({"ping_timeout": "-1s"}, "sidecar.ping_timeout: '-1s' must not be negative; use a duration like '15s'"),
     ({"shutdown_grace": True}, f"sidecar.shutdown_grace: 'true' is not a duration; {DURATION_HINT}"),
     (

@@ -55,12 +55,12 @@ _NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_-]*")
 _UNIT_SECONDS = {"ns": 1e-9, "us": 1e-6, "µs": 1e-6, "μs": 1e-6, "ms": 1e-3, "s": 1.0, "m": 60.0, "h": 3600.0}
 # Go's time.ParseDuration grammar: [-+]?([0-9]*(\.[0-9]*)?[a-z]+)+ with a known unit, or "0".
 # "ms" precedes "m" in the alternation so "5ms" is not read as 5 minutes and a stray "s".
-_DURATION_PART = re.compile(r"(\d+\.?\d*|\.\d+)(ns|us|µs|μs|ms|s|m|h)")
+_DURATION_PART = re.compile(r"([0-9]+\.?[0-9]*|\.[0-9]+)(ns|us|µs|μs|ms|s|m|h)")
 _DURATION = re.compile(rf"([-+]?)((?:{_DURATION_PART.pattern})+)")
-_NUMBER = re.compile(r"[-+]?(\d+\.?\d*|\.\d+)([eE][-+]?\d+)?")
+_NUMBER = re.compile(r"[-+]?([0-9]+\.?[0-9]*|\.[0-9]+)([eE][-+]?[0-9]+)?")
 # Go's runtime reads GOMEMLIMIT as ^[0-9]+(([KMGT]i)?B)?$ (or "off") and exits at start on
 # anything else, so a typo here would surface only as a sidecar that dies before it is ready.
-_MEMORY_LIMIT = re.compile(r"(\d+)((?:[KMGT]i)?B)?")
+_MEMORY_LIMIT = re.compile(r"([0-9]+)((?:[KMGT]i)?B)?")
 _MEMORY_UNITS = {None: 1, "B": 1, "KiB": 1 << 10, "MiB": 1 << 20, "GiB": 1 << 30, "TiB": 1 << 40}
 _INT64_MAX = (1 << 63) - 1
 

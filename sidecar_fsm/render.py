@@ -48,8 +48,9 @@ _OWNER_STYLES = {"alive": "green", "dead": "red", "reused": "red"}
 class RunStatus:
     """One run as ``status`` shows it: the record, what became of its owner, its instances.
 
-    ``owner`` is ``"alive"``, ``"dead"`` (no such process) or ``"reused"`` (the pid now belongs
-    to another process); the caller decides it with ``procs``, never from the pid alone.
+    ``owner`` is ``"alive"``, ``"dead"`` (no such process), ``"reused"`` (the pid now belongs
+    to another process) or ``"other host"`` (not judged here); the caller decides it with
+    ``procs``, never from the pid alone.
     """
 
     run: RunRecord
@@ -180,7 +181,10 @@ def _run_result(run: RunRecord, owner: str, now: float) -> Cell:
     if run.ended_at is None:
         if owner == "alive":
             return ("running", "green")
-        return ("owner gone: run sidecar-fsm reap", "red")
+        if owner in ("dead", "reused"):
+            return ("owner gone: run sidecar-fsm reap", "red")
+        # Another host's pids cannot be judged from here; its own reap decides.
+        return ("live (owner on another host)", None)
     outcome = run.outcome or "ended"
     style = {"ended": None, "failed": "red", "reaped": "yellow"}.get(outcome)
     return (f"{outcome} {format_age(now - run.ended_at)} ago", style)

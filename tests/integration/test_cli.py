@@ -282,3 +282,20 @@ def test_build_prints_the_cached_binary(cache_dir: Path, sidecar_binary: Path, t
     path = Path(done.stdout.strip())
     assert path.is_file() and os.access(path, os.X_OK)
     assert path.is_relative_to(cache_dir)
+
+
+def test_start_exits_1_naming_the_sidecar_that_died(
+    log_dir: Path, gym_config: Path, process_registry: ProcessRegistry
+) -> None:
+    started = StartedCli(log_dir, gym_config, process_registry)
+    judge = next(inst for inst in started.instances if inst["name"] == "judge")
+    assert procs.signal_if_ours(sidecar_identity(judge), signal.SIGKILL)
+
+    assert started.proc.wait(timeout=30) == 1, started.text()
+    assert "judge" in started.text()
+    (run,) = cli_json(log_dir, "status", "--run", started.run["run_id"][:6])["runs"]
+    states = {inst["name"]: inst["state"] for inst in run["instances"]}
+    assert states == {"judge": "failed", "policy": "stopped"}
+    human = cli(log_dir, "status", "--run", started.run["run_id"])
+    judge_line = next(line for line in human.stdout.splitlines() if line.strip().startswith("judge"))
+    assert judge_line.split()[1] == "failed"

@@ -118,6 +118,8 @@ def test_status_shows_a_dead_owner_and_finished_runs() -> None:
     assert lines[1].endswith("owner gone: run sidecar-fsm reap")
     assert lines[2] == ""
     assert lines[4].endswith("reaped 30s ago")
+    elsewhere = render.RunStatus(run=run_record(host="node8"), owner="other host", instances=[])
+    assert render.status_lines([elsewhere], now=NOW)[1].endswith("live (owner on another host)")
 
 
 def test_colour_only_on_request_and_state_names_stay() -> None:

@@ -246,10 +246,8 @@ class _H2ServerProtocol(asyncio.Protocol):
                 await self._sse(stream_id, query)
             else:
                 await self._send_json(stream_id, 404, {"error": f"no endpoint {split.path!r}"})
-            self._origin._count("requests")
         except _BadQuery as error:
             await self._send_json(stream_id, 400, {"error": str(error)})
-            self._origin._count("requests")
         except (_StreamGone, h2.exceptions.StreamClosedError, h2.exceptions.ProtocolError):
             pass
         except asyncio.CancelledError:
@@ -328,7 +326,7 @@ class _H2ServerProtocol(asyncio.Protocol):
             if not view:
                 if end_stream:
                     self._conn.end_stream(stream_id)
-                    self._flush()
+                    self._finish_request()
                 return
             window = min(self._conn.local_flow_control_window(stream_id), self._conn.max_outbound_frame_size)
             if window <= 0:
@@ -339,9 +337,16 @@ class _H2ServerProtocol(asyncio.Protocol):
                 continue
             chunk, view = view[:window], view[window:]
             self._conn.send_data(stream_id, bytes(chunk), end_stream=end_stream and not view)
-            self._flush()
             if not view and end_stream:
+                self._finish_request()
                 return
+            self._flush()
+
+    def _finish_request(self) -> None:
+        # Counted before the last frame is written, not after: a client that reads the end of
+        # the response and then looks at ``requests`` must find this request counted.
+        self._origin._count("requests")
+        self._flush()
 
 
 class _H1Protocol(asyncio.Protocol):
@@ -365,12 +370,12 @@ class _H1Protocol(asyncio.Protocol):
                 self._transport.close()
             return
         body = b"http/1.1 only: this origin does not speak HTTP/2\n"
+        self._origin._count("requests")
         self._transport.write(
             b"HTTP/1.1 200 OK\r\nContent-Type: text/plain\r\nConnection: close\r\n"
             + f"Content-Length: {len(body)}\r\n\r\n".encode()
             + body
         )
-        self._origin._count("requests")
         self._transport.close()
 
     def connection_lost(self, exc: Exception | None) -> None:

@@ -10,14 +10,16 @@ import hashlib
 import json
 import socket
 import ssl
+import stat
 import time
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import pytest
 from helpers import http11_request, wait_until
 
-from sidecar_fsm.lab import H2Client, H2ClientError, IdleRelay, TlsH2Origin, h2_request
+from sidecar_fsm.lab import H2Client, H2ClientError, IdleRelay, TlsH2Origin, h2_request, make_ca_and_cert
 
 
 def _tls_client(origin: TlsH2Origin, alpn: list[str]) -> ssl.SSLSocket:
@@ -35,6 +37,24 @@ def _read_until_closed(sock: ssl.SSLSocket) -> bytes:
     except (ConnectionResetError, ssl.SSLError):
         pass
     return received
+
+
+# --- the certificates ----------------------------------------------------------------------------
+
+
+def test_each_lab_ca_is_its_own(tmp_path: Path, tls_origin: TlsH2Origin) -> None:
+    other = make_ca_and_cert(tmp_path / "other")
+    assert stat.S_IMODE(other.key_pem.stat().st_mode) == 0o600
+    assert b"PRIVATE KEY" not in other.ca_pem.read_bytes() + other.cert_pem.read_bytes()
+    with pytest.raises(ssl.SSLCertVerificationError):
+        H2Client("127.0.0.1", tls_origin.port, other.ca_pem, timeout=5)
+    with pytest.raises(ssl.SSLCertVerificationError):
+        H2Client("127.0.0.1", tls_origin.port, tls_origin.ca_file, server_hostname="example.com", timeout=5)
+    # The certificate names the ip too, so a client that dials 127.0.0.1 by address verifies.
+    status, _ = h2_request(
+        "127.0.0.1", tls_origin.port, "/echo", tls_origin.ca_file, server_hostname="127.0.0.1"
+    )
+    assert status == 200
 
 
 # --- the origin --------------------------------------------------------------------------------

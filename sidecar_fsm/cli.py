@@ -421,8 +421,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         args = build_parser().parse_args(argv)
         return int(args.func(args))
-    except (UsageError, ConfigError, SchemaTooNewError) as error:
+    except UsageError as error:
         _err(_one_line(error))
+        return 2
+    except (ConfigError, SchemaTooNewError) as error:
+        # The first line is the one-line message; a config error may add an example after it
+        # (the instances YAML), which STYLE allows on later lines.
+        _err(str(error).strip())
         return 2
     except LookupError as error:
         _err(_one_line(error))

@@ -87,3 +87,14 @@ def test_help_lists_every_subcommand(capsys: pytest.CaptureFixture[str]) -> None
     out = capsys.readouterr().out
     for command in ("start", "status", "history", "reap", "build", "demo"):
         assert command in out
+
+
+def test_config_error_keeps_its_example_on_later_lines(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    config = tmp_path / "gym.yaml"
+    config.write_text("sidecar:\n  enabled: true\n")
+    assert main(["--log-dir", str(tmp_path), "start", str(config)]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("sidecar.instances"), err
+    assert err.splitlines()[0].strip() and not err.splitlines()[0].endswith(".")

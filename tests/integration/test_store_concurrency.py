@@ -1,0 +1,195 @@
+"""Many real processes writing one state database at once, and one killed mid-write.
+
+The writers are this file run as a script (``python test_store_concurrency.py drive|burst ...``),
+so each is a fresh interpreter with its own SQLite connection, as concurrent launchers are.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import sqlite3
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+if str(REPO) not in sys.path:  # when run as a script by the tests below
+    sys.path.insert(0, str(REPO))
+
+from sidecar_fsm.fsm import InstanceMachine  # noqa: E402
+from sidecar_fsm.store import Store, database_path  # noqa: E402
+
+HOST = "node-under-test"
+WRITERS = 8
+INSTANCES_PER_WRITER = 300
+
+# Lifecycles the writers cycle through, so every kind of transition is in the mix.
+LIFECYCLES: tuple[tuple[tuple[str, dict[str, int]], ...], ...] = (
+    (("build", {}), ("spawn", {"pid": 1}), ("ready", {}), ("drain", {}), ("stop", {"exit_code": 0})),
+    (("build", {}), ("spawn", {"pid": 2}), ("ready", {}), ("restart", {"restart_count": 1}), ("fail", {})),
+    (
+        ("build", {}),
+        ("fail", {"exit_code": 1}),
+    ),
+    (("stop", {}),),
+)
+
+
+def drive(log_dir: str, tag: str, count: int) -> None:
+    """Writer: create a run of ``count`` instances, then drive them all, step by step, interleaved.
+
+    Prints "opened" once the database is open and waits for a line on stdin, so every writer
+    starts its burst at the same moment; prints "done" at the end.
+    """
+    store = Store.open(log_dir, host=HOST)
+    print("opened", flush=True)
+    sys.stdin.readline()
+    store.create_run(tag, owner_pid=os.getpid(), owner_start_time=None, config_summary={"tag": tag})
+    machines = []
+    for k in range(count):
+        record = store.create_instance(
+            tag, f"i{k}", f"127.0.0.1:{k}", "https://x.example.com", None, None, None
+        )
+        machines.append((InstanceMachine(store, record.id), LIFECYCLES[k % len(LIFECYCLES)]))
+    for step in range(max(len(lifecycle) for lifecycle in LIFECYCLES)):
+        for machine, lifecycle in machines:
+            if step < len(lifecycle):
+                event, facts = lifecycle[step]
+                machine.fire(event, **facts)
+    store.end_run(tag, "ended")
+    store.close()
+    print("done", flush=True)
+
+
+def burst(log_dir: str) -> None:
+    """Writer that never stops: new instances driven through full lifecycles until it is killed."""
+    store = Store.open(log_dir, host=HOST)
+    store.create_run("burst", owner_pid=os.getpid(), owner_start_time=None, config_summary={})
+    print("opened", flush=True)
+    for k in range(10**9):
+        record = store.create_instance(
+            "burst", f"i{k}", "127.0.0.1:0", "https://x.example.com", None, None, None
+        )
+        machine = InstanceMachine(store, record.id)
+        for event, facts in LIFECYCLES[k % len(LIFECYCLES)]:
+            machine.fire(event, **facts)
+
+
+def start_writer(*args: str) -> subprocess.Popen[str]:
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")])}
+    return subprocess.Popen(
+        [sys.executable, __file__, *args],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=env,
+    )
+
+
+@pytest.fixture
+def writers() -> Iterator[list[subprocess.Popen[str]]]:
+    started: list[subprocess.Popen[str]] = []
+    yield started
+    for process in started:
+        if process.poll() is None:
+            process.kill()
+        process.wait(timeout=30)
+        for stream in (process.stdin, process.stdout, process.stderr):
+            if stream is not None:
+                stream.close()
+
+
+def assert_state_matches_history(path: Path) -> int:
+    """Every instance's state equals its last history row, and its history is one unbroken chain."""
+    conn = sqlite3.connect(path)
+    try:
+        assert conn.execute("PRAGMA integrity_check").fetchone()[0] == "ok"
+        chains: dict[int, list[tuple[str, str]]] = {}
+        for instance_id, source, dest in conn.execute(
+            "SELECT instance_id, source, dest FROM transitions ORDER BY instance_id, id"
+        ):
+            chains.setdefault(instance_id, []).append((source, dest))
+        instances = conn.execute("SELECT id, state FROM instances").fetchall()
+    finally:
+        conn.close()
+    for instance_id, state in instances:
+        chain = chains.get(instance_id, [])
+        assert [source for source, _ in chain] == ["configured"] + [dest for _, dest in chain[:-1]]
+        assert state == (chain[-1][1] if chain else "configured"), f"instance {instance_id}"
+    return len(instances)
+
+
+def test_eight_writers_one_database(tmp_path: Path, writers: list[subprocess.Popen[str]]) -> None:
+    # All writers open the fresh database at once: creation and migration race too.
+    for n in range(WRITERS):
+        writers.append(start_writer("drive", str(tmp_path), f"run{n}", str(INSTANCES_PER_WRITER)))
+    for process in writers:
+        assert process.stdout is not None
+        line = process.stdout.readline()
+        assert line == "opened\n", process.communicate(timeout=30)[1]
+    for process in writers:
+        assert process.stdin is not None
+        process.stdin.write("go\n")
+        process.stdin.flush()
+
+    for process in writers:
+        out, err = process.communicate(timeout=120)
+        assert process.returncode == 0, err
+        assert out == "done\n"
+        assert "locked" not in err
+
+    path = database_path(tmp_path, HOST)
+    assert assert_state_matches_history(path) == WRITERS * INSTANCES_PER_WRITER
+    with Store.open_existing(path) as store:
+        runs = store.list_runs("finished")
+        assert len(runs) == WRITERS
+        for run in runs:
+            states = [i.state for i in store.instances_of(run.run_id)]
+            assert states.count("stopped") == INSTANCES_PER_WRITER // 2
+            assert states.count("failed") == INSTANCES_PER_WRITER // 2
+
+
+def count_transitions(path: Path) -> int:
+    conn = sqlite3.connect(path, timeout=30)
+    try:
+        return int(conn.execute("SELECT count(*) FROM transitions").fetchone()[0])
+    finally:
+        conn.close()
+
+
+def test_writer_killed_mid_burst_leaves_a_consistent_database(
+    tmp_path: Path, writers: list[subprocess.Popen[str]]
+) -> None:
+    process = start_writer("burst", str(tmp_path))
+    writers.append(process)
+    assert process.stdout is not None
+    assert process.stdout.readline() == "opened\n", process.communicate(timeout=30)[1]
+    path = database_path(tmp_path, HOST)
+
+    deadline = time.monotonic() + 60
+    while count_transitions(path) < 1500:
+        assert process.poll() is None, process.communicate()[1]
+        assert time.monotonic() < deadline, "the writer made no progress"
+        time.sleep(0.02)  # a polling interval, not an ordering: the loop waits for the condition
+    os.kill(process.pid, signal.SIGKILL)
+    assert process.wait(timeout=30) == -signal.SIGKILL
+
+    # The killed writer left its WAL behind; opening recovers it.
+    with Store.open(tmp_path, host=HOST) as store:
+        assert store.list_runs("live")[0].run_id == "burst"
+    assert assert_state_matches_history(path) > 300
+
+
+if __name__ == "__main__":
+    if sys.argv[1] == "drive":
+        drive(sys.argv[2], sys.argv[3], int(sys.argv[4]))
+    elif sys.argv[1] == "burst":
+        burst(sys.argv[2])
+    else:
+        raise SystemExit(f"usage: {sys.argv[0]} drive LOG_DIR TAG COUNT | burst LOG_DIR")

@@ -39,6 +39,7 @@ from sidecar_fsm.errors import ConfigError, SidecarError
 from sidecar_fsm.resources import SIDECAR_SOURCE_DIR
 from sidecar_fsm.rewrite import RewrittenUrl, rewrite_base_urls
 from sidecar_fsm.supervise import NodeSidecars, _interrupts_deferred, sidecar_command, sidecar_env
+from sidecar_fsm.urls import redact_url
 
 __all__ = [
     "SIDECAR_BINARY_NAME",
@@ -220,7 +221,9 @@ def start_h2_ping_sidecar(global_config_dict: DictConfig) -> H2PingSidecarManage
             with _interrupts_deferred():
                 changes = rewrite_base_urls(global_config_dict, manager.instances_actual)
             for change in changes:
-                print(f"h2-ping-sidecar: {change.location}: {change.old} -> {change.new}", flush=True)
+                # Base URLs may carry credentials (userinfo, ?api-key=): never print them.
+                old, new = redact_url(change.old), redact_url(change.new)
+                print(f"h2-ping-sidecar: {change.location}: {old} -> {new}", flush=True)
             if not changes:
                 upstreams = ", ".join(instance.upstream for instance in instances)
                 print(

@@ -15,6 +15,7 @@ SIGINT held (``_interrupts_deferred``), since an interrupt there would leak a ch
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import os
 import signal
@@ -47,6 +48,38 @@ _LOG_TAIL_BYTES = 16384
 # arrived before Go installed its handler (the first milliseconds of the process).
 _CLEAN_STOP_CODES = (0, -signal.SIGTERM)
 _NON_TERMINAL = tuple(state for state in STATES if state not in TERMINAL)
+
+
+_shared_stores: dict[tuple[int, str], Store] = {}
+_shared_stores_lock = threading.Lock()
+
+
+def shared_store(log_dir: str) -> Store:
+    """This process's ``Store`` for ``log_dir``'s host database, opened once and kept open.
+
+    Closing the last connection of a WAL database checkpoints it and fsyncs (about 20 ms), and
+    opening takes the migration lock: paying both on every run would cost more than the rest of
+    a warm start. One connection per process and database serves every run (``Store`` is
+    thread-safe); it is closed at interpreter exit. Keyed by pid as well: after ``fork`` the
+    child must not use its parent's SQLite handle.
+    """
+    key = (os.getpid(), os.path.realpath(log_dir))
+    with _shared_stores_lock:
+        store = _shared_stores.get(key)
+        if store is None:
+            store = Store.open(log_dir)
+            _shared_stores[key] = store
+        return store
+
+
+@atexit.register
+def _close_shared_stores() -> None:
+    with _shared_stores_lock:
+        for (pid, _), store in list(_shared_stores.items()):
+            if pid == os.getpid():
+                with contextlib.suppress(Exception):
+                    store.close()
+        _shared_stores.clear()
 
 
 def sidecar_command(
@@ -192,7 +225,7 @@ class NodeSidecars:
     and awaits them together; ``failures()`` reports (or restarts) children that stopped;
     ``stop()`` drains and ends them all. Not thread-safe: one thread drives a run (Gym's poll
     loop). ``store`` and ``run_id`` may be given by a caller that already holds them (tests,
-    the CLI); otherwise ``start()`` opens ``Store.open(log_dir)`` and closes it in ``stop()``.
+    the CLI); otherwise ``start()`` uses this process's ``shared_store(log_dir)``.
     """
 
     def __init__(
@@ -211,7 +244,6 @@ class NodeSidecars:
         self.host = socket.gethostname()
         self.run_id = run_id or uuid.uuid4().hex[:12]
         self.store = store
-        self._owns_store = store is None
         self._children: list[_Child] = []
         self._started = False
         self._run_created = False
@@ -309,7 +341,7 @@ class NodeSidecars:
     def _open_run(self) -> None:
         os.makedirs(self.log_dir, exist_ok=True)
         if self.store is None:
-            self.store = Store.open(self.log_dir)
+            self.store = shared_store(self.log_dir)
         owner = procs.identity_of(os.getpid())
         self.store.create_run(
             self.run_id, os.getpid(), owner.start_time if owner else None, self.config_summary()
@@ -530,9 +562,13 @@ class NodeSidecars:
                         self._fail(child, message, exit_code=code, problems=problems)
                         continue
                     self._fire_collecting(problems, child, "drain", detail="SIGTERM")
-                    if child.identity is not None:
-                        procs.signal_if_ours(child.identity, signal.SIGTERM)
                     draining.append(child)
+            # Every drain is on record before the first signal, then the signals go out back to
+            # back: a woken sidecar may take our CPU, and interleaving would make N sidecars
+            # drain one after another instead of together.
+            for child in draining:
+                if child.identity is not None:
+                    procs.signal_if_ours(child.identity, signal.SIGTERM)
             deadline = time.monotonic() + self.config.shutdown_grace_seconds + STOP_SLACK_SECONDS
             try:
                 for child in draining:
@@ -577,9 +613,6 @@ class NodeSidecars:
                 self.store.end_run(self.run_id, "failed" if failed else "ended")
         except Exception as exc:
             problems.append(exc)
-        finally:
-            if self._owns_store:
-                self.store.close()
 
     def _kill(self, child: _Child) -> int | None:
         """SIGKILL ``child``'s process (through procs) and reap it; its exit code."""

@@ -1,0 +1,222 @@
+"""Benchmark of the launcher: warm start and stop of 4 sidecars, and 8 cold starts on one cache.
+
+Run from the repo root: ``.venv/bin/python bench/launcher.py`` (``--help`` for options). Prints a
+table and writes the figures with the exact command to ``/work/design/bench-launcher.md`` (or
+``--out``). Targets (issue 4): warm ``start_h2_ping_sidecar`` of 4 instances < 20 ms median,
+cache lookup included; ``stop()`` of 4 idle sidecars < 20 ms median; 8 concurrent cold starts
+sharing one cache < 1.3x one cold start. NeMo Gym's launcher on the same machine class: 102-105 ms
+warm (100 ms ready polling plus a ``go env`` per start), 8 cold runs 98 s = 7.3x one build.
+
+"Cold" means an empty build cache and, unless ``--warm-gocache``, an empty Go build cache
+(``GOCACHE``) too, so each cold figure includes compiling the standard library parts the proxy
+uses, as on a fresh node. Everything runs on loopback against the lab's TLS HTTP/2 origin.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import copy
+import json
+import os
+import shlex
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+from omegaconf import DictConfig, OmegaConf
+
+REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO))
+
+from sidecar_fsm.buildcache import ensure_binary  # noqa: E402
+from sidecar_fsm.lab import TlsH2Origin, make_ca_and_cert  # noqa: E402
+from sidecar_fsm.launcher import resolve_binary, start_h2_ping_sidecar  # noqa: E402
+
+_COLD_RUN = """
+import json, sys, time
+from omegaconf import OmegaConf
+from sidecar_fsm.launcher import start_h2_ping_sidecar
+config = OmegaConf.create(json.loads(sys.argv[1]))
+manager = start_h2_ping_sidecar(config)
+print("READY " + json.dumps({"run_id": manager.run_id}), flush=True)
+sys.stdin.read()
+manager.stop()
+"""
+
+
+def gym_config(origins: list[TlsH2Origin], ca_file: Path, log_dir: Path, cache_dir: Path) -> DictConfig:
+    instances = [
+        {"name": f"model{index}", "upstream": origin.url, "listen": "127.0.0.1:0"}
+        for index, origin in enumerate(origins)
+    ]
+    servers = {
+        f"model{index}": {"responses_api_models": {"m": {"base_url": f"{origin.url}/v1"}}}
+        for index, origin in enumerate(origins)
+    }
+    return OmegaConf.create(
+        {
+            "cache_dir": str(cache_dir),
+            "nemo_gym_log_dir": str(log_dir),
+            **servers,
+            "sidecar": {
+                "enabled": True,
+                "instances": instances,
+                "ca_file": str(ca_file),
+                "shutdown_grace": "10s",
+            },
+        }
+    )
+
+
+@contextlib.contextmanager
+def quiet() -> Iterator[None]:
+    """The launcher prints one line per instance and per rewrite; keep the table readable."""
+    with open(os.devnull, "w") as sink, contextlib.redirect_stdout(sink):
+        yield
+
+
+def warm(config: DictConfig, repeats: int) -> dict[str, list[float]]:
+    starts: list[float] = []
+    stops: list[float] = []
+    lookups: list[float] = []
+    parsed = None
+    for _ in range(repeats):
+        run_config = copy.deepcopy(config)
+        started = time.perf_counter()
+        with quiet():
+            manager = start_h2_ping_sidecar(run_config)
+        ready = time.perf_counter()
+        assert manager is not None
+        manager.check()
+        manager.stop()
+        stopped = time.perf_counter()
+        starts.append(ready - started)
+        stops.append(stopped - ready)
+        parsed = manager.config
+    assert parsed is not None
+    for _ in range(repeats):
+        started = time.perf_counter()
+        resolve_binary(parsed, config)
+        lookups.append(time.perf_counter() - started)
+    return {"start": starts, "stop": stops, "lookup": lookups}
+
+
+def cold(config: DictConfig, runs: int, gocache: Path | None) -> float:
+    """Seconds from launching ``runs`` launcher processes at once until every one is ready."""
+    env = dict(os.environ)
+    if gocache is not None:
+        env["GOCACHE"] = str(gocache)
+    payload = json.dumps(OmegaConf.to_container(config))
+    started = time.perf_counter()
+    processes = [
+        subprocess.Popen(
+            [sys.executable, "-c", _COLD_RUN, payload],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            env=env,
+            cwd=REPO,
+        )
+        for _ in range(runs)
+    ]
+    try:
+        for process in processes:
+            assert process.stdout is not None
+            if not any(line.startswith("READY ") for line in process.stdout):
+                process.wait(60)
+                raise SystemExit(f"cold run failed ({process.returncode}):\n{process.stderr.read()}")  # type: ignore[union-attr]
+        elapsed = time.perf_counter() - started
+    finally:
+        for process in processes:
+            with contextlib.suppress(OSError):
+                process.stdin.close()  # type: ignore[union-attr]
+        for process in processes:
+            process.wait(60)
+    return elapsed
+
+
+def ms(values: list[float]) -> str:
+    return f"{statistics.median(values) * 1000:.1f} ms"
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--repeats", type=int, default=21, help="warm iterations (median reported)")
+    parser.add_argument("--skip-cold", action="store_true", help="only the warm figures")
+    parser.add_argument("--warm-gocache", action="store_true", help="cold runs keep Go's own build cache")
+    parser.add_argument(
+        "--out", default="/work/design/bench-launcher.md", help="markdown report ('' for none)"
+    )
+    args = parser.parse_args()
+    command = "cd /work/main && .venv/bin/python bench/launcher.py " + shlex.join(sys.argv[1:])
+
+    with tempfile.TemporaryDirectory(prefix="bench-launcher-") as temp:
+        root = Path(temp)
+        certs = make_ca_and_cert(root / "ca")
+        origins = [TlsH2Origin(certs).start() for _ in range(4)]
+        try:
+            warm_cache = root / "warm-cache"
+            ensure_binary(warm_cache)
+            rows: list[tuple[str, str, str]] = []
+            config4 = gym_config(origins, certs.ca_pem, root / "logs", warm_cache)
+            config1 = gym_config(origins[:1], certs.ca_pem, root / "logs", warm_cache)
+            warm(config4, 3)  # imports, page cache, database creation
+            four = warm(config4, args.repeats)
+            one = warm(config1, args.repeats)
+            rows.append(("warm start_h2_ping_sidecar, 4 instances (median)", ms(four["start"]), "< 20 ms"))
+            rows.append(("warm stop(), 4 idle sidecars (median)", ms(four["stop"]), "< 20 ms"))
+            rows.append(("warm start_h2_ping_sidecar, 1 instance (median)", ms(one["start"]), "-"))
+            rows.append(("warm stop(), 1 idle sidecar (median)", ms(one["stop"]), "-"))
+            rows.append(("  of which cache lookup, resolve_binary (median)", ms(four["lookup"]), "-"))
+            if not args.skip_cold:
+                gocache_one = None if args.warm_gocache else root / "gocache-one"
+                gocache_eight = None if args.warm_gocache else root / "gocache-eight"
+                single = cold(
+                    gym_config(origins[:1], certs.ca_pem, root / "logs", root / "cold-one"), 1, gocache_one
+                )
+                eight = cold(
+                    gym_config(origins[:1], certs.ca_pem, root / "logs", root / "cold-eight"),
+                    8,
+                    gocache_eight,
+                )
+                rows.append(("one cold start (build + start, 1 process)", f"{single:.1f} s", "-"))
+                rows.append(("8 concurrent cold starts, one shared cache", f"{eight:.1f} s", "-"))
+                rows.append(("  ratio 8 concurrent / one", f"{eight / single:.2f}x", "< 1.3x"))
+        finally:
+            for origin in origins:
+                origin.stop()
+
+    width = max(len(row[0]) for row in rows)
+    lines = [f"{'measure':<{width}}  {'result':>10}  target", "-" * (width + 22)]
+    lines += [f"{name:<{width}}  {value:>10}  {target}" for name, value, target in rows]
+    table = "\n".join(lines)
+    print(table)
+    if args.out:
+        gocache_note = "warm Go build cache" if args.warm_gocache else "empty GOCACHE for each cold figure"
+        report = [
+            "# Launcher benchmark",
+            "",
+            f"Command: `{command}`",
+            "",
+            f"Machine: {os.cpu_count()} cores, shared with other work; {args.repeats} warm iterations; "
+            f"{gocache_note}. Written by bench/launcher.py.",
+            "",
+            "| measure | result | target |",
+            "| --- | --- | --- |",
+            *[f"| {name.strip()} | {value} | {target} |" for name, value, target in rows],
+            "",
+            "NeMo Gym's launcher, same machine class: warm start 102-105 ms (1 or 4 instances); "
+            "8 cold launchers 98 s = 7.3x one cold build (13.4 s).",
+            "",
+        ]
+        Path(args.out).write_text("\n".join(report))
+
+
+if __name__ == "__main__":
+    main()

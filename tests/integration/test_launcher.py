@@ -244,6 +244,50 @@ def test_port_zero_instances_get_distinct_ports_and_urls(
     assert [record.state for record in records] == ["ready", "ready"]
 
 
+_SLOW_BUT_READY = """
+while [ $# -gt 0 ]; do
+  case "$1" in -ready-file) ready="$2";; -listen) listen="$2";; esac
+  shift
+done
+sleep 1
+printf '{"pid": %d, "listen": "%s"}' $$ "$listen" > "$ready.tmp" && mv "$ready.tmp" "$ready"
+exec sleep 60
+"""
+
+
+def test_instances_start_together_not_one_after_another(
+    tls_origin: TlsH2Origin, log_dir: Path, tmp_path: Path, cache_dir: Path
+) -> None:
+    """Three children that each take 1 s to get ready: one startup in total, not three."""
+    binary = fake_binary(tmp_path / "slow-ready", _SLOW_BUT_READY)
+    config = gym_config(
+        tls_origin.url,
+        tls_origin.ca_file,
+        log_dir,
+        cache_dir,
+        binary=str(binary),
+        instances=[
+            {"name": f"i{index}", "upstream": tls_origin.url, "listen": f"127.0.0.1:{9 + index}"}
+            for index in range(3)
+        ],
+    )
+    started = time.monotonic()
+    manager = start_h2_ping_sidecar(config)
+    took = time.monotonic() - started
+    assert manager is not None
+    try:
+        assert 1.0 <= took < 2.5, took  # one after another would be 3 s or more
+        assert [instance.listen for instance in manager.instances_actual] == [
+            "127.0.0.1:9",
+            "127.0.0.1:10",
+            "127.0.0.1:11",
+        ]
+    finally:
+        manager.stop()
+    assert {record.state for _, records in run_records(log_dir) for record in records} == {"stopped"}
+    assert_nothing_left(log_dir)
+
+
 # --- failure paths ---------------------------------------------------------------------------
 
 

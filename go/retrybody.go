@@ -10,8 +10,11 @@ import (
 )
 
 // maxAttempts bounds re-sends of one request: an origin that refuses every stream (GOAWAY
-// right after the preface) must end in a 502, not a loop.
-const maxAttempts = 10
+// right after the preface) must end in a 502, not a loop. It is high because a refusal is
+// harmless (the server did not process the stream) and churn is not: against an origin
+// that sends GOAWAY after every 5 requests, 50 concurrent requests land on each fresh
+// connection and 45 are refused, so one request can be refused many times in a row.
+const maxAttempts = 100
 
 // failure classes of ClientConn.RoundTrip errors. The http2 errors are unexported, so
 // they are recognised by their fixed text (net/http/internal/http2/transport.go).

@@ -320,9 +320,7 @@ class NodeSidecars:
                 for child in self._children:
                     self._fail(child, message)
                 raise SidecarError(message)
-            env = sidecar_env(self.config)
-            for child in self._children:
-                self._spawn(child, env, restart_of=None)
+            self._spawn_all(self._children, sidecar_env(self.config))
             errors = self._await_ready(self._children)
             if errors:
                 raise SidecarError("\n".join(errors))
@@ -364,49 +362,69 @@ class NodeSidecars:
                 _Child(index, instance, machine, record.id, log_path, ready_path, listen=instance.listen)
             )
 
-    def _spawn(self, child: _Child, env: dict[str, str], restart_of: int | None) -> None:
-        """Spawn ``child`` on ``child.listen`` and fire ``spawn`` (or ``restart``) with its identity.
+    def _launch(self, child: _Child, env: dict[str, str], restart_of: int | None = None) -> None:
+        """Start ``child``'s process on ``child.listen``; remembers it, records nothing yet.
 
-        ``restart_of`` is the exit code of the process being replaced (None for a first start).
+        Callers hold SIGINT (``_interrupts_deferred``) around this and the event that records
+        it, so a process never exists without ``child.process`` naming it. An executable that
+        cannot be started fails the instance and raises ``SidecarError``.
         """
         # A ready file left by a crashed process would pass for readiness; wait_all_ready also
         # insists on our pid, this just keeps the directory honest.
         Path(child.ready_path).unlink(missing_ok=True)
         instance = child.instance.model_copy(update={"listen": child.listen})
         argv = sidecar_command(self.binary, self.config, instance, child.ready_path)
+        try:
+            process = procs.spawn(argv, env, child.log_path)
+        except OSError as exc:
+            message = (
+                f"{self._where(child)}: '{self.binary}' could not be started ({exc}); check sidecar.binary"
+            )
+            self._fail(child, message, exit_code=restart_of)
+            raise SidecarError(message) from exc
+        child.process = process
+        # Start time only, no executable: a wrapper script that execs the proxy changes its exe
+        # after we look, and would then never be "ours" to signal. Until we reap it the pid
+        # cannot be reused, so pid and start time identify our child exactly.
+        found = procs.identity_of(process.pid)
+        child.identity = procs.ProcessIdentity(found.pid, found.start_time, None) if found else None
+
+    def _facts(self, child: _Child) -> dict[str, Any]:
+        assert child.process is not None
+        return {
+            "pid": child.process.pid,
+            "pid_start_time": child.identity.start_time if child.identity else None,
+        }
+
+    def _spawn_all(self, children: list[_Child], env: dict[str, str]) -> None:
+        """Launch every child back to back, then record each ``spawn``.
+
+        The records are written while the proxies initialize (a few ms of Go runtime start), so
+        N instances cost one startup plus N launches, not N startups.
+        """
         with _interrupts_deferred():
-            try:
-                process = procs.spawn(argv, env, child.log_path)
-            except OSError as exc:
-                message = (
-                    f"{self._where(child)}: '{self.binary}' could not be started ({exc}); "
-                    "check sidecar.binary"
-                )
-                self._fail(child, message, exit_code=restart_of)
-                raise SidecarError(message) from exc
-            child.process = process
-            # Start time only, no executable: a wrapper script that execs the proxy changes its
-            # exe after we look, and would then never be "ours" to signal. Until we reap it the
-            # pid cannot be reused, so pid and start time identify our child exactly.
-            found = procs.identity_of(process.pid)
-            child.identity = procs.ProcessIdentity(found.pid, found.start_time, None) if found else None
-            facts: dict[str, Any] = {
-                "pid": process.pid,
-                "pid_start_time": child.identity.start_time if child.identity else None,
-            }
-            if restart_of is None:
-                child.machine.fire("spawn", detail=f"pid {process.pid}", **facts)
-            else:
-                child.restart_count += 1
-                child.machine.fire(
-                    "restart",
-                    detail=(
-                        f"exit {restart_of}; attempt {child.restart_count} of "
-                        f"{self.config.restart.max_restarts}, pid {process.pid} on {child.listen}"
-                    ),
-                    restart_count=child.restart_count,
-                    **facts,
-                )
+            for child in children:
+                self._launch(child, env)
+        for child in children:
+            assert child.process is not None
+            child.machine.fire("spawn", detail=f"pid {child.process.pid}", **self._facts(child))
+
+    def _respawn(self, child: _Child, env: dict[str, str], exit_code: int) -> None:
+        """Replace the dead process of a ``ready`` child on the same address; fire ``restart``."""
+        with _interrupts_deferred():
+            self._launch(child, env, restart_of=exit_code)
+            assert child.process is not None
+            attempt = child.restart_count + 1
+            child.machine.fire(
+                "restart",
+                detail=(
+                    f"exit {exit_code}; attempt {attempt} of {self.config.restart.max_restarts}, "
+                    f"pid {child.process.pid} on {child.listen}"
+                ),
+                restart_count=attempt,
+                **self._facts(child),
+            )
+            child.restart_count = attempt
 
     def _await_ready(self, children: list[_Child]) -> list[str]:
         """Wait for all ``children`` at once; fire ``ready`` or ``fail``; the failure messages."""
@@ -523,7 +541,7 @@ class NodeSidecars:
         spawned: list[_Child] = []
         for child, code in dead:
             try:
-                self._spawn(child, env, restart_of=code)
+                self._respawn(child, env, code)
             except SidecarError:
                 continue  # already failed with its message
             spawned.append(child)
@@ -550,7 +568,15 @@ class NodeSidecars:
             draining: list[_Child] = []
             for child in self._children:
                 state = child.state
-                if state in ("configured", "building"):
+                if state in ("configured", "building") and child.process is not None:
+                    # Launched but its spawn never recorded (that write failed): not serving
+                    # yet, so no drain is owed; the record says what happened.
+                    code = self._kill(child)
+                    message = (
+                        f"{self._where(child)}: stopped before its spawn was recorded; see {child.log_path}"
+                    )
+                    self._fail(child, message, exit_code=code, problems=problems)
+                elif state in ("configured", "building"):
                     self._fire_collecting(problems, child, "stop", detail="stopped before a process existed")
                 elif state in ("spawned", "ready"):
                     code = child.process.poll() if child.process else None

@@ -34,7 +34,7 @@ sys.stdin.read(1)
 began = time.monotonic()
 path = ensure_binary(Path(sys.argv[1]), source_dir=Path(sys.argv[2]))
 resolved = time.monotonic()
-out = subprocess.run([str(path)], capture_output=True, text=True, check=True).stdout
+out = subprocess.run([str(path)], capture_output=True, text=True).stdout
 print(json.dumps({"path": str(path), "out": out, "sha": hashlib.sha256(path.read_bytes()).hexdigest(),
                   "seconds": resolved - began}), flush=True)
 """
@@ -65,10 +65,12 @@ def counting_go(tmp_path: Path, go_tool: Path) -> tuple[Path, Path]:
 
 
 def _run_workers(
-    count: int, cache: Path, source: Path, bin_dir: Path
+    count: int, cache: Path, source: Path, bin_dir: Path, gocache: Path | None = None
 ) -> tuple[list[dict[str, object]], float]:
     """Start ``count`` workers, release them together; their reports and the wall time from release."""
     env = dict(os.environ, PATH=f"{bin_dir}{os.pathsep}{os.environ.get('PATH', '')}")
+    if gocache is not None:
+        env["GOCACHE"] = str(gocache)
     workers = [
         subprocess.Popen(
             [sys.executable, "-c", WORKER, str(cache), str(source)],

@@ -72,6 +72,17 @@ def shared_store(log_dir: str) -> Store:
         return store
 
 
+_owner_identities: dict[int, procs.ProcessIdentity | None] = {}
+
+
+def _owner_identity() -> procs.ProcessIdentity | None:
+    """This process's identity (pid, start time), read once per process: it cannot change."""
+    pid = os.getpid()
+    if pid not in _owner_identities:
+        _owner_identities[pid] = procs.identity_of(pid)
+    return _owner_identities[pid]
+
+
 @atexit.register
 def _close_shared_stores() -> None:
     with _shared_stores_lock:
@@ -340,7 +351,7 @@ class NodeSidecars:
         os.makedirs(self.log_dir, exist_ok=True)
         if self.store is None:
             self.store = shared_store(self.log_dir)
-        owner = procs.identity_of(os.getpid())
+        owner = _owner_identity()
         self.store.create_run(
             self.run_id, os.getpid(), owner.start_time if owner else None, self.config_summary()
         )

@@ -151,11 +151,12 @@ func (p *pool) dialOne() {
 		cc.Close()
 		return
 	}
+	// The timer is set before c is published: close and remove read c.timer.
 	c := &upConn{cc: cc}
+	p.scheduleRetire(c)
 	p.conns = append(slices.Clip(p.conns), c)
 	p.changedLocked()
 	p.mu.Unlock()
-	p.scheduleRetire(c)
 	// SetStateHook may run the hook synchronously, so it is called without mu. A change
 	// before this point is reported by SetStateHook itself.
 	cc.SetStateHook(func(*http.ClientConn) { p.onState(c) })

@@ -22,6 +22,7 @@ func jitteredAge(maxAge time.Duration) time.Duration {
 // scheduleRetire retires c when its jittered age is reached. Retiring takes c out of the
 // pool at once, so new requests go to a fresh connection, while requests in flight
 // (streams included) finish on c; the state hook closes c when its last one ends.
+// It only arms a timer (no ClientConn call), so it may run under p.mu.
 func (p *pool) scheduleRetire(c *upConn) {
 	age := jitteredAge(p.maxAge)
 	if age <= 0 {

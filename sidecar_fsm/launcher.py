@@ -36,7 +36,7 @@ from sidecar_fsm.config import (
 )
 from sidecar_fsm.errors import ConfigError, SidecarError
 from sidecar_fsm.resources import SIDECAR_SOURCE_DIR
-from sidecar_fsm.rewrite import RewrittenUrl, rewrite_base_urls
+from sidecar_fsm.rewrite import RewrittenUrl, plan_base_urls, rewrite_base_urls
 from sidecar_fsm.supervise import NodeSidecars, _interrupts_deferred, sidecar_command, sidecar_env
 from sidecar_fsm.urls import redact_url
 
@@ -196,11 +196,9 @@ def start_h2_ping_sidecar(global_config_dict: DictConfig) -> H2PingSidecarManage
         return None
     instances = list(config.instances)
     if config.rewrite_base_urls:
-        # Dry run before a process exists: with no instance to point at, rewrite_base_urls
-        # still parses every model base_url (raising ConfigError for one it cannot parse) and
-        # changes nothing. Same checks as a run on a deepcopy, without copying the DictConfig
-        # (8 ms for a small Gym config: 40 % of a warm start).
-        rewrite_base_urls(global_config_dict, [])
+        # Dry run before a process exists: an unparseable model base_url fails here. The plan
+        # is read-only, so no deepcopy of the DictConfig is needed (8 ms for a small config).
+        plan_base_urls(global_config_dict, instances)
     _check_readable_file("sidecar.ca_file", config.ca_file)
     for instance in instances:
         if not is_loopback_host(instance.listen_host):

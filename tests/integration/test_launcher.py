@@ -488,20 +488,19 @@ def test_keyboard_interrupt_after_the_proxy_is_ready(
     """An interrupt while the config is being rewritten: the ready proxy is stopped, config untouched."""
     from sidecar_fsm import launcher
 
-    real_rewrite = launcher.rewrite_base_urls
     calls: list[int] = []
 
-    def rewrite_then_interrupt(*args: Any) -> Any:
+    def interrupt(*args: Any) -> Any:
+        # Called once the proxy is ready (the dry run before it is plan_base_urls).
         calls.append(1)
-        if len(calls) == 2:  # the first call is the dry run on a copy
-            raise KeyboardInterrupt
-        return real_rewrite(*args)
+        raise KeyboardInterrupt
 
-    monkeypatch.setattr(launcher, "rewrite_base_urls", rewrite_then_interrupt)
+    monkeypatch.setattr(launcher, "rewrite_base_urls", interrupt)
     config = gym_config(tls_origin.url, tls_origin.ca_file, log_dir, cache_dir)
     before = snapshot(config)
     with pytest.raises(KeyboardInterrupt):
         start_h2_ping_sidecar(config)
+    assert calls == [1]
     assert snapshot(config) == before
     ((_, (record,)),) = run_records(log_dir)
     assert states_path(log_dir, record.id) == FULL_HISTORY

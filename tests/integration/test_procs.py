@@ -11,6 +11,7 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
+import psutil
 import pytest
 
 from sidecar_fsm import procs
@@ -151,8 +152,9 @@ def test_real_pid_reuse_is_never_signalled(tmp_path: Path, started: list[subproc
     assert record is not None
     first.kill()
     first.wait()
-    # Start times are counted in 10 ms clock ticks: let a few pass so the two forks differ.
-    while time.time() < record.start_time + 0.05:
+    # Start times are boot time + clock ticks (10 ms) since boot: let a few ticks pass, on that
+    # clock, so the two forks differ (wall-clock time can be a second off psutil's values).
+    while psutil.boot_time() + time.clock_gettime(time.CLOCK_BOOTTIME) < record.start_time + 0.05:
         time.sleep(0.01)
     newcomer = _spawn_at_pid(started, record.pid, tmp_path / "log")
     if newcomer is None:
@@ -214,3 +216,14 @@ def test_wait_exit_times_out_then_returns_code(
     assert procs.wait_exit(other.pid, 0.01) is None
     other.kill()
     assert procs.wait_exit(other.pid, 10) == -signal.SIGKILL  # our child by pid: reaped, code known
+
+
+def test_wait_exit_on_a_process_that_is_not_our_child(
+    tmp_path: Path, started: list[subprocess.Popen[bytes]]
+) -> None:
+    """Its exit is seen through the pidfd; its code belongs to its parent, so -1 says "exited"."""
+    shell = _spawn(started, ["/bin/sh", "-c", f"{SLEEP} 0.5 & echo $!"], tmp_path / "log")
+    assert procs.wait_exit(shell, 10) == 0
+    orphan = int((tmp_path / "log").read_text().split()[0])
+    assert procs.wait_exit(orphan, 0.01) is None
+    assert procs.wait_exit(orphan, 10) == -1

@@ -204,3 +204,16 @@ def test_latency_from_rename_to_return(tmp_path: Path, children: list[subprocess
     print(f"rename -> wait_all_ready returned: median {median_ms:.3f} ms, max {max(latencies) * 1000:.3f} ms")
     # Generous bound for a loaded 2-core machine; measured ~0.1-0.3 ms when idle.
     assert median_ms < 20
+
+
+def test_without_inotify_the_fallback_still_finds_the_file(
+    tmp_path: Path, children: list[subprocess.Popen[bytes]], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    def unavailable() -> None:
+        raise OSError(24, "Too many open files")  # inotify_init1 at the per-user instance limit
+
+    monkeypatch.setattr(ready, "_Inotify", unavailable)
+    path = tmp_path / "fallback.ready"
+    child = _start(children, path, 0.2)
+    outcome = ready.wait_all_ready([ReadyWait("f", str(path), child)], 20)["f"]
+    assert outcome.info is not None and outcome.info.pid == child.pid

@@ -87,7 +87,9 @@ def is_ours(record: ProcessIdentity) -> bool:
     executable, when one was recorded) means another process now holds the pid. A vanished or
     zombie process is not an error: the answer is False. Callers that act on the answer open a
     pidfd first, call this, then signal through the pidfd (see :func:`signal_if_ours`), so a
-    pid reused between the check and the signal is never hit.
+    pid reused between the check and the signal is never hit. The limit: two processes with
+    one pid, one executable and one 10 ms start tick cannot be told apart, which needs the
+    whole pid space to wrap within those 10 ms.
     """
     current = identity_of(record.pid)
     if current is None:

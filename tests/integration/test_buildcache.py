@@ -20,6 +20,7 @@ from pathlib import Path
 import pytest
 
 from sidecar_fsm import buildcache
+from sidecar_fsm.resources import SIDECAR_SOURCE_DIR
 
 WORKERS = 8
 
@@ -192,7 +193,7 @@ def test_real_proxy_is_built_into_the_cache_layout(
 def test_bench_real_proxy_cold_build_one_vs_eight(tmp_path: Path, counting_go: tuple[Path, Path]) -> None:
     """The issue's target on the real proxy, Go's compile cache empty each time: 8 cold < 1.3x one."""
     bin_dir, log = counting_go
-    source = buildcache.SIDECAR_SOURCE_DIR
+    source = SIDECAR_SOURCE_DIR
     _, single_seconds = _run_workers(1, tmp_path / "cache-1", source, bin_dir, gocache=tmp_path / "gocache-1")
     reports, concurrent_seconds = _run_workers(
         WORKERS, tmp_path / "cache-8", source, bin_dir, gocache=tmp_path / "gocache-8"

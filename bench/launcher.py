@@ -33,7 +33,7 @@ from omegaconf import DictConfig, OmegaConf
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-from sidecar_fsm.buildcache import ensure_binary  # noqa: E402
+from sidecar_fsm.buildcache import build_sidecar, ensure_binary  # noqa: E402
 from sidecar_fsm.lab import TlsH2Origin, make_ca_and_cert  # noqa: E402
 from sidecar_fsm.launcher import resolve_binary, start_h2_ping_sidecar  # noqa: E402
 
@@ -141,6 +141,24 @@ def cold(config: DictConfig, runs: int, gocache: Path | None) -> float:
     return elapsed
 
 
+def cold_build(output: Path, gocache: Path | None) -> float:
+    """Seconds for one ``go build`` of the proxy into an empty cache (the baseline of the ratio)."""
+    previous = os.environ.get("GOCACHE")
+    if gocache is not None:
+        os.environ["GOCACHE"] = str(gocache)
+    try:
+        started = time.perf_counter()
+        with quiet():
+            build_sidecar(output)
+        return time.perf_counter() - started
+    finally:
+        if gocache is not None:
+            if previous is None:
+                os.environ.pop("GOCACHE", None)
+            else:
+                os.environ["GOCACHE"] = previous
+
+
 def ms(values: list[float]) -> str:
     return f"{statistics.median(values) * 1000:.1f} ms"
 
@@ -175,19 +193,23 @@ def main() -> None:
             rows.append(("warm stop(), 1 idle sidecar (median)", ms(one["stop"]), "-"))
             rows.append(("  of which cache lookup, resolve_binary (median)", ms(four["lookup"]), "-"))
             if not args.skip_cold:
-                gocache_one = None if args.warm_gocache else root / "gocache-one"
-                gocache_eight = None if args.warm_gocache else root / "gocache-eight"
+
+                def gocache(name: str) -> Path | None:
+                    return None if args.warm_gocache else root / f"gocache-{name}"
+
+                logs = root / "logs"
+                build = cold_build(root / "cold-build" / "h2-ping-sidecar", gocache("build"))
                 single = cold(
-                    gym_config(origins[:1], certs.ca_pem, root / "logs", root / "cold-one"), 1, gocache_one
+                    gym_config(origins[:1], certs.ca_pem, logs, root / "cold-one"), 1, gocache("one")
                 )
                 eight = cold(
-                    gym_config(origins[:1], certs.ca_pem, root / "logs", root / "cold-eight"),
-                    8,
-                    gocache_eight,
+                    gym_config(origins[:1], certs.ca_pem, logs, root / "cold-eight"), 8, gocache("eight")
                 )
-                rows.append(("one cold start (build + start, 1 process)", f"{single:.1f} s", "-"))
+                rows.append(("one cold go build (build_sidecar)", f"{build:.1f} s", "-"))
+                rows.append(("one cold start (new process: build + start)", f"{single:.1f} s", "-"))
                 rows.append(("8 concurrent cold starts, one shared cache", f"{eight:.1f} s", "-"))
-                rows.append(("  ratio 8 concurrent / one", f"{eight / single:.2f}x", "< 1.3x"))
+                rows.append(("  ratio 8 concurrent / one cold build", f"{eight / build:.2f}x", "< 1.3x"))
+                rows.append(("  ratio 8 concurrent / one cold start", f"{eight / single:.2f}x", "-"))
         finally:
             for origin in origins:
                 origin.stop()

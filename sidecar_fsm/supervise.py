@@ -255,6 +255,8 @@ class NodeSidecars:
         self.host = socket.gethostname()
         self.run_id = run_id or uuid.uuid4().hex[:12]
         self.store = store
+        # Past shutdown_grace before SIGKILL; an attribute so a test need not wait the default.
+        self.stop_slack_seconds = STOP_SLACK_SECONDS
         self._children: list[_Child] = []
         self._started = False
         self._run_created = False
@@ -606,7 +608,7 @@ class NodeSidecars:
             for child in draining:
                 if child.identity is not None:
                     procs.signal_if_ours(child.identity, signal.SIGTERM)
-            deadline = time.monotonic() + self.config.shutdown_grace_seconds + STOP_SLACK_SECONDS
+            deadline = time.monotonic() + self.config.shutdown_grace_seconds + self.stop_slack_seconds
             try:
                 for child in draining:
                     assert child.process is not None

@@ -288,6 +288,47 @@ def test_instances_start_together_not_one_after_another(
     assert_nothing_left(log_dir)
 
 
+_READY_BUT_DEAF = """
+trap '' TERM
+while [ $# -gt 0 ]; do
+  case "$1" in -ready-file) ready="$2";; -listen) listen="$2";; esac
+  shift
+done
+printf '{"pid": %d, "listen": "%s"}' $$ "$listen" > "$ready.tmp" && mv "$ready.tmp" "$ready"
+exec sleep 60
+"""
+
+
+def test_stop_kills_what_outlives_the_grace(
+    tls_origin: TlsH2Origin, log_dir: Path, tmp_path: Path, cache_dir: Path
+) -> None:
+    """A child that ignores SIGTERM: SIGKILL after grace + slack, and the record says so."""
+    from sidecar_fsm.launcher import h2_ping_sidecar_config_from_global_config
+
+    binary = fake_binary(tmp_path / "deaf", _READY_BUT_DEAF)
+    config = gym_config(
+        tls_origin.url,
+        tls_origin.ca_file,
+        log_dir,
+        cache_dir,
+        shutdown_grace="0s",
+        instances=[{"name": "deaf", "upstream": tls_origin.url, "listen": "127.0.0.1:9"}],
+    )
+    parsed = h2_ping_sidecar_config_from_global_config(config)
+    sidecars = NodeSidecars(parsed, parsed.instances, str(binary), str(log_dir))
+    sidecars.stop_slack_seconds = 0.3
+    sidecars.start()
+    started = time.monotonic()
+    sidecars.stop()
+    assert 0.3 <= time.monotonic() - started < 5
+    ((run, (record,)),) = run_records(log_dir)
+    assert (run.outcome, record.state, record.exit_code) == ("failed", "failed", -signal.SIGKILL)
+    assert record.error is not None and "killed after grace (shutdown_grace 0s)" in record.error
+    assert states_path(log_dir, record.id)[-2:] == ["draining", "failed"]
+    sidecars.stop()  # idempotent
+    assert_nothing_left(log_dir)
+
+
 # --- failure paths ---------------------------------------------------------------------------
 
 

@@ -144,7 +144,7 @@ def test_mixed_outcomes_in_one_wait(tmp_path: Path, children: list[subprocess.Po
         ),
     ]
     # tmp_path/sub does not exist: that wait falls back to re-reading, the others keep inotify.
-    outcomes = ready.wait_all_ready(waits, 3)
+    outcomes = ready.wait_all_ready(waits, 1.5)
     assert list(outcomes) == ["ok", "dies", "slow"]
     assert outcomes["ok"].info is not None
     assert outcomes["dies"].exit_code == 4

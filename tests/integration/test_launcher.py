@@ -329,6 +329,43 @@ def test_stop_kills_what_outlives_the_grace(
     assert_nothing_left(log_dir)
 
 
+def test_interrupt_during_stop_kills_the_rest_then_propagates(
+    tls_origin: TlsH2Origin, log_dir: Path, tmp_path: Path, cache_dir: Path
+) -> None:
+    from sidecar_fsm.launcher import h2_ping_sidecar_config_from_global_config
+
+    binary = fake_binary(tmp_path / "deaf", _READY_BUT_DEAF)
+    config = gym_config(
+        tls_origin.url,
+        tls_origin.ca_file,
+        log_dir,
+        cache_dir,
+        shutdown_grace="30s",
+        instances=[{"name": "deaf", "upstream": tls_origin.url, "listen": "127.0.0.1:9"}],
+    )
+    parsed = h2_ping_sidecar_config_from_global_config(config)
+    sidecars = NodeSidecars(parsed, parsed.instances, str(binary), str(log_dir))
+    sidecars.start()
+
+    def interrupt(signum: int, frame: Any) -> None:
+        raise KeyboardInterrupt
+
+    previous = signal.signal(signal.SIGALRM, interrupt)
+    try:
+        signal.setitimer(signal.ITIMER_REAL, 0.3)  # a Ctrl-C while stop() waits for the drain
+        started = time.monotonic()
+        with pytest.raises(KeyboardInterrupt):
+            sidecars.stop()
+        assert time.monotonic() - started < 10
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, previous)
+    ((run, (record,)),) = run_records(log_dir)
+    assert (run.outcome, record.state, record.exit_code) == ("failed", "failed", -signal.SIGKILL)
+    assert record.error is not None and "interrupted during drain" in record.error
+    assert_nothing_left(log_dir)
+
+
 # --- failure paths ---------------------------------------------------------------------------
 
 

@@ -154,19 +154,21 @@ def sidecar_env(config: H2PingSidecarConfig) -> dict[str, str]:
     return env
 
 
+_DEFERRED_SIGNALS = (signal.SIGINT, signal.SIGTERM)
+
+
 @contextlib.contextmanager
 def _interrupts_deferred() -> Iterator[None]:
-    """Hold SIGINT for the body and raise ``KeyboardInterrupt`` after it, if one arrived.
+    """Hold SIGINT and SIGTERM for the body; then run their handlers for what arrived, in order.
 
-    Used around "create a process, remember it, record it": an interrupt between ``fork`` and
-    the assignment that keeps the ``Popen`` would leave a sidecar that ``stop()`` cannot see.
-    Only in the main thread and only when SIGINT has Python's default handler; a caller that
-    installed its own handler keeps full control of it.
+    Used around "create a process, remember it": an exception raised by a signal handler
+    between ``fork`` and the assignment that keeps the ``Popen`` (Python's ``KeyboardInterrupt``,
+    a CLI's SIGTERM-to-exception handler) would leave a sidecar that ``stop()`` cannot see. Only
+    Python-level handlers are held (a default or ignored disposition has no exception to
+    defer), and only in the main thread, where Python runs them. The body is a few
+    milliseconds long, so the delay is invisible to the caller.
     """
-    if (
-        threading.current_thread() is not threading.main_thread()
-        or signal.getsignal(signal.SIGINT) is not signal.default_int_handler
-    ):
+    if threading.current_thread() is not threading.main_thread():
         yield
         return
     pending: list[int] = []
@@ -174,13 +176,17 @@ def _interrupts_deferred() -> Iterator[None]:
     def hold(signum: int, frame: Any) -> None:
         pending.append(signum)
 
-    previous = signal.signal(signal.SIGINT, hold)
+    held: dict[int, Any] = {}
     try:
+        for deferred in _DEFERRED_SIGNALS:
+            if callable(signal.getsignal(deferred)):
+                held[deferred] = signal.signal(deferred, hold)
         yield
     finally:
-        signal.signal(signal.SIGINT, previous)
-        if pending:
-            raise KeyboardInterrupt
+        for restored, handler in held.items():
+            signal.signal(restored, handler)
+        for arrived in pending:
+            held[arrived](arrived, None)
 
 
 def log_tail(log_path: str, lines: int = LOG_TAIL_LINES) -> str:

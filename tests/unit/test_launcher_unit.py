@@ -237,14 +237,23 @@ def test_interrupt_held_until_the_block_ends() -> None:
     assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
 
 
-def test_interrupt_not_held_when_caller_owns_sigint() -> None:
-    seen: list[int] = []
-    previous = signal.signal(signal.SIGINT, lambda signum, frame: seen.append(signum))
+def test_callers_own_handlers_are_held_then_run() -> None:
+    seen: list[tuple[int, bool]] = []
+    inside = [False]
+    previous = {
+        signum: signal.signal(signum, lambda signum, frame: seen.append((signum, inside[0])))
+        for signum in (signal.SIGINT, signal.SIGTERM)
+    }
     try:
         with supervise._interrupts_deferred():
+            inside[0] = True
+            os.kill(os.getpid(), signal.SIGTERM)
             os.kill(os.getpid(), signal.SIGINT)
             for _ in range(1000):
                 pass
-        assert seen == [signal.SIGINT]
+            inside[0] = False
+        # Both ran, after the block (inside was False), in arrival order.
+        assert seen == [(signal.SIGTERM, False), (signal.SIGINT, False)]
     finally:
-        signal.signal(signal.SIGINT, previous)
+        for signum, handler in previous.items():
+            signal.signal(signum, handler)

@@ -317,7 +317,8 @@ class NodeSidecars:
     def start(self) -> list[str]:
         """Start every instance and wait until all are ready; one summary line per instance.
 
-        All children are spawned first and awaited together, so N instances take one startup.
+        All children are spawned first and awaited together, so N instances take one startup
+        (plus a launch each), not N.
         Raises ``SidecarError`` naming every instance that exited or missed
         ``startup_timeout_seconds`` (with its log tail); before any exception leaves, including
         ``KeyboardInterrupt``, every child of this run has been stopped.
@@ -329,17 +330,28 @@ class NodeSidecars:
         self._started = True
         try:
             self._open_run()
+            executable = os.path.isfile(self.binary) and os.access(self.binary, os.X_OK)
+            message = (
+                f"sidecar.binary: '{self.binary}' is not an executable file; build it or set sidecar.binary"
+            )
+            env = sidecar_env(self.config)
+            # Every instance is on record first (an interrupted start still shows all of them);
+            # then each proxy is launched right after its own `build`, so the Go runtime of the
+            # first ones starts while the rest are still being recorded.
+            for index, instance in enumerate(self.instances):
+                self._add_child(index, instance)
             for child in self._children:
                 child.machine.fire("build", detail=self.binary, binary=self.binary)
-            if not (os.path.isfile(self.binary) and os.access(self.binary, os.X_OK)):
-                message = (
-                    f"sidecar.binary: '{self.binary}' is not an executable file; "
-                    "build it or set sidecar.binary"
-                )
-                for child in self._children:
+                if not executable:
                     self._fail(child, message)
+                    continue
+                with _interrupts_deferred():
+                    self._launch(child, env)
+            if not executable:
                 raise SidecarError(message)
-            self._spawn_all(self._children, sidecar_env(self.config))
+            for child in self._children:
+                assert child.process is not None
+                child.machine.fire("spawn", detail=f"pid {child.process.pid}", **self._facts(child))
             errors = self._await_ready(self._children)
             if errors:
                 raise SidecarError("\n".join(errors))
@@ -364,22 +376,26 @@ class NodeSidecars:
             self.run_id, os.getpid(), owner.start_time if owner else None, self.config_summary()
         )
         self._run_created = True
-        for index, instance in enumerate(self.instances):
-            log_path = self._path(instance, ".log")
-            ready_path = self._path(instance, ".ready")
-            record = self.store.create_instance(
-                self.run_id,
-                instance.name,
-                instance.listen,
-                instance.upstream,
-                self.binary,
-                log_path,
-                ready_path,
-            )
-            machine = InstanceMachine(self.store, record.id)
-            self._children.append(
-                _Child(index, instance, machine, record.id, log_path, ready_path, listen=instance.listen)
-            )
+
+    def _add_child(self, index: int, instance: SidecarInstanceConfig) -> _Child:
+        """Record ``instance`` (state ``configured``) and give it its machine."""
+        assert self.store is not None
+        log_path = self._path(instance, ".log")
+        ready_path = self._path(instance, ".ready")
+        record = self.store.create_instance(
+            self.run_id, instance.name, instance.listen, instance.upstream, self.binary, log_path, ready_path
+        )
+        child = _Child(
+            index,
+            instance,
+            InstanceMachine(self.store, record.id),
+            record.id,
+            log_path,
+            ready_path,
+            listen=instance.listen,
+        )
+        self._children.append(child)
+        return child
 
     def _launch(self, child: _Child, env: dict[str, str], restart_of: int | None = None) -> None:
         """Start ``child``'s process on ``child.listen``; remembers it, records nothing yet.
@@ -414,19 +430,6 @@ class NodeSidecars:
             "pid": child.process.pid,
             "pid_start_time": child.identity.start_time if child.identity else None,
         }
-
-    def _spawn_all(self, children: list[_Child], env: dict[str, str]) -> None:
-        """Launch every child back to back, then record each ``spawn``.
-
-        The records are written while the proxies initialize (a few ms of Go runtime start), so
-        N instances cost one startup plus N launches, not N startups.
-        """
-        with _interrupts_deferred():
-            for child in children:
-                self._launch(child, env)
-        for child in children:
-            assert child.process is not None
-            child.machine.fire("spawn", detail=f"pid {child.process.pid}", **self._facts(child))
 
     def _respawn(self, child: _Child, env: dict[str, str], exit_code: int) -> None:
         """Replace the dead process of a ``ready`` child on the same address; fire ``restart``."""

@@ -147,6 +147,16 @@ def managers() -> Iterator[list[H2PingSidecarManager]]:
         manager.stop()
 
 
+@pytest.fixture
+def node_runs() -> Iterator[list[NodeSidecars]]:
+    """NodeSidecars a test drives directly: stopped at the end whatever happened (idempotent)."""
+    runs: list[NodeSidecars] = []
+    yield runs
+    for run in runs:
+        run.stop_slack_seconds = 0.5
+        run.stop()
+
+
 async def _post(url: str, body: dict[str, Any], timeout: float) -> tuple[int, bytes, float]:
     started = time.monotonic()
     client_timeout = aiohttp.ClientTimeout(total=timeout)
@@ -300,7 +310,7 @@ exec sleep 60
 
 
 def test_stop_kills_what_outlives_the_grace(
-    tls_origin: TlsH2Origin, log_dir: Path, tmp_path: Path, cache_dir: Path
+    tls_origin: TlsH2Origin, log_dir: Path, tmp_path: Path, cache_dir: Path, node_runs: list[NodeSidecars]
 ) -> None:
     """A child that ignores SIGTERM: SIGKILL after grace + slack, and the record says so."""
     from sidecar_fsm.launcher import h2_ping_sidecar_config_from_global_config
@@ -316,6 +326,7 @@ def test_stop_kills_what_outlives_the_grace(
     )
     parsed = h2_ping_sidecar_config_from_global_config(config)
     sidecars = NodeSidecars(parsed, parsed.instances, str(binary), str(log_dir))
+    node_runs.append(sidecars)
     sidecars.stop_slack_seconds = 0.3
     sidecars.start()
     started = time.monotonic()
@@ -330,7 +341,7 @@ def test_stop_kills_what_outlives_the_grace(
 
 
 def test_interrupt_during_stop_kills_the_rest_then_propagates(
-    tls_origin: TlsH2Origin, log_dir: Path, tmp_path: Path, cache_dir: Path
+    tls_origin: TlsH2Origin, log_dir: Path, tmp_path: Path, cache_dir: Path, node_runs: list[NodeSidecars]
 ) -> None:
     from sidecar_fsm.launcher import h2_ping_sidecar_config_from_global_config
 
@@ -345,6 +356,7 @@ def test_interrupt_during_stop_kills_the_rest_then_propagates(
     )
     parsed = h2_ping_sidecar_config_from_global_config(config)
     sidecars = NodeSidecars(parsed, parsed.instances, str(binary), str(log_dir))
+    node_runs.append(sidecars)
     sidecars.start()
 
     def interrupt(signum: int, frame: Any) -> None:

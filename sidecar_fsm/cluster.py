@@ -1,0 +1,219 @@
+"""``reap --ray``: the reap run on every alive node of a Ray cluster, results gathered here.
+
+Owns joining the cluster (the only module that imports ``ray``, and only when called), listing
+its alive nodes, pinning one task to each (``NodeAffinitySchedulingStrategy(soft=False)``: a
+task that cannot run on its node fails rather than reaping some other host), and gathering
+what each node's reap did, with the node it came from. Each task calls ``reap.reap`` on its own
+host's database in the shared log dir, because a reap can signal only processes on its own
+host. Must not reap, signal or write anything on the calling host itself, nor read another
+host's database: every node judges its own owners and ends its own processes.
+
+Several nodes on one machine share a host name, and so a database, unless each sets
+``SIDECAR_FSM_HOST`` (``hostname.host_name``); reaping one database twice is safe, since
+``reap`` is idempotent under its file lock, and the second node then reports nothing to reap.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import socket
+from dataclasses import dataclass
+from typing import Any
+
+from sidecar_fsm.errors import SidecarError
+from sidecar_fsm.reap import ReapReport
+
+DEFAULT_ADDRESS = "auto"
+
+# A node's reap waits each of its sidecars' shutdown_grace (60s by default) before SIGKILL, one
+# instance after another; no healthy node takes this long, and a wedged one must not hang the
+# command forever.
+NODE_TIMEOUT_SECONDS = 900.0
+
+# Ray retries a connection to an unreachable GCS for minutes; a plain TCP connect answers the
+# question "is anything there" at once.
+_PROBE_SECONDS = 5.0
+
+
+class ClusterUnavailableError(SidecarError):
+    """Ray is not installed, or no cluster answers at the address: bad usage, exit 2."""
+
+
+@dataclass(frozen=True)
+class NodeReap:
+    """What one node's reap did: the node, the database it reaped, and the report or the error.
+
+    ``host`` and ``database`` are what the node itself resolved (``None`` when it never ran);
+    ``error`` is one line and set exactly when ``report`` is ``None``.
+    """
+
+    node_id: str
+    address: str
+    ray_hostname: str
+    host: str | None
+    database: str | None
+    report: ReapReport | None
+    error: str | None = None
+
+
+@dataclass(frozen=True)
+class ClusterReap:
+    """Every alive node's result, in the order ``ray.nodes()`` listed the nodes."""
+
+    address: str
+    dry_run: bool
+    nodes: list[NodeReap]
+
+    @property
+    def failed(self) -> bool:
+        return any(node.error is not None for node in self.nodes)
+
+
+def _no_cluster(address: str) -> ClusterUnavailableError:
+    return ClusterUnavailableError(
+        f"reap --ray: no Ray cluster at '{address}'; start one with `ray start --head` or pass --ray-address"
+    )
+
+
+def _import_ray() -> Any:
+    try:
+        import ray
+    except ImportError as error:
+        raise ClusterUnavailableError(
+            "reap --ray: the 'ray' package is not installed; pip install 'ray>=2.9' or reap without --ray"
+        ) from error
+    return ray
+
+
+def _bootstrap_address(ray: Any, address: str) -> str:
+    """``host:port`` of the cluster's GCS, resolved the way ``ray.init`` would resolve it.
+
+    ``auto`` means ``$RAY_ADDRESS``, then the cluster the last ``ray start`` on this machine
+    recorded, then any local GCS process. That lookup is Ray's private API; if it moves, the
+    address goes to ``ray.init`` unresolved and only the reachability probe is skipped.
+    """
+    try:
+        from ray._private.services import canonicalize_bootstrap_address
+    except ImportError:
+        return address
+    try:
+        resolved = canonicalize_bootstrap_address(address)
+    except (ConnectionError, ValueError) as error:
+        raise _no_cluster(address) from error
+    if resolved is None:
+        raise _no_cluster(address)
+    return str(resolved)
+
+
+def _probe(address: str, shown: str) -> None:
+    """Raise ``ClusterUnavailableError`` unless something accepts TCP at ``address`` at once."""
+    host, sep, port = address.rpartition(":")
+    if not sep or not port.isdigit() or "://" in address:
+        return  # a ray:// client address or a form we do not parse: ray.init judges it
+    try:
+        with socket.create_connection((host.strip("[]"), int(port)), timeout=_PROBE_SECONDS):
+            pass
+    except OSError as error:
+        raise _no_cluster(shown) from error
+
+
+def _reap_on_this_node(log_dir: str, dry_run: bool) -> tuple[str, str, str, ReapReport | None, str | None]:
+    """The Ray task body: reap this host's database in ``log_dir``, on whichever node runs it.
+
+    Returns (node id, host, database path, report, error). A missing database is not created:
+    there is nothing to reap and nothing to write. Runs in a Ray worker, so it is a module-level
+    function (workers import ``sidecar_fsm.cluster`` by name) and imports ray lazily too.
+    """
+    import ray
+
+    from sidecar_fsm.hostname import host_name
+    from sidecar_fsm.reap import reap
+    from sidecar_fsm.store import Store, database_path
+
+    node_id = str(ray.get_runtime_context().get_node_id())
+    try:
+        host = host_name()
+        path = database_path(log_dir, host)
+        if not path.exists():
+            return node_id, host, str(path), ReapReport(dry_run=dry_run, runs=[]), None
+        with Store.open(log_dir, host=host) as store:
+            return node_id, host, str(path), reap(store, dry_run=dry_run), None
+    except (SidecarError, OSError, ValueError) as error:
+        return node_id, os.environ.get("SIDECAR_FSM_HOST") or socket.gethostname(), "", None, _line(error)
+
+
+def _line(error: BaseException) -> str:
+    text = str(error).strip()
+    return text.splitlines()[0] if text else type(error).__name__
+
+
+def reap_cluster(
+    log_dir: str,
+    *,
+    address: str = DEFAULT_ADDRESS,
+    dry_run: bool = False,
+    timeout: float = NODE_TIMEOUT_SECONDS,
+) -> ClusterReap:
+    """Reap ``log_dir`` on every alive node of the Ray cluster at ``address``; every node's result.
+
+    Raises ``ClusterUnavailableError`` when ray is missing or nothing answers at ``address``
+    (checked before ``ray.init``, which would otherwise retry for minutes). A node that fails,
+    dies, or does not answer within ``timeout`` gets its error in its ``NodeReap`` and the
+    other nodes' results are still returned: a partial reap is reported, never hidden.
+    ``log_dir`` is made absolute here, since Ray workers do not share this process's cwd.
+    """
+    ray = _import_ray()
+    from ray.exceptions import RayError
+    from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+    bootstrap = _bootstrap_address(ray, address)
+    _probe(bootstrap, address)
+    try:
+        # log_to_driver=False: a worker's output must never land in our stdout (--json).
+        ray.init(address=bootstrap, log_to_driver=False, logging_level=logging.ERROR)
+    except (ConnectionError, RuntimeError, ValueError) as error:
+        raise _no_cluster(address) from error
+    try:
+        nodes = [node for node in ray.nodes() if node.get("Alive")]
+        # num_cpus=0: the reap is tiny and must run even on a node whose CPUs Gym's servers
+        # hold; max_retries=0: a task lost with its node is reported, not re-run elsewhere.
+        task = ray.remote(num_cpus=0, max_retries=0)(_reap_on_this_node)
+        log_dir = os.path.abspath(log_dir)
+        refs = [
+            task.options(
+                scheduling_strategy=NodeAffinitySchedulingStrategy(node["NodeID"], soft=False)
+            ).remote(log_dir, dry_run)
+            for node in nodes
+        ]
+        if refs:
+            ray.wait(refs, num_returns=len(refs), timeout=timeout)
+        results = [_gather(ray, RayError, node, ref, timeout) for node, ref in zip(nodes, refs, strict=True)]
+    finally:
+        ray.shutdown()
+    return ClusterReap(address=bootstrap, dry_run=dry_run, nodes=results)
+
+
+def _gather(
+    ray: Any, ray_error: type[BaseException], node: dict[str, Any], ref: Any, timeout: float
+) -> NodeReap:
+    node_id = str(node["NodeID"])
+    where = {
+        "node_id": node_id,
+        "address": str(node.get("NodeManagerAddress") or "-"),
+        "ray_hostname": str(node.get("NodeManagerHostname") or "-"),
+    }
+    ready, _ = ray.wait([ref], timeout=0)
+    if not ready:
+        ray.cancel(ref)
+        return NodeReap(
+            **where, host=None, database=None, report=None, error=f"no answer within {timeout:g}s"
+        )
+    try:
+        ran_on, host, database, report, error = ray.get(ref)
+    except ray_error as failure:
+        return NodeReap(**where, host=None, database=None, report=None, error=_line(failure))
+    if ran_on != node_id:  # soft=False forbids this; a result from elsewhere must not pass as this node's
+        error = f"task pinned to node {node_id} ran on {ran_on}"
+        report = None
+    return NodeReap(**where, host=host, database=database or None, report=report, error=error)

@@ -1,0 +1,286 @@
+"""``sidecar-fsm reap --ray`` on a real local Ray cluster: every node reaps its own host's database.
+
+The cluster is two real Ray nodes on this machine (``ray start --head --block`` and a second
+``ray start --address=... --block``), each with its own ``SIDECAR_FSM_HOST`` so they stand for
+two hosts sharing one log dir, as nodes on a cluster filesystem do. The runs point at real
+``sleep`` processes whose owners are gone (or, for one run, alive), and the command runs as a
+subprocess joining the cluster by address. No mocks. The cluster lives in a private temp dir
+and is ended by its own ``ray start`` processes (never ``ray stop``, which would end every Ray
+of this user on the machine), with the whole process group and anything naming the temp dir
+killed as a backstop, pass or fail.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import importlib.util
+import json
+import os
+import re
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import uuid
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import psutil
+import pytest
+from helpers import ProcessRegistry, wait_until
+
+from sidecar_fsm import procs
+from sidecar_fsm.fsm import InstanceMachine
+from sidecar_fsm.store import Store
+
+needs_ray = pytest.mark.skipif(
+    importlib.util.find_spec("ray") is None,
+    reason="ray is not installed (pip install 'ray>=2.9'): reap --ray is tested on a real Ray cluster",
+)
+
+RAY = Path(sys.executable).with_name("ray")
+SLEEP = "/bin/sleep" if os.path.exists("/bin/sleep") else "/usr/bin/sleep"
+_NODE_START_SECONDS = 60.0
+_NODE_STOP_SECONDS = 30.0
+_JOIN = re.compile(r"ray start --address='([^']+)'")
+
+
+def ray_env(host: str | None = None) -> dict[str, str]:
+    """Our environment without any pointer to another Ray, plus this node's database host name."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("RAY_")}
+    env["RAY_USAGE_STATS_ENABLED"] = "0"
+    if host is not None:
+        env["SIDECAR_FSM_HOST"] = host
+    return env
+
+
+@dataclass
+class RayNode:
+    """One ``ray start --block`` process; ending it ends the node's raylet, GCS and workers."""
+
+    host: str
+    process: subprocess.Popen[bytes]
+    output: Path
+
+    def text(self) -> str:
+        return self.output.read_text(errors="replace") if self.output.exists() else ""
+
+
+class LocalRayCluster:
+    """Ray nodes on this machine in a private temp dir; ``stop()`` leaves none of their processes."""
+
+    def __init__(self, registry: ProcessRegistry) -> None:
+        # Short and private: Ray puts unix sockets under it (107-byte path limit) and records its
+        # address there, so nothing of another Ray on this machine is read or touched.
+        self.temp_dir = Path(tempfile.mkdtemp(prefix="sfray", dir="/tmp"))
+        self.registry = registry
+        self.nodes: list[RayNode] = []
+        self.address = ""
+
+    def start_node(self, host: str) -> RayNode:
+        head = not self.nodes
+        argv = [str(RAY), "start", "--block", "--num-cpus=1", "--object-store-memory=80000000"]
+        argv += ["--disable-usage-stats", f"--temp-dir={self.temp_dir}"]
+        if head:
+            argv += ["--head", "--port=0", "--include-dashboard=false"]
+        else:
+            argv += [f"--address={self.address}"]
+        output = self.temp_dir / f"{host}.out"
+        with open(output, "wb") as out:
+            process = subprocess.Popen(
+                argv,
+                stdin=subprocess.DEVNULL,
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                env=ray_env(host),
+                start_new_session=True,  # its own process group: the backstop kills exactly it
+            )
+        self.registry.add(process)
+        node = RayNode(host, process, output)
+        self.nodes.append(node)
+        wait_until(
+            lambda: "Ray runtime started" in node.text() or process.poll() is not None,
+            _NODE_START_SECONDS,
+            f"ray node {host} to start",
+        )
+        assert process.poll() is None, f"ray start for {host} exited {process.returncode}:\n{node.text()}"
+        if head:
+            # `ray start --head` prints how other nodes join: ray start --address='IP:PORT'.
+            match = wait_until(
+                lambda: _JOIN.search(node.text()), _NODE_START_SECONDS, f"ray head address in {output}"
+            )
+            self.address = match.group(1)
+        return node
+
+    def _leftovers(self) -> list[psutil.Process]:
+        """Processes of this cluster: in a node's process group or naming our temp dir."""
+        groups = {node.process.pid for node in self.nodes}
+        found = []
+        for proc in psutil.process_iter(["pid", "cmdline"]):
+            with contextlib.suppress(psutil.Error):
+                if proc.pid == os.getpid():
+                    continue
+                if os.getpgid(proc.pid) in groups or str(self.temp_dir) in " ".join(proc.info["cmdline"] or []):
+                    found.append(proc)
+        return found
+
+    def stop(self) -> None:
+        # Workers first, then the head: each `ray start --block` ends its own node on SIGTERM.
+        for node in reversed(self.nodes):
+            if node.process.poll() is None:
+                node.process.send_signal(signal.SIGTERM)
+                try:
+                    node.process.wait(_NODE_STOP_SECONDS)
+                except subprocess.TimeoutExpired:
+                    node.process.kill()
+                    node.process.wait(_NODE_STOP_SECONDS)
+        for node in self.nodes:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(node.process.pid, signal.SIGKILL)
+        leftovers = self._leftovers()
+        for proc in leftovers:
+            with contextlib.suppress(psutil.Error):
+                proc.kill()
+        psutil.wait_procs(leftovers, timeout=_NODE_STOP_SECONDS)
+        shutil.rmtree(self.temp_dir, ignore_errors=True)
+
+
+@pytest.fixture
+def ray_cluster(process_registry: ProcessRegistry) -> Iterator[LocalRayCluster]:
+    """A head (SIDECAR_FSM_HOST=node-a) and a second node (node-b), stopped pass or fail."""
+    cluster = LocalRayCluster(process_registry)
+    try:
+        cluster.start_node("node-a")
+        cluster.start_node("node-b")
+        yield cluster
+    finally:
+        cluster.stop()
+
+
+def sidecar_cli(log_dir: Path, *args: str, timeout: float = 90) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "sidecar_fsm", "--log-dir", str(log_dir), *args],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        env=ray_env(),
+        cwd=log_dir.parent,
+    )
+
+
+def dead_owner() -> tuple[int, float]:
+    """A pid that no longer runs, with the start time it had: the owner of a crashed run."""
+    proc = subprocess.Popen([sys.executable, "-c", "pass"])
+    identity = procs.identity_of(proc.pid)
+    proc.wait()
+    return proc.pid, identity.start_time if identity else 1.0
+
+
+def ready_run(
+    store: Store, log_dir: Path, owner: tuple[int, float], registry: ProcessRegistry
+) -> tuple[str, subprocess.Popen[bytes]]:
+    """A run whose one instance is ``ready`` and recorded as a real running ``sleep``."""
+    proc = subprocess.Popen([SLEEP, "300"], stdin=subprocess.DEVNULL)
+    registry.add(proc)
+    identity = procs.identity_of(proc.pid)
+    assert identity is not None
+    run_id = uuid.uuid4().hex
+    store.create_run(run_id, owner[0], owner[1], {"shutdown_grace": "5s"})
+    ready = log_dir / f"h2ping-policy-{store.host}-{run_id}.ready"
+    record = store.create_instance(
+        run_id, "policy", "127.0.0.1:20000", "https://api.example.com", identity.exe, str(ready), str(ready)
+    )
+    machine = InstanceMachine(store, record.id)
+    machine.fire("build")
+    machine.fire("spawn", pid=identity.pid, pid_start_time=identity.start_time)
+    ready.write_text(json.dumps({"pid": identity.pid, "listen": "127.0.0.1:20000"}))
+    machine.fire("ready")
+    return run_id, proc
+
+
+def by_host(document: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    return {node["host"]: node for node in document["nodes"]}
+
+
+@needs_ray
+def test_reap_ray_reaps_each_hosts_database_on_its_own_node(
+    ray_cluster: LocalRayCluster, log_dir: Path, process_registry: ProcessRegistry
+) -> None:
+    me = procs.identity_of(os.getpid())
+    assert me is not None
+    with Store.open(log_dir, host="node-a") as store_a, Store.open(log_dir, host="node-b") as store_b:
+        crashed_a, sleeper_a = ready_run(store_a, log_dir, dead_owner(), process_registry)
+        crashed_b, sleeper_b = ready_run(store_b, log_dir, dead_owner(), process_registry)
+        live_b, sleeper_live = ready_run(store_b, log_dir, (me.pid, me.start_time), process_registry)
+
+        done = sidecar_cli(log_dir, "reap", "--ray", "--ray-address", ray_cluster.address, "--json")
+
+        assert done.returncode == 0, done.stderr
+        document = json.loads(done.stdout)
+        assert document["dry_run"] is False
+        nodes = by_host(document)
+        assert sorted(nodes) == ["node-a", "node-b"]
+        assert len({node["node_id"] for node in nodes.values()}) == 2
+        # Each node reaped exactly its own host's database, and only the runs whose owner is gone.
+        for host, run_id in (("node-a", crashed_a), ("node-b", crashed_b)):
+            node = nodes[host]
+            assert node["error"] is None
+            assert node["database"] == str(log_dir / "sidecar-fsm" / f"{host}.db")
+            assert [(run["run_id"], run["host"]) for run in node["runs"]] == [(run_id, host)]
+            (inst,) = node["runs"][0]["instances"]
+            assert inst["result"] == "drained and exited after SIGTERM"
+
+        assert procs.wait_exit(sleeper_a, 10) is not None, "node-a's sidecar was not ended"
+        assert procs.wait_exit(sleeper_b, 10) is not None, "node-b's sidecar was not ended"
+        assert sleeper_live.poll() is None, "the live run's sidecar was signalled"
+        for store, run_id in ((store_a, crashed_a), (store_b, crashed_b)):
+            run = store.get_run(run_id)
+            assert run is not None and run.outcome == "reaped"
+            assert {inst.state for inst in store.instances_of(run_id)} == {"failed"}
+        live = store_b.get_run(live_b)
+        assert live is not None and live.ended_at is None
+        assert {inst.state for inst in store_b.instances_of(live_b)} == {"ready"}
+
+        again = sidecar_cli(log_dir, "reap", "--ray", "--ray-address", ray_cluster.address)
+
+    assert again.returncode == 0, again.stderr
+    lines = again.stdout.splitlines()
+    assert lines[0] == f"reap on 2 alive nodes of the Ray cluster at {ray_cluster.address}"
+    assert lines[1].split() == ["NODE", "HOST", "ADDRESS", "DATABASE", "RESULT"]
+    assert sorted(line.split()[1] for line in lines[2:]) == ["node-a", "node-b"]
+    assert all(line.endswith("nothing to reap") for line in lines[2:])
+
+
+@needs_ray
+def test_reap_ray_without_a_cluster_exits_2_with_one_line(log_dir: Path) -> None:
+    # A bound socket that never listens: a connection to it is refused, and nobody can take
+    # the port while we hold it.
+    with socket.socket() as closed:
+        closed.bind(("127.0.0.1", 0))
+        address = f"127.0.0.1:{closed.getsockname()[1]}"
+        done = sidecar_cli(log_dir, "reap", "--ray-address", address, timeout=60)
+    assert done.returncode == 2
+    assert done.stdout == ""
+    assert done.stderr.strip() == (
+        f"sidecar-fsm reap --ray: no Ray cluster at '{address}'; "
+        "start one with `ray start --head` or pass --ray-address"
+    )
+
+
+def test_reap_ray_without_the_ray_package_exits_2_with_one_line(log_dir: Path) -> None:
+    # sys.modules["ray"] = None makes `import ray` raise ImportError, as on a machine without it.
+    code = (
+        "import sys; sys.modules['ray'] = None; from sidecar_fsm.cli import main; "
+        f"sys.exit(main(['--log-dir', {str(log_dir)!r}, 'reap', '--ray']))"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 2
+    assert done.stdout == ""
+    assert done.stderr.strip() == (
+        "sidecar-fsm reap --ray: the 'ray' package is not installed; "
+        "pip install 'ray>=2.9' or reap without --ray"
+    )

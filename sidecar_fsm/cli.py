@@ -172,6 +172,8 @@ def cmd_reap(args: argparse.Namespace) -> int:
     from sidecar_fsm.store import Store, database_path
 
     log_dir, _ = _log_dir(args)
+    if args.ray or args.ray_address:
+        return _reap_ray(args, log_dir)
     # Only this host's database: a reap can signal only processes on its own host. A missing
     # database is not created: there is nothing to reap and nothing to write.
     if not database_path(log_dir).exists():
@@ -187,6 +189,24 @@ def cmd_reap(args: argparse.Namespace) -> int:
     else:
         _out(render.reap_lines(report, color=_color()))
     return 0
+
+
+def _reap_ray(args: argparse.Namespace, log_dir: str) -> int:
+    """``reap --ray``: the reap on every alive node of the Ray cluster; 1 if any node failed."""
+    from sidecar_fsm.cluster import DEFAULT_ADDRESS, ClusterUnavailableError, reap_cluster
+
+    try:
+        result = reap_cluster(log_dir, address=args.ray_address or DEFAULT_ADDRESS, dry_run=args.dry_run)
+    except ClusterUnavailableError as error:
+        raise UsageError(f"{PROG} {error}") from error
+    if args.json:
+        _out(render.cluster_reap_json(result))
+    else:
+        _out(render.cluster_reap_lines(result, color=_color()))
+    for node in result.nodes:
+        if node.error is not None:
+            _err(f"{PROG} reap --ray: node {node.node_id} ({node.address}): {node.error}")
+    return 1 if result.failed else 0
 
 
 # ------------------------------------------------------------------------------------- build
@@ -402,6 +422,16 @@ def build_parser() -> argparse.ArgumentParser:
     )
     reap.add_argument("--dry-run", action="store_true", help="print the plan, change nothing")
     reap.add_argument("--json", action="store_true", help="machine-readable output")
+    reap.add_argument(
+        "--ray",
+        action="store_true",
+        help="reap on every alive node of the Ray cluster this joins (each node its own host's database)",
+    )
+    reap.add_argument(
+        "--ray-address",
+        metavar="ADDR",
+        help="the Ray cluster to join (implies --ray; default 'auto': $RAY_ADDRESS or the local cluster)",
+    )
     reap.set_defaults(func=cmd_reap)
 
     build = sub.add_parser("build", help="build (or find) the h2-ping-sidecar binary and print its path")

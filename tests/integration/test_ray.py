@@ -124,7 +124,9 @@ class LocalRayCluster:
             with contextlib.suppress(psutil.Error):
                 if proc.pid == os.getpid():
                     continue
-                if os.getpgid(proc.pid) in groups or str(self.temp_dir) in " ".join(proc.info["cmdline"] or []):
+                if os.getpgid(proc.pid) in groups or str(self.temp_dir) in " ".join(
+                    proc.info["cmdline"] or []
+                ):
                     found.append(proc)
         return found
 

@@ -773,8 +773,8 @@ def phase_longwait(
 
 BUCKETS: list[tuple[str, tuple[str, ...]]] = [
     (
-        "syscalls (socket read/write, epoll)",
-        ("syscall.", "internal/runtime/syscall", "runtime/internal/syscall"),
+        "network I/O syscalls (read, write, epoll)",
+        ("syscall.", "internal/runtime/syscall", "runtime/internal/syscall", "internal/poll.", "net."),
     ),
     ("TLS record crypto", ("crypto/", "vendor/golang.org/x/crypto")),
     (
@@ -841,7 +841,7 @@ def phase_profile(
     env = dict(os.environ, BENCH_PPROF_ADDR=f"127.0.0.1:{pport}")
     sc = start_sidecar(kids, binary, work, origin.tls, origin.ca, env=env, name="sidecar-pprof")
     lua = work / "report.lua"
-    seconds = max(2, int(args.duration))
+    seconds = max(5, int(args.duration))
     prof = work / "cpu.pprof"
     load = subprocess.Popen(
         [wrk, "-t2", "-c16", f"-d{seconds + 2}s", "-s", str(lua), f"http://{sc.listen}/"],
@@ -883,6 +883,11 @@ def phase_profile(
             ((k, v / total * 100 if total else 0.0) for k, v in flat.items()), key=lambda kv: -kv[1]
         ),
         "flat_top": [(name, fl / total * 100 if total else 0.0) for fl, _, name in rows[:12]],
+        "cum_top": [
+            (name, cum / total * 100 if total else 0.0)
+            for _, cum, name in cum_top
+            if not name.startswith(("runtime.", "internal/runtime", "syscall.", "internal/poll", "net.(*"))
+        ][:14],
         "cum_main": [
             (name, cum / total * 100 if total else 0.0)
             for _, cum, name in cum_top
@@ -1203,6 +1208,8 @@ def write_report(path: Path, r: dict[str, Any], rows: list[list[str]], command: 
         lines += [f"- {label}: {pct:.0f} %" for label, pct in pr["buckets"]]
         lines += ["", "Top functions (flat):", ""]
         lines += [f"- {pct:.1f} % {name}" for name, pct in pr["flat_top"]]
+        lines += ["", "Top functions (cumulative, runtime and syscall wrappers left out):", ""]
+        lines += [f"- {pct:.1f} % {name}" for name, pct in pr["cum_top"]]
         if pr["cum_main"]:
             lines += ["", "The sidecar's own functions (cumulative):", ""]
             lines += [f"- {pct:.1f} % {name}" for name, pct in pr["cum_main"]]

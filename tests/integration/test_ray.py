@@ -219,6 +219,16 @@ def test_reap_ray_reaps_each_hosts_database_on_its_own_node(
         crashed_b, sleeper_b = ready_run(store_b, log_dir, dead_owner(), process_registry)
         live_b, sleeper_live = ready_run(store_b, log_dir, (me.pid, me.start_time), process_registry)
 
+        plan = sidecar_cli(log_dir, "reap", "--ray", "--dry-run", "--ray-address", ray_cluster.address)
+
+        assert plan.returncode == 0, plan.stderr
+        assert sleeper_a.poll() is None and sleeper_b.poll() is None
+        for host, run_id in (("node-a", crashed_a), ("node-b", crashed_b)):
+            block = plan.stdout.split(f"\non {host} (node ", 1)[1].split("\n\n", 1)[0]
+            assert f"would reap run {run_id[:12]} on {host}: owner pid" in block, plan.stdout
+            assert "SIGTERM, mark failed" in block, plan.stdout
+        assert "would reap 1 run" in plan.stdout and live_b[:12] not in plan.stdout
+
         done = sidecar_cli(log_dir, "reap", "--ray", "--ray-address", ray_cluster.address, "--json")
 
         assert done.returncode == 0, done.stderr

@@ -127,7 +127,7 @@ def _reap_on_this_node(log_dir: str, dry_run: bool) -> tuple[str, str, str, Reap
     """
     import ray
 
-    from sidecar_fsm.hostname import host_name
+    from sidecar_fsm.hostname import HOST_ENV, host_name
     from sidecar_fsm.reap import reap
     from sidecar_fsm.store import Store, database_path
 
@@ -140,7 +140,8 @@ def _reap_on_this_node(log_dir: str, dry_run: bool) -> tuple[str, str, str, Reap
         with Store.open(log_dir, host=host) as store:
             return node_id, host, str(path), reap(store, dry_run=dry_run), None
     except (SidecarError, OSError, ValueError) as error:
-        return node_id, os.environ.get("SIDECAR_FSM_HOST") or socket.gethostname(), "", None, _line(error)
+        # The raw name, even one host_name() refused: the error says what is wrong with it.
+        return node_id, os.environ.get(HOST_ENV) or socket.gethostname(), "", None, _line(error)
 
 
 def _line(error: BaseException) -> str:

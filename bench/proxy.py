@@ -267,6 +267,10 @@ def start_sidecar(
                 ca,
                 "-ready-file",
                 str(ready),
+                # A benchmark killed with SIGKILL cannot run its finally: the sidecar then
+                # drains and exits by itself, as it does under the launcher.
+                "-exit-with-pid",
+                str(os.getpid()),
                 *extra,
             ],
             stderr=log,
@@ -313,7 +317,11 @@ backend be
     server s1 {origin_addr} ssl verify required ca-file {ca} alpn h2
 """
     )
-    p = kids.start([haproxy, "-db", "-f", str(cfg)], stderr=open(work / f"{name}.log", "wb"))  # noqa: SIM115
+    log = open(work / f"{name}.log", "wb")  # noqa: SIM115 - handed to the child, closed below
+    try:
+        p = kids.start([haproxy, "-db", "-f", str(cfg)], stderr=log)
+    finally:
+        log.close()
 
     def up() -> bool:
         if p.poll() is not None:
@@ -677,6 +685,8 @@ def phase_start(
                 origin.ca,
                 "-ready-file",
                 str(rdir / name),
+                "-exit-with-pid",
+                str(os.getpid()),
             ]
             # t0 before Popen: the figure includes fork and exec, not only the Go runtime's start.
             t0 = time.monotonic()
@@ -855,7 +865,12 @@ def phase_profile(
         with urllib.request.urlopen(url, timeout=seconds + 20) as r:
             prof.write_bytes(r.read())
     finally:
-        load.wait(seconds + 20)
+        try:
+            load.wait(seconds + 20)
+        finally:
+            if load.poll() is None:
+                os.killpg(load.pid, signal.SIGKILL)
+                load.wait()
     top = subprocess.run(
         [go, "tool", "pprof", "-top", "-nodecount=100000", str(binary), str(prof)],
         capture_output=True,

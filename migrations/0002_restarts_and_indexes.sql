@@ -13,9 +13,9 @@ CREATE INDEX transitions_by_instance ON transitions (instance_id, id);
 CREATE INDEX runs_live ON runs (started_at) WHERE ended_at IS NULL;
 CREATE INDEX runs_by_start ON runs (started_at);
 
--- `reap` and `status` look up instances by state across runs.
-CREATE INDEX instances_by_state ON instances (state);
-
--- The launcher refuses a listen address a live instance already holds.
-CREATE INDEX instances_live_by_listen ON instances (listen)
-    WHERE state NOT IN ('stopped', 'failed');
+-- The launcher refuses a listen address a live instance already holds. A plain index on listen:
+-- an index that mentions `state` (by column or in a partial WHERE) is rewritten by every
+-- transition, and that work sits inside the write lock every launcher on the host waits for.
+-- For the same reason there is no index on state: lookups by state scan the instance table,
+-- which holds a few rows per run.
+CREATE INDEX instances_by_listen ON instances (listen);

@@ -22,6 +22,7 @@ A ``Store`` is safe to share between threads (one connection behind a lock) but 
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import fcntl
 import json
@@ -55,6 +56,10 @@ BUSY_TIMEOUT_SECONDS = 30.0
 # SQLite returns SQLITE_BUSY without calling the busy handler in a few cases (a WAL being
 # recovered after a crash, a journal-mode change in flight); BEGIN is retried until this deadline.
 WRITE_DEADLINE_SECONDS = 60.0
+
+# Commits of one connection between two checkpoints; about SQLite's default of 1000 WAL pages,
+# at 4-5 pages per transition.
+CHECKPOINT_EVERY_COMMITS = 200
 
 # Migrating a large database builds indexes; no healthy migration takes this long.
 MIGRATION_LOCK_TIMEOUT_SECONDS = 120.0
@@ -172,6 +177,7 @@ class Store:
         self._db = sqlite_utils.Database(conn, recursive_triggers=False, execute_plugins=False)
         self._lock = threading.RLock()
         self._writers = _WriterQueue(Path(f"{path}.writers"))
+        self._uncheckpointed = 0
 
     # -- opening -----------------------------------------------------------------------------
 
@@ -217,6 +223,7 @@ class Store:
                 _migrate_locked(conn, path, latest)
             conn.execute("PRAGMA synchronous=NORMAL")
             conn.execute("PRAGMA foreign_keys=ON")
+            conn.execute("PRAGMA wal_autocheckpoint=0")  # Store._checkpoint does it, outside the turn
         except BaseException:
             conn.close()
             raise
@@ -225,6 +232,8 @@ class Store:
     def close(self) -> None:
         """Close the connection (the last one to close checkpoints the WAL into the file)."""
         with self._lock:
+            if self._uncheckpointed:
+                self._checkpoint()
             self._db.close()
             self._writers.close()
 
@@ -247,31 +256,47 @@ class Store:
 
         Rolled back on any exception, so a failed write leaves the database as it was.
         """
-        with self._lock, self._writers.turn():
-            deadline = time.monotonic() + WRITE_DEADLINE_SECONDS
-            pause = 0.001
-            while True:
+        with self._lock:
+            with self._writers.turn():
+                deadline = time.monotonic() + WRITE_DEADLINE_SECONDS
+                pause = 0.001
+                while True:
+                    try:
+                        self._db.conn.execute("BEGIN IMMEDIATE")
+                        break
+                    except sqlite3.OperationalError as exc:
+                        if not _is_busy(exc) or time.monotonic() >= deadline:
+                            raise SidecarError(
+                                f"{self.path}: could not start a write: {exc}; another process holds "
+                                "the database, check for a stuck sidecar-fsm"
+                            ) from exc
+                        time.sleep(pause)
+                        pause = min(pause * 2, 0.05)
                 try:
-                    self._db.execute("BEGIN IMMEDIATE")
-                    break
-                except sqlite3.OperationalError as exc:
-                    if not _is_busy(exc) or time.monotonic() >= deadline:
-                        raise SidecarError(
-                            f"{self.path}: could not start a write: {exc}; another process holds the "
-                            "database, check for a stuck sidecar-fsm"
-                        ) from exc
-                    time.sleep(pause)
-                    pause = min(pause * 2, 0.05)
-            try:
-                yield self._db
-            except BaseException:
-                self._db.rollback()
-                raise
-            try:
-                self._db.execute("COMMIT")
-            except BaseException:
-                self._db.rollback()
-                raise
+                    yield self._db
+                except BaseException:
+                    self._db.rollback()
+                    raise
+                try:
+                    self._db.conn.execute("COMMIT")
+                except BaseException:
+                    self._db.rollback()
+                    raise
+            # Outside the writers' turn: the checkpoint's fsyncs then delay no other writer.
+            self._uncheckpointed += 1
+            if self._uncheckpointed >= CHECKPOINT_EVERY_COMMITS:
+                self._checkpoint()
+
+    def _checkpoint(self) -> None:
+        """Copy committed WAL frames into the database file (PASSIVE: never blocks a writer).
+
+        Replaces SQLite's auto-checkpoint, which runs inside COMMIT and so inside the writers'
+        turn, where its fsyncs would stall every writer on the host. Best effort: a checkpoint
+        that cannot finish now leaves the frames for the next one.
+        """
+        self._uncheckpointed = 0
+        with contextlib.suppress(sqlite3.Error):
+            self._db.conn.execute("PRAGMA wal_checkpoint(PASSIVE)").fetchall()
 
     def create_run(
         self,
@@ -369,14 +394,19 @@ class Store:
         unknown = sorted(set(facts) - FACT_COLUMNS)
         if unknown:
             raise ValueError(f"record_transition: unknown facts {unknown}; facts are {sorted(FACT_COLUMNS)}")
+        detail = _redact_text(detail)
         now = time.time()
         columns: dict[str, Any] = {"state": dest, "state_since": now}
         for key, value in facts.items():
             columns[key] = _redact_text(value) if key == "error" else value
         # Column names come from FACT_COLUMNS only (checked above), never from the caller's text.
         assignments = ", ".join(f"{name} = ?" for name in columns)
+        # The hot path talks to the connection directly: sqlite-utils' execute() re-parses each
+        # statement's first keyword, and everything between BEGIN and COMMIT delays every other
+        # writer on the host.
         with self._write() as db:
-            cursor = db.execute(
+            conn = db.conn
+            cursor = conn.execute(
                 f"UPDATE instances SET {assignments} WHERE id = ? AND state = ?",
                 [*columns.values(), instance_id, source],
             )
@@ -388,10 +418,10 @@ class Store:
                     f"instance {instance_id}: state is '{found['state']}', not '{source}'; another "
                     f"process moved it, reload it before firing '{event}'"
                 )
-            db.execute(
+            conn.execute(
                 "INSERT INTO transitions (instance_id, source, dest, event, at, detail) "
                 "VALUES (?, ?, ?, ?, ?, ?)",
-                [instance_id, source, dest, event, now, _redact_text(detail)],
+                (instance_id, source, dest, event, now, detail),
             )
 
     # -- reads -------------------------------------------------------------------------------
@@ -430,7 +460,11 @@ class Store:
         return [TransitionRecord(**row) for row in rows]
 
     def instances_in_states(self, states: Iterable[str]) -> list[InstanceRecord]:
-        """Instances of any run whose state is one of ``states``, in creation order."""
+        """Instances of any run whose state is one of ``states``, in creation order.
+
+        Scans the instance table on purpose (see migrations/0002): an index on ``state`` would be
+        rewritten by every transition, inside the write lock all writers share.
+        """
         wanted = sorted(set(states))
         if not wanted:
             return []
@@ -440,7 +474,6 @@ class Store:
 
     def live_instance_on_listen(self, listen: str) -> InstanceRecord | None:
         """The newest non-terminal instance recorded on ``listen`` (host:port), if any."""
-        # The state expression matches the partial index instances_live_by_listen word for word.
         rows = self._rows(
             "SELECT * FROM instances WHERE listen = ? AND state NOT IN ('stopped', 'failed') "
             "ORDER BY id DESC LIMIT 1",

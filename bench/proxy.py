@@ -877,6 +877,7 @@ def phase_profile(
         text=True,
         timeout=120,
     ).stdout
+    mem = memory_snapshot(args, go, binary, sc, pport, work)
     kids.stop(sc.proc)
     kids.stop(origin.proc)
     flat: dict[str, float] = {}
@@ -893,6 +894,7 @@ def phase_profile(
         total += fl
     cum_top = sorted(rows, key=lambda r: -r[1])
     return {
+        "mem": mem,
         "total_s": total,
         "buckets": sorted(
             ((k, v / total * 100 if total else 0.0) for k, v in flat.items()), key=lambda kv: -kv[1]
@@ -909,6 +911,56 @@ def phase_profile(
             if name.startswith("main.")
         ][:8],
     }
+
+
+def memory_snapshot(
+    args: argparse.Namespace, go: str, binary: Path, sc: Sidecar, pport: int, work: Path
+) -> dict[str, Any]:
+    """Where the memory of the scale phase goes: `scale_requests` one-connection clients wait
+    5 s on the profiling sidecar (no relay); 3.5 s in, with every request in flight, the Go
+    runtime's MemStats, the goroutine count, VmRSS and the heap profile are read."""
+    n = args.scale_requests
+    heap = work / "heap.pprof"
+    snap: dict[str, Any] = {}
+
+    def fetch(path: str) -> bytes:
+        with urllib.request.urlopen(f"http://127.0.0.1:{pport}{path}", timeout=20) as r:
+            data: bytes = r.read()
+            return data
+
+    async def main() -> Outcome:
+        out = Outcome()
+        clients = asyncio.gather(
+            *(one_shot(sc.listen, f"/wait?first_byte=5s&id=m{i}", out, timeout=60) for i in range(n))
+        )
+        await asyncio.sleep(3.5)
+        snap["rss_mib"] = mem_kib(sc.proc.pid, "VmRSS") / 1024
+        text = (await asyncio.to_thread(fetch, "/debug/pprof/heap?debug=1")).decode()
+        for line in text.splitlines():
+            if line.startswith("# ") and " = " in line:
+                k, _, v = line[2:].partition(" = ")
+                if k in ("Sys", "HeapInuse", "HeapAlloc", "HeapSys", "NumGC", "HeapIdle"):
+                    snap[k] = int(v.split()[0])
+                elif k == "Stack":  # "# Stack = inuse / sys"
+                    snap["StackInuse"] = int(v.split()[0])
+        goroutines = (await asyncio.to_thread(fetch, "/debug/pprof/goroutine?debug=1")).decode()
+        snap["goroutines"] = int(goroutines.split("total ", 1)[1].split()[0])
+        heap.write_bytes(await asyncio.to_thread(fetch, "/debug/pprof/heap"))
+        await clients
+        return out
+
+    out = asyncio.run(asyncio.wait_for(main(), timeout=60))
+    snap["ok"], snap["n"] = out.ok, n
+    top = subprocess.run(
+        [go, "tool", "pprof", "-sample_index=inuse_space", "-top", "-nodecount=10", str(binary), str(heap)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    ).stdout
+    snap["heap_top"] = [
+        ln.strip() for ln in top.splitlines() if ln.strip() and ln.strip()[0].isdigit() and "%" in ln
+    ][:10]
+    return snap
 
 
 def to_seconds(v: str) -> float:
@@ -1225,6 +1277,25 @@ def write_report(path: Path, r: dict[str, Any], rows: list[list[str]], command: 
         lines += [f"- {pct:.1f} % {name}" for name, pct in pr["flat_top"]]
         lines += ["", "Top functions (cumulative, runtime and syscall wrappers left out):", ""]
         lines += [f"- {pct:.1f} % {name}" for name, pct in pr["cum_top"]]
+        mem = pr.get("mem")
+        if mem and "HeapInuse" in mem:
+            mib = 1 << 20
+            lines += [
+                "",
+                f"## Where the memory goes ({mem['n']} requests in flight, sidecar with pprof, no relay)",
+                "",
+                f"3.5 s into {mem['n']} concurrent 5-s waits ({mem['ok']}/{mem['n']} ok): VmRSS"
+                f" {mem['rss_mib']:.1f} MiB, Go Sys {mem['Sys'] / mib:.1f} MiB, heap in use"
+                f" {mem['HeapInuse'] / mib:.1f} MiB (live objects {mem['HeapAlloc'] / mib:.1f} MiB),"
+                f" goroutine stacks {mem['StackInuse'] / mib:.1f} MiB for {mem['goroutines']} goroutines"
+                f" ({mem['goroutines'] / max(1, mem['n']):.1f} per request), {mem['NumGC']} GCs so far.",
+                "",
+                "Heap in use by allocation site (flat, cum):",
+                "",
+                "```",
+                *mem["heap_top"],
+                "```",
+            ]
         if pr["cum_main"]:
             lines += ["", "The sidecar's own functions (cumulative):", ""]
             lines += [f"- {pct:.1f} % {name}" for name, pct in pr["cum_main"]]

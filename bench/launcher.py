@@ -174,6 +174,7 @@ def main() -> None:
     )
     args = parser.parse_args()
     command = "cd /work/main && .venv/bin/python bench/launcher.py " + shlex.join(sys.argv[1:])
+    load_before = " / ".join(f"{x:.1f}" for x in os.getloadavg())
 
     with tempfile.TemporaryDirectory(prefix="bench-launcher-") as temp:
         root = Path(temp)
@@ -227,7 +228,8 @@ def main() -> None:
             "",
             f"Command: `{command}`",
             "",
-            f"Machine: {os.cpu_count()} cores, shared with other work; {args.repeats} warm iterations; "
+            f"Machine: {os.cpu_count()} cores, shared with other work (load average {load_before} before, "
+            f"{' / '.join(f'{x:.1f}' for x in os.getloadavg())} after); {args.repeats} warm iterations; "
             f"{gocache_note}. Warm figures: median (best run). Written by bench/launcher.py.",
             "",
             "| measure | result | target |",

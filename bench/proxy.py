@@ -408,6 +408,21 @@ def phase_throughput(
                 "origin_cpu": statistics.median(r.origin_cpu_share for r in results),
                 "errors": sum(r.errors for r in results),
             }
+    # Ratios pair the sidecar and HAProxy runs of one repetition (seconds apart), then take the
+    # median: load from other tenants of the machine drifts over minutes, so a ratio of two
+    # medians taken from different moments is noisier than the median of paired ratios.
+    metrics = (("rps", "rps"), ("p50_ms", "p50_ms"), ("p99_ms", "p99_ms"), ("cpu_us", "cpu_us_per_req"))
+    for c in args.conc:
+        for key, attr in metrics:
+            pairs = [
+                getattr(s_, attr) / getattr(h_, attr)
+                for s_, h_ in zip(raw["sidecar"][c], raw["haproxy"][c], strict=True)
+                if getattr(h_, attr)
+            ]
+            if pairs:
+                out["sidecar"][c][key + "_ratio"] = statistics.median(pairs)
+                out["sidecar"][c][key + "_ratio_min"] = min(pairs)
+                out["sidecar"][c][key + "_ratio_max"] = max(pairs)
     for p in (sc.proc, hp, origin.proc):
         kids.stop(p)
     return out
@@ -984,7 +999,7 @@ def build_table(r: dict[str, Any]) -> list[list[str]]:
         for c in sorted(tp["sidecar"]):
             s, h, d = tp["sidecar"][c], tp["haproxy"][c], tp["direct"][c]
             key16 = c == 16
-            ratio = s["rps"] / h["rps"]
+            ratio = s.get("rps_ratio", s["rps"] / h["rps"])
             rows.append(
                 [
                     f"req/s c={c}",
@@ -997,7 +1012,7 @@ def build_table(r: dict[str, Any]) -> list[list[str]]:
                 ]
             )
             for key, label in (("p50_ms", "p50 ms"), ("p99_ms", "p99 ms")):
-                ratio = s[key] / h[key] if h[key] else float("nan")
+                ratio = s.get(key + "_ratio", s[key] / h[key] if h[key] else float("nan"))
                 want = key16 and key == "p99_ms"
                 rows.append(
                     [
@@ -1010,7 +1025,7 @@ def build_table(r: dict[str, Any]) -> list[list[str]]:
                         pf(ratio <= 1.5) if want else "",
                     ]
                 )
-            ratio = s["cpu_us"] / h["cpu_us"] if h["cpu_us"] else float("nan")
+            ratio = s.get("cpu_us_ratio", s["cpu_us"] / h["cpu_us"] if h["cpu_us"] else float("nan"))
             rows.append(
                 [
                     f"CPU us/req c={c}",
@@ -1211,7 +1226,14 @@ def write_report(path: Path, r: dict[str, Any], rows: list[list[str]], command: 
     ]
     tp = r.get("throughput")
     if tp:
-        oc = {t: tp[t][16]["origin_cpu"] for t in tp}
+        cs = sorted(tp["sidecar"])
+        ck = 16 if 16 in cs else cs[len(cs) // 2]
+        oc = {t: tp[t][ck]["origin_cpu"] for t in tp}
+
+        def rng(key: str) -> str:
+            s16 = tp["sidecar"][ck]
+            return f"{s16.get(key + '_ratio_min', 0):.2f}-{s16.get(key + '_ratio_max', 0):.2f}x"
+
         lines += [
             f"- Throughput: wrk, HTTP/1.1 keep-alive, GET / (3-byte body), {r['reps']} x {r['duration']:g} s"
             f" per cell, median shown; order of targets rotated each repetition. `sidecar` and `haproxy`"
@@ -1219,7 +1241,9 @@ def write_report(path: Path, r: dict[str, Any], rows: list[list[str]], command: 
             " own HTTP/1.1 listener. CPU us/req = utime+stime of the proxy process (/proc/<pid>/stat) /"
             " requests."
             f" HAProxy: nbthread {os.cpu_count()}, `http-reuse always`, `ssl verify required ca-file`,"
-            f" `alpn h2`. The origin is not the bottleneck: at c=16 it used"
+            f" `alpn h2`. Ratio = sidecar/haproxy, the median of the {r['reps']} per-repetition ratios (runs"
+            f" seconds apart); at c={ck} they ranged {rng('rps')} (req/s), {rng('p99_ms')} (p99),"
+            f" {rng('cpu_us')} (CPU). The origin is not the bottleneck: at c={ck} it used"
             f" {oc['sidecar'] * 100:.0f} % / {oc['haproxy'] * 100:.0f} % / {oc['direct'] * 100:.0f} % of one"
             " core (sidecar / haproxy / direct runs).",
         ]
@@ -1310,8 +1334,8 @@ def write_report(path: Path, r: dict[str, Any], rows: list[list[str]], command: 
 def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0] if __doc__ else None)
     ap.add_argument("--quick", action="store_true", help="1 repetition x 2 s, fewer starts: for tuning")
-    ap.add_argument("--reps", type=int, default=3, help="repetitions per throughput cell (default 3)")
-    ap.add_argument("--duration", type=float, default=5.0, help="seconds per wrk run (default 5)")
+    ap.add_argument("--reps", type=int, default=5, help="repetitions per throughput cell (default 5)")
+    ap.add_argument("--duration", type=float, default=3.0, help="seconds per wrk run (default 3)")
     ap.add_argument("--conc", default="1,16,128", help="wrk concurrencies (default 1,16,128)")
     ap.add_argument(
         "--phases",

@@ -179,7 +179,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--transitions", type=int, default=3000, help="per writer (default 3000)")
     parser.add_argument(
-        "--rounds", type=int, default=3, help="alternating 1-writer / N-writer rounds; medians are quoted"
+        "--rounds", type=int, default=5, help="alternating 1-writer / N-writer rounds; medians are quoted"
     )
     parser.add_argument("--writers", type=int, default=8)
     parser.add_argument("--history-rows", type=int, default=100_000)
@@ -189,6 +189,7 @@ def main() -> None:
     command = shlex.join([Path(sys.executable).name, *sys.argv])
 
     # Alternating rounds, so a burst of load from elsewhere on the machine hits both sides.
+    load_before = os.getloadavg()[0]
     singles, togethers = [], []
     for _ in range(args.rounds):
         singles.append(args.transitions / run_writers(1, args.transitions)[0])
@@ -208,7 +209,7 @@ def main() -> None:
         ("transitions/s, 1 process", f"{single:,.0f}", ">= 2,000", single >= 2000),
         (
             f"transitions/s, {args.writers} processes together",
-            f"{together:,.0f} ({ratio:.2f}x of 1)",
+            f"{together:,.0f} ({ratio:.2f}x of 1, median per-round ratio)",
             ">= 1x of 1 process",
             ratio >= 1,
         ),
@@ -231,7 +232,8 @@ def main() -> None:
         f"(1 process: {', '.join(f'{v:,.0f}' for v in singles)}; "
         f"{args.writers} together: {', '.join(f'{v:,.0f}' for v in togethers)}); queries: "
         f"{args.history_rows:,} history rows, median of {args.repeat}; "
-        f"{os.cpu_count()} CPUs, Python {platform.python_version()}, SQLite {sqlite3.sqlite_version}, "
+        f"{os.cpu_count()} CPUs (load average {load_before:.1f} before, {os.getloadavg()[0]:.1f} after), "
+        f"Python {platform.python_version()}, SQLite {sqlite3.sqlite_version}, "
         f"{time.strftime('%Y-%m-%d %H:%M', time.gmtime())} UTC"
     )
     width = max(len(r[0]) for r in rows)

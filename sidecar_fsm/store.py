@@ -8,13 +8,14 @@ inspect or signal processes (whether a run's owner is alive is ``procs``' call, 
 start time stored here), and never stores a URL with userinfo or a query string.
 
 Concurrency: several launchers, reapers and CLI readers on one host share the file. The journal
-is WAL (readers never block the writer), every write is one ``BEGIN IMMEDIATE`` transaction (the
+is WAL (readers never block the writer). Every write is one ``BEGIN IMMEDIATE`` transaction: the
 write lock is taken up front, so a transaction never fails half-way with ``SQLITE_BUSY_SNAPSHOT``
-when it upgrades from reading to writing), writers queue on a ``flock`` so the lock passes
-from one process to the next without sleeps (``_WriterQueue``), and a busy timeout plus a bounded
-retry of the ``BEGIN`` wait out any other writer. ``synchronous=NORMAL``: a commit survives the process being
-killed at any instant; only an OS crash or power loss can lose the last commits, never corrupt
-the file, and then every process it describes is gone as well.
+when it upgrades from reading to writing. Writers queue on a ``flock`` so the lock passes from
+one process to the next without sleeps (``_WriterQueue``); a busy timeout plus a bounded retry
+of ``BEGIN`` wait out any other writer; checkpoints run after the turn is handed on
+(``Store._checkpoint``). ``synchronous=NORMAL``: a commit survives the process being killed at
+any instant; only an OS crash or power loss can lose the last commits, never corrupt the file,
+and then every process those commits describe is gone as well.
 
 A ``Store`` is safe to share between threads (one connection behind a lock) but not across
 ``fork``: open a new one in the child.
@@ -265,7 +266,9 @@ class Store:
                         self._db.conn.execute("BEGIN IMMEDIATE")
                         break
                     except sqlite3.OperationalError as exc:
-                        if not _is_busy(exc) or time.monotonic() >= deadline:
+                        if not _is_busy(exc):
+                            raise
+                        if time.monotonic() >= deadline:
                             raise SidecarError(
                                 f"{self.path}: could not start a write: {exc}; another process holds "
                                 "the database, check for a stuck sidecar-fsm"

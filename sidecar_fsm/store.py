@@ -29,7 +29,6 @@ import fcntl
 import json
 import os
 import re
-import socket
 import sqlite3
 import threading
 import time
@@ -46,6 +45,7 @@ import sqlite_utils
 
 from sidecar_fsm import resources
 from sidecar_fsm.errors import SchemaTooNewError, SidecarError
+from sidecar_fsm.hostname import host_name
 from sidecar_fsm.urls import redact_url
 
 DB_DIR_NAME = "sidecar-fsm"
@@ -133,8 +133,12 @@ class Migration:
 
 
 def database_path(log_dir: str | Path, host: str | None = None) -> Path:
-    """``<log_dir>/sidecar-fsm/<host>.db``: one file per host, so hosts never share a SQLite file."""
-    return Path(log_dir) / DB_DIR_NAME / f"{host or socket.gethostname()}.db"
+    """``<log_dir>/sidecar-fsm/<host>.db``: one file per host, so hosts never share a SQLite file.
+
+    ``host`` defaults to ``hostname.host_name()`` (``$SIDECAR_FSM_HOST`` or the machine's name),
+    the name ``reap --ray`` uses for each node, so every command agrees on "this host's" file.
+    """
+    return Path(log_dir) / DB_DIR_NAME / f"{host or host_name()}.db"
 
 
 def load_migrations(directory: Path | None = None) -> list[Migration]:
@@ -189,7 +193,7 @@ class Store:
         Raises ``SchemaTooNewError`` before anything is written when a newer sidecar-fsm made the
         database, and ``SidecarError`` when the file is not a SQLite database.
         """
-        host = host or socket.gethostname()
+        host = host or host_name()
         path = database_path(log_dir, host)
         path.parent.mkdir(parents=True, exist_ok=True)
         return cls._open(path, host)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import socket
 import sqlite3
 from collections.abc import Iterator
 from pathlib import Path
@@ -45,9 +46,15 @@ def build_at_step(path: Path, step: int) -> None:
     conn.close()
 
 
-def test_database_path_is_per_host(tmp_path: Path) -> None:
+def test_database_path_is_per_host(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     assert database_path(tmp_path, "node7") == tmp_path / "sidecar-fsm" / "node7.db"
-    assert database_path(str(tmp_path)).parent == tmp_path / "sidecar-fsm"
+    monkeypatch.delenv("SIDECAR_FSM_HOST", raising=False)
+    assert database_path(str(tmp_path)) == tmp_path / "sidecar-fsm" / f"{socket.gethostname()}.db"
+    # Several nodes sharing one machine (a local Ray cluster) each name their own file.
+    monkeypatch.setenv("SIDECAR_FSM_HOST", "node3")
+    assert database_path(tmp_path) == tmp_path / "sidecar-fsm" / "node3.db"
+    with Store.open(tmp_path) as opened:
+        assert (opened.host, opened.path.name) == ("node3", "node3.db")
 
 
 def test_open_creates_a_wal_database_at_the_latest_schema(tmp_path: Path) -> None:

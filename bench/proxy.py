@@ -676,6 +676,48 @@ class ReadyWatch:
         os.close(self.fd)
 
 
+def schedstat(pid: int) -> tuple[float, float]:
+    """Seconds the threads of `pid` alive now have spent on a CPU and waiting in a run queue
+    (/proc/<pid>/task/*/schedstat). On a machine shared with other jobs the wait is the part of
+    a start-up time that is not the program's doing."""
+    on_cpu = queued = 0
+    with contextlib.suppress(FileNotFoundError):
+        for task in Path(f"/proc/{pid}/task").iterdir():
+            with contextlib.suppress(FileNotFoundError):
+                a, b, _ = (task / "schedstat").read_text().split()
+                on_cpu += int(a)
+                queued += int(b)
+    return on_cpu / 1e9, queued / 1e9
+
+
+FLOOR_GO = """package main
+
+import "os"
+
+// The floor of exec-to-ready: the Go runtime's start plus a ready file written the same way
+// (temp file + rename), and nothing else.
+func main() {
+	tmp := os.Args[1] + ".tmp"
+	if err := os.WriteFile(tmp, []byte("{}"), 0o600); err != nil {
+		os.Exit(1)
+	}
+	if err := os.Rename(tmp, os.Args[1]); err != nil {
+		os.Exit(1)
+	}
+}
+"""
+
+
+def floor_binary(go: str, work: Path) -> Path:
+    src = work / "floor-src"
+    src.mkdir(exist_ok=True)
+    (src / "go.mod").write_text("module floor\n\ngo 1.24\n")
+    (src / "main.go").write_text(FLOOR_GO)
+    out = work / "floor"
+    go_build(go, src, out)
+    return out
+
+
 def phase_start(
     args: argparse.Namespace, kids: Children, work: Path, sidecar_bin: Path, origin_bin: Path
 ) -> dict[str, Any]:
@@ -684,8 +726,21 @@ def phase_start(
     shutil.rmtree(rdir, ignore_errors=True)
     rdir.mkdir()
     watch = ReadyWatch(rdir)
+    floor: list[float] = []
+    try:
+        floor_bin = floor_binary(find_go(), work)
+        for i in range(args.starts):
+            name = f"f{i}.json"
+            t0 = time.monotonic()
+            p = kids.start([str(floor_bin), str(rdir / name)])
+            floor.append(watch.wait_for(name, 10) - t0)
+            p.wait(5)
+    except (BenchError, OSError, subprocess.SubprocessError):
+        floor = []  # the floor is context, not a target: its failure must not cost the phase
     times: list[float] = []
     after_exec: list[float] = []
+    cpu_ms: list[float] = []
+    runq_ms: list[float] = []
     idle_rss: list[float] = []
     try:
         for i in range(args.starts):
@@ -710,6 +765,9 @@ def phase_start(
             t1 = watch.wait_for(name, 10)
             times.append(t1 - t0)
             after_exec.append(t1 - t_exec)
+            on_cpu, queued = schedstat(p.pid)
+            cpu_ms.append(on_cpu * 1000)
+            runq_ms.append(queued * 1000)
             if i < 3:
                 # Idle RSS: after the start-up allocations settle, no request served.
                 time.sleep(1.0)
@@ -724,6 +782,9 @@ def phase_start(
         "exec_to_ready_ms": statistics.median(times) * 1000,
         "exec_to_ready_p90_ms": sorted(times)[int(0.9 * len(times))] * 1000,
         "exec_done_to_ready_ms": statistics.median(after_exec) * 1000,
+        "start_cpu_ms": statistics.median(cpu_ms),
+        "floor_ms": statistics.median(floor) * 1000 if floor else float("nan"),
+        "start_runq_ms": statistics.median(runq_ms),
         "idle_rss_mib": statistics.median(idle_rss),
         "starts": len(times),
     }
@@ -1273,7 +1334,12 @@ def write_report(path: Path, r: dict[str, Any], rows: list[list[str]], command: 
         lines.append(
             f"- Start: {st['starts']} starts; time from just before fork/exec (Python Popen) to the ready"
             f" file's rename seen by inotify (p90 {st['exec_to_ready_p90_ms']:.2f} ms); from Popen's return"
-            f" (exec done) to the ready file: median {st['exec_done_to_ready_ms']:.2f} ms. Idle RSS = VmRSS"
+            f" (exec done) to the ready file: median {st['exec_done_to_ready_ms']:.2f} ms, of which the"
+            f" sidecar's threads spent {st.get('start_cpu_ms', 0):.2f} ms on a CPU and"
+            f" {st.get('start_runq_ms', 0):.2f} ms waiting for one (schedstat, summed over threads; the"
+            f" machine is shared). Floor by the same measure: an empty Go program that only writes a"
+            f" file by temp + rename takes {st.get('floor_ms', float('nan')):.2f} ms (median)."
+            " Idle RSS = VmRSS"
             " 1 s after ready, no request (median of 3)."
         )
     lw = r.get("longwait")

@@ -17,7 +17,7 @@ Must not touch go/ (a profiling variant is built from a copy in a temp dir), mus
 anything but loopback, and must leave no process behind: every child runs in its own session
 and its process group is killed in a finally, whatever happened. Each phase has a deadline.
 
-Run: .venv/bin/python bench/proxy.py            (about 4 minutes)
+Run: .venv/bin/python bench/proxy.py            (about 3-4 minutes)
      .venv/bin/python bench/proxy.py --quick    (one short repetition, for tuning)
 Needs wrk, haproxy (Debian: apt-get install -y wrk haproxy) and Go (.venv/bin/go).
 """
@@ -68,7 +68,8 @@ end
 
 
 class BenchError(RuntimeError):
-    """A phase could not run (missing tool, a child that did not start): the run stops."""
+    """A phase could not run (missing tool, a child that did not start): that phase is reported
+    as failed, its children are ended and the next phase runs."""
 
 
 # --------------------------------------------------------------------------- processes
@@ -101,9 +102,8 @@ class Children:
                     os.killpg(p.pid, signal.SIGKILL)
                 with contextlib.suppress(subprocess.TimeoutExpired):
                     p.wait(grace)
-        # A group member that outlived its leader (none expected) is ended too.
-        with contextlib.suppress(ProcessLookupError, PermissionError):
-            os.killpg(p.pid, signal.SIGKILL)
+        # No killpg after the leader is reaped: its pid (the group id) may then be reused by a
+        # process that is not ours. None of the children forks, so nothing is left behind.
         for stream in (p.stdin, p.stdout, p.stderr):
             if stream is not None:
                 with contextlib.suppress(OSError):
@@ -1279,7 +1279,8 @@ def write_report(path: Path, r: dict[str, Any], rows: list[list[str]], command: 
         f" load average before/after: {r['load_before']} / {r['load_after']} (shared machine: other"
         " sessions ran too, so absolute figures are noisy; the ratios come from interleaved runs).",
         f"Tools: {tool_version([go, 'version'])}; {tool_version(['haproxy', '-v'])};"
-        f" {tool_version(['wrk', '-v'])}.",
+        f" {tool_version(['wrk', '-v'])} (`{INSTALL_HINT}`). The origin is bench/origin (Go, standard"
+        " library), built by the script.",
         "",
         render_md(rows),
         "",

@@ -50,8 +50,16 @@ _CLEAN_STOP_CODES = (0, -signal.SIGTERM)
 _NON_TERMINAL = tuple(state for state in STATES if state not in TERMINAL)
 
 
-_shared_stores: dict[tuple[int, str], Store] = {}
+_shared_stores: dict[tuple[int, str], tuple[Store, tuple[int, int]]] = {}
 _shared_stores_lock = threading.Lock()
+
+
+def _file_id(path: Path) -> tuple[int, int] | None:
+    try:
+        status = os.stat(path)
+    except OSError:
+        return None
+    return status.st_dev, status.st_ino
 
 
 def shared_store(log_dir: str) -> Store:
@@ -61,14 +69,23 @@ def shared_store(log_dir: str) -> Store:
     opening takes the migration lock: paying both on every run would cost more than the rest of
     a warm start. One connection per process and database serves every run (``Store`` is
     thread-safe); it is closed at interpreter exit. Keyed by pid as well: after ``fork`` the
-    child must not use its parent's SQLite handle.
+    child must not use its parent's SQLite handle. If the file was removed or replaced since
+    (a log dir cleaned between runs), a new connection is opened: writing to the unlinked file
+    would hide the run from every reader.
     """
     key = (os.getpid(), os.path.realpath(log_dir))
     with _shared_stores_lock:
-        store = _shared_stores.get(key)
-        if store is None:
-            store = Store.open(log_dir)
-            _shared_stores[key] = store
+        cached = _shared_stores.get(key)
+        if cached is not None:
+            store, file_id = cached
+            if _file_id(store.path) == file_id:
+                return store
+            with contextlib.suppress(Exception):
+                store.close()
+        store = Store.open(log_dir)
+        file_id_now = _file_id(store.path)
+        if file_id_now is not None:
+            _shared_stores[key] = (store, file_id_now)
         return store
 
 
@@ -86,7 +103,7 @@ def _owner_identity() -> procs.ProcessIdentity | None:
 @atexit.register
 def _close_shared_stores() -> None:
     with _shared_stores_lock:
-        for (pid, _), store in list(_shared_stores.items()):
+        for (pid, _), (store, _file) in list(_shared_stores.items()):
             if pid == os.getpid():
                 with contextlib.suppress(Exception):
                     store.close()

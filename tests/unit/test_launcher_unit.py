@@ -257,3 +257,18 @@ def test_callers_own_handlers_are_held_then_run() -> None:
     finally:
         for signum, handler in previous.items():
             signal.signal(signum, handler)
+
+
+def test_shared_store_is_reused_until_its_file_is_replaced(tmp_path: Path) -> None:
+    import shutil
+
+    first = supervise.shared_store(str(tmp_path / "logs"))
+    assert supervise.shared_store(str(tmp_path / "logs")) is first
+    # A log dir cleaned between two runs of one process: the next run must not write to the
+    # unlinked file, where no reader would ever see it.
+    shutil.rmtree(tmp_path / "logs")
+    second = supervise.shared_store(str(tmp_path / "logs"))
+    assert second is not first
+    assert second.path.exists()
+    second.create_run("r1", os.getpid(), None, {})
+    assert second.get_run("r1") is not None

@@ -539,9 +539,11 @@ def phase_scale(
         )
         return out
 
+    cpu0 = cpu_seconds(sc.proc.pid)
     t0 = time.monotonic()
     out = asyncio.run(asyncio.wait_for(main(), timeout=90))
     wall = time.monotonic() - t0
+    cpu = cpu_seconds(sc.proc.pid) - cpu0
     st = origin.stats()
     hwm = mem_kib(sc.proc.pid, "VmHWM")
     ids = st["by_id"]
@@ -550,7 +552,9 @@ def phase_scale(
         "n": n,
         "errors": out.errors,
         "wall_s": wall,
+        "p50_s": out.pct(50),
         "p99_s": out.pct(99),
+        "cpu_s": cpu,
         "peak_rss_mib": hwm / 1024,
         "handshakes": st["handshakes"],
         "conns_with_requests": st["conns_with_requests"],
@@ -1388,7 +1392,8 @@ def write_report(path: Path, r: dict[str, Any], rows: list[list[str]], command: 
         lines.append(
             f"- Scale: {sc['n']} asyncio clients, one HTTP/1.1 connection each, all at once, GET"
             f" /wait?first_byte=5s; origin behind a relay that drops connections idle 3 s; sidecar"
-            f" `-ping-interval 1s`. Wall {sc['wall_s']:.1f} s, p99 {sc['p99_s']:.2f} s, relay drops"
+            f" `-ping-interval 1s`. Wall {sc['wall_s']:.1f} s, latency (connect to last byte) p50"
+            f" {sc['p50_s']:.2f} s, p99 {sc['p99_s']:.2f} s, sidecar CPU {sc['cpu_s']:.2f} s, relay drops"
             f" {sc['relay_drops']}, errors {sc['errors'] or 'none'}. Peak RSS = VmHWM of the sidecar"
             f" ({sc['peak_rss_mib'] * 1024 / sc['n']:.0f} KiB per request in flight). Handshakes ="
             " ClientHellos the origin saw; used conns = TLS connections that carried >= 1 request."
@@ -1529,7 +1534,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
     # SIGTERM (timeout(1), a CI cancel) must unwind through the finally that kills children.
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
-    go = find_go()
+    try:
+        go = find_go()
+    except BenchError as e:
+        print(f"bench: {e}", file=sys.stderr)
+        return 2
     kids = Children()
     t_start = time.monotonic()
     results: dict[str, Any] = {
@@ -1541,12 +1550,16 @@ def main(argv: Sequence[str] | None = None) -> int:
     }
     try:
         origin_bin = work / "origin"
-        go_build(go, ORIGIN_DIR, origin_bin)
-        if args.binary:
-            sidecar_bin = args.binary.resolve()
-        else:
-            sidecar_bin = work / "h2-ping-sidecar"
-            go_build(go, GO_DIR, sidecar_bin)
+        try:
+            go_build(go, ORIGIN_DIR, origin_bin)
+            if args.binary:
+                sidecar_bin = args.binary.resolve()
+            else:
+                sidecar_bin = work / "h2-ping-sidecar"
+                go_build(go, GO_DIR, sidecar_bin)
+        except (BenchError, subprocess.TimeoutExpired) as e:
+            print(f"bench: {e}", file=sys.stderr)
+            return 1
         phases: dict[str, Callable[[], Any]] = {
             "throughput": lambda: phase_throughput(args, kids, work, sidecar_bin, origin_bin),
             "scale": lambda: phase_scale(args, kids, work, sidecar_bin, origin_bin),
@@ -1560,7 +1573,15 @@ def main(argv: Sequence[str] | None = None) -> int:
             print(f"bench: {name} ...", file=sys.stderr, flush=True)
             try:
                 results[name] = phases[name]()
-            except (BenchError, OSError, subprocess.SubprocessError, TimeoutError) as e:
+            except (
+                BenchError,
+                OSError,
+                subprocess.SubprocessError,
+                TimeoutError,
+                asyncio.TimeoutError,
+                ValueError,
+                KeyError,
+            ) as e:
                 msg = str(e).splitlines()[0] if str(e) else type(e).__name__
                 results["failed_phases"].append(f"{name}: {msg}")
                 print(f"bench: {name}: failed: {e}", file=sys.stderr)

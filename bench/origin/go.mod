@@ -1,3 +1,3 @@
 module sidecar-fsm/bench/origin
 
-go 1.24
+go 1.26

@@ -21,7 +21,6 @@
 package main
 
 import (
-	"context"
 	"crypto/tls"
 	"encoding/json"
 	"flag"
@@ -54,9 +53,46 @@ func main() {
 }
 
 func run(listenTLS, listenH1, caOut string, goawayEvery int, maxStreams uint32, relayIdle time.Duration) error {
-	cert, err := selfSignedCert(caOut)
+	o, err := start(listenTLS, listenH1, caOut, goawayEvery, maxStreams, relayIdle)
 	if err != nil {
 		return err
+	}
+	defer o.close()
+	ready, _ := json.Marshal(map[string]string{
+		"tls":   o.tlsAddr,
+		"h1":    o.h1Addr,
+		"relay": o.relayAddr,
+		"ca":    caOut,
+	})
+	fmt.Println(string(ready))
+
+	// Exit on a signal or when the parent's pipe closes, whichever first: a benchmark killed
+	// with SIGKILL cannot forward a signal, but its end of our stdin closes.
+	done := make(chan struct{})
+	go func() {
+		_, _ = io.Copy(io.Discard, os.Stdin)
+		close(done)
+	}()
+	sig := make(chan os.Signal, 1)
+	signal.Notify(sig, syscall.SIGTERM, syscall.SIGINT)
+	select {
+	case <-sig:
+	case <-done:
+	}
+	return nil
+}
+
+// origin is a running origin: its bound addresses, counters and a close for tests.
+type origin struct {
+	tlsAddr, h1Addr, relayAddr string
+	st                         *stats
+	close                      func()
+}
+
+func start(listenTLS, listenH1, caOut string, goawayEvery int, maxStreams uint32, relayIdle time.Duration) (*origin, error) {
+	cert, err := selfSignedCert(caOut)
+	if err != nil {
+		return nil, err
 	}
 	st := newStats()
 	handler := newHandler(st)
@@ -74,11 +110,12 @@ func run(listenTLS, listenH1, caOut string, goawayEvery int, maxStreams uint32, 
 
 	tl, err := net.Listen("tcp", listenTLS)
 	if err != nil {
-		return err
+		return nil, err
 	}
 	hl, err := net.Listen("tcp", listenH1)
 	if err != nil {
-		return err
+		tl.Close()
+		return nil, err
 	}
 
 	h2cfg := &http.HTTP2Config{MaxConcurrentStreams: int(maxStreams)}
@@ -107,39 +144,26 @@ func run(listenTLS, listenH1, caOut string, goawayEvery int, maxStreams uint32, 
 		go func() { _ = srv.Serve(tls.NewListener(countAccepts(tl, st), tlsCfg)) }()
 	}
 
-	relayAddr := ""
+	o := &origin{tlsAddr: tl.Addr().String(), h1Addr: hl.Addr().String(), st: st}
+	var rl net.Listener
 	if relayIdle > 0 {
-		rl, err := net.Listen("tcp", "127.0.0.1:0")
+		rl, err = net.Listen("tcp", "127.0.0.1:0")
 		if err != nil {
-			return err
+			tl.Close()
+			hl.Close()
+			return nil, err
 		}
-		relayAddr = rl.Addr().String()
-		go serveRelay(rl, tl.Addr().String(), relayIdle, st)
+		o.relayAddr = rl.Addr().String()
+		go serveRelay(rl, o.tlsAddr, relayIdle, st)
 	}
-
-	ready, _ := json.Marshal(map[string]string{
-		"tls":   tl.Addr().String(),
-		"h1":    hl.Addr().String(),
-		"relay": relayAddr,
-		"ca":    caOut,
-	})
-	fmt.Println(string(ready))
-
-	// Exit on a signal or when the parent's pipe closes, whichever first: a benchmark killed
-	// with SIGKILL cannot forward a signal, but its end of our stdin closes.
-	done := make(chan struct{})
-	go func() {
-		_, _ = io.Copy(io.Discard, os.Stdin)
-		close(done)
-	}()
-	sig := make(chan os.Signal, 1)
-	signal.Notify(sig, syscall.SIGTERM, syscall.SIGINT)
-	select {
-	case <-sig:
-	case <-done:
+	// close stops accepting; connections already open end with the process (the benchmark
+	// and the tests never reuse an origin after closing it).
+	o.close = func() {
+		tl.Close()
+		hl.Close()
+		if rl != nil {
+			rl.Close()
+		}
 	}
-	ctx, cancel := context.WithTimeout(context.Background(), 100*time.Millisecond)
-	defer cancel()
-	_ = h1.Shutdown(ctx)
-	return nil
+	return o, nil
 }

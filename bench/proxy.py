@@ -19,7 +19,10 @@ and its process group is killed in a finally, whatever happened. Each phase has 
 
 Run: .venv/bin/python bench/proxy.py            (about 3-4 minutes)
      .venv/bin/python bench/proxy.py --quick    (one short repetition, for tuning)
-Needs wrk, haproxy (Debian: apt-get install -y wrk haproxy) and Go (.venv/bin/go).
+Needs wrk, haproxy (Debian: apt-get install -y wrk haproxy) and Go (.venv/bin/go); nghttp
+(nghttp2-client) is optional, for the frame-level check of the origin's GOAWAY mode.
+The origin's own tests: cd bench/origin && go test .
+Hand-written notes after the line "<!-- notes: kept across runs -->" in the report survive re-runs.
 """
 
 from __future__ import annotations
@@ -1297,6 +1300,8 @@ def pf(ok: bool) -> str:
     return "yes" if ok else "NO"
 
 
+NOTES_MARKER = "<!-- notes: kept across runs -->"
+
 HEADER = ["metric", "sidecar", "haproxy", "direct", "ratio", "target", "pass?"]
 
 
@@ -1476,7 +1481,16 @@ def write_report(path: Path, r: dict[str, Any], rows: list[list[str]], command: 
             lines += [f"- {pct:.1f} % {name}" for name, pct in pr["cum_main"]]
     if r.get("failed_phases"):
         lines += ["", "Phases that failed to run: " + "; ".join(r["failed_phases"])]
-    path.write_text("\n".join(lines) + "\n")
+    # Hand-written notes below NOTES_MARKER survive a re-run: the figures are regenerated, the
+    # reading of them is not.
+    notes = ""
+    with contextlib.suppress(FileNotFoundError):
+        old = path.read_text()
+        if NOTES_MARKER in old:
+            notes = old[old.index(NOTES_MARKER) :]
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text("\n".join(lines) + "\n" + ("\n" + notes if notes else ""))
+    tmp.replace(path)  # a reader (the lead, the proxy's author) never sees half a report
 
 
 # --------------------------------------------------------------------------- main

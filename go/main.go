@@ -60,12 +60,13 @@ func run(args []string, getenv func(string) string, stdout, stderr io.Writer) in
 
 	pid := os.Getpid()
 	if cfg.ReadyFile != "" {
-		if err := writeReadyFile(cfg.ReadyFile, readyInfo{PID: pid, Listen: ln.Addr().String()}); err != nil {
+		info := readyInfo{PID: pid, Listen: ln.Addr().String()}
+		if err := writeReadyFile(cfg.ReadyFile, info); err != nil {
 			fmt.Fprintln(stderr, err)
 			ln.Close()
 			return 1
 		}
-		defer removeReadyFile(cfg.ReadyFile, pid)
+		defer removeReadyFile(cfg.ReadyFile, info)
 	}
 	// After the ready file: the start-up path is not made to wait for the runtime's
 	// stop-the-world that a GOMAXPROCS change takes.

@@ -294,7 +294,7 @@ def start_sidecar(
 
 
 def start_haproxy(
-    kids: Children, work: Path, origin_addr: str, ca: str, name: str = "haproxy"
+    kids: Children, work: Path, origin_addr: str, ca: str, threads: int, name: str = "haproxy"
 ) -> tuple[subprocess.Popen[bytes], str]:
     """HAProxy as an HTTP/1.1 -> h2-over-TLS proxy, configured to be fair and at its best: as
     many threads as the sidecar has GOMAXPROCS, certificate verified like the sidecar does,
@@ -306,7 +306,7 @@ def start_haproxy(
     cfg = work / f"{name}.cfg"
     cfg.write_text(
         f"""global
-    nbthread {os.cpu_count() or 1}
+    nbthread {threads}
     maxconn 8000
 defaults
     mode http
@@ -383,7 +383,7 @@ def phase_throughput(
     lua.write_text(WRK_LUA)
     origin = start_origin(kids, origin_bin, work)
     sc = start_sidecar(kids, sidecar_bin, work, origin.tls, origin.ca, name="sidecar-tput")
-    hp, hp_addr = start_haproxy(kids, work, origin.tls, origin.ca)
+    hp, hp_addr = start_haproxy(kids, work, origin.tls, origin.ca, args.haproxy_threads)
     targets = {
         "sidecar": (sc.listen, sc.proc.pid),
         "haproxy": (hp_addr, hp.pid),
@@ -658,7 +658,9 @@ def phase_goaway(
                 sc = start_sidecar(kids, sidecar_bin, work, origin.tls, origin.ca, name="sidecar-goaway")
                 proc, addr = sc.proc, sc.listen
             else:
-                proc, addr = start_haproxy(kids, work, origin.tls, origin.ca, name="haproxy-goaway")
+                proc, addr = start_haproxy(
+                    kids, work, origin.tls, origin.ca, args.haproxy_threads, name="haproxy-goaway"
+                )
             # One warm-up request each: the target is about churn (re-sends after GOAWAY), not
             # the first dial of a fresh proxy, which the start phase reports on its own.
             asyncio.run(one_shot(addr, "/wait?first_byte=0s", Outcome(), 10))
@@ -896,7 +898,9 @@ def phase_longwait(
             )
             proc, addr = sc.proc, sc.listen
         elif who == "haproxy":
-            proc, addr = start_haproxy(kids, work, origin.relay, origin.ca, name="haproxy-longwait")
+            proc, addr = start_haproxy(
+                kids, work, origin.relay, origin.ca, args.haproxy_threads, name="haproxy-longwait"
+            )
         else:
             # The control: HTTP/1.1 over TLS straight through the relay; nothing is sent while
             # the origin thinks, so the relay must drop it.
@@ -1392,7 +1396,7 @@ def write_report(path: Path, r: dict[str, Any], rows: list[list[str]], command: 
         "# bench/proxy.py figures",
         "",
         f"Run {time.strftime('%Y-%m-%d %H:%M:%S %Z')} by `{command}` (from the repo root;"
-        f" {r['wall_s']:.0f} s).",
+        f" {r['wall_s']:.0f} s), go/ at {r.get('go_rev', '?')}.",
         f"Machine: {os.cpu_count()} CPUs ({cpu_model}), {platform.system()} {platform.release()};"
         f" load average before/after: {r['load_before']} / {r['load_after']} (shared machine: other"
         " sessions ran too, so absolute figures are noisy; the ratios come from interleaved runs).",
@@ -1420,7 +1424,8 @@ def write_report(path: Path, r: dict[str, Any], rows: list[list[str]], command: 
             f" speak h2 over TLS to the same Go origin (MaxConcurrentStreams 100), `direct` is that origin's"
             " own HTTP/1.1 listener. CPU us/req = utime+stime of the proxy process (/proc/<pid>/stat) /"
             " requests."
-            f" HAProxy: nbthread {os.cpu_count()}, `http-reuse always`, `ssl verify required ca-file`,"
+            f" HAProxy: nbthread {r['haproxy_threads']} (= the sidecar's GOMAXPROCS), `http-reuse always`,"
+            " `ssl verify required ca-file`,"
             f" `alpn h2`. Ratio = sidecar/haproxy, the median of the {r['reps']} per-repetition ratios (runs"
             f" seconds apart); at c={ck} they ranged {rng('rps')} (req/s), {rng('p99_ms')} (p99),"
             f" {rng('cpu_us')} (CPU). The origin is not the bottleneck: at c={ck} it used"
@@ -1544,6 +1549,27 @@ def write_report(path: Path, r: dict[str, Any], rows: list[list[str]], command: 
 PHASES = ("throughput", "scale", "goaway", "start", "longwait", "profile")
 
 
+def go_revision() -> str:
+    """The last commit that touched go/, plus '+ uncommitted edits' when the tree differs: the
+    figures belong to the sources that were built, which may be mid-edit."""
+    try:
+        rev = subprocess.run(
+            ["git", "-C", str(REPO), "log", "-1", "--format=%h", "--", "go"],
+            capture_output=True,
+            text=True,
+            timeout=10,
+        ).stdout.strip()
+        dirty = subprocess.run(
+            ["git", "-C", str(REPO), "status", "--porcelain", "--", "go"],
+            capture_output=True,
+            text=True,
+            timeout=10,
+        ).stdout.strip()
+    except (OSError, subprocess.SubprocessError):
+        return "?"
+    return (rev or "?") + (" + uncommitted edits" if dirty else "")
+
+
 def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0] if __doc__ else None)
     ap.add_argument("--quick", action="store_true", help="1 repetition x 2 s, fewer starts: for tuning")
@@ -1560,6 +1586,14 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     ap.add_argument("--starts", type=int, default=30, help="sidecar starts for exec-to-ready (default 30)")
     ap.add_argument("--longwait-idle", type=float, default=1.0, help="relay idle limit L in s (default 1)")
     ap.add_argument("--longwait-requests", type=int, default=20)
+    ap.add_argument(
+        "--haproxy-threads",
+        type=int,
+        # Matches the sidecar's parallelism: go/ runs with GOMAXPROCS 1 unless the environment
+        # sets GOMAXPROCS (go/main.go tuneRuntime); the sidecar inherits this environment.
+        default=int(os.environ.get("GOMAXPROCS", "1")),
+        help="HAProxy nbthread (default: $GOMAXPROCS, else 1, the sidecar's default GOMAXPROCS)",
+    )
     ap.add_argument("--binary", type=Path, help="use this sidecar binary instead of building go/")
     ap.add_argument("--workdir", type=Path, default=Path(tempfile.gettempdir()) / "bench-sidecar")
     ap.add_argument(
@@ -1605,6 +1639,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         "reps": args.reps,
         "duration": args.duration,
         "longwait_idle": args.longwait_idle,
+        "haproxy_threads": args.haproxy_threads,
+        "go_rev": go_revision(),
         "failed_phases": [],
     }
     try:

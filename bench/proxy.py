@@ -21,7 +21,9 @@ Run: .venv/bin/python bench/proxy.py            (about 3-4 minutes)
      .venv/bin/python bench/proxy.py --quick    (one short repetition, for tuning)
 Needs wrk, haproxy (Debian: apt-get install -y wrk haproxy) and Go (.venv/bin/go); nghttp
 (nghttp2-client) is optional, for the frame-level check of the origin's GOAWAY mode.
-The origin's own tests: cd bench/origin && go test .
+Each run builds and works in a fresh temp dir (removed after a clean run; --workdir keeps one),
+so concurrent runs never share binaries or CA files. The origin's own tests:
+cd bench/origin && go test .
 Hand-written notes after the line "<!-- notes: kept across runs -->" in the report survive re-runs.
 """
 
@@ -1595,7 +1597,11 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         help="HAProxy nbthread (default: $GOMAXPROCS, else 1, the sidecar's default GOMAXPROCS)",
     )
     ap.add_argument("--binary", type=Path, help="use this sidecar binary instead of building go/")
-    ap.add_argument("--workdir", type=Path, default=Path(tempfile.gettempdir()) / "bench-sidecar")
+    ap.add_argument(
+        "--workdir",
+        type=Path,
+        help="binaries, logs, results.json (default: a fresh temp dir, removed after a clean run)",
+    )
     ap.add_argument(
         "--report", type=Path, default=DEFAULT_REPORT, help=f"markdown output (default {DEFAULT_REPORT})"
     )
@@ -1617,21 +1623,24 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"bench: {', '.join(missing)} not installed; {INSTALL_HINT}", file=sys.stderr)
         return 2
     command = "/work/main/.venv/bin/python bench/proxy.py " + " ".join(sys.argv[1:] if argv is None else argv)
-    work = args.workdir
-    work.mkdir(parents=True, exist_ok=True)
     nofile = raise_nofile()
     if "scale" in args.phases and nofile < 3 * args.scale_requests + 1000:
         print(
             f"bench: RLIMIT_NOFILE {nofile} is too low for the scale phase; ulimit -n 20000", file=sys.stderr
         )
         return 2
-    # SIGTERM (timeout(1), a CI cancel) must unwind through the finally that kills children.
-    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     try:
         go = find_go()
     except BenchError as e:
         print(f"bench: {e}", file=sys.stderr)
         return 2
+    # A private work dir per run: two runs at once (the proxy's author tuning while the lead
+    # measures) must not rebuild each other's binaries or swap each other's CA files.
+    own_workdir = args.workdir is None
+    work = Path(tempfile.mkdtemp(prefix="bench-sidecar-")) if own_workdir else args.workdir
+    work.mkdir(parents=True, exist_ok=True)
+    # SIGTERM (timeout(1), a CI cancel) must unwind through the finally that kills children.
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     kids = Children()
     t_start = time.monotonic()
     results: dict[str, Any] = {
@@ -1694,6 +1703,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     (work / "results.json").write_text(json.dumps(results, indent=1, default=str))
     write_report(args.report, results, rows, command, go)
     print(f"figures written to {args.report}")
+    if own_workdir and not results["failed_phases"]:
+        shutil.rmtree(work, ignore_errors=True)
+    else:
+        print(f"work dir kept (logs, results.json): {work}")
     return 1 if results["failed_phases"] else 0
 
 

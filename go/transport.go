@@ -116,9 +116,10 @@ func (u *upstream) dialTLS(ctx context.Context, network, addr string) (net.Conn,
 	if err != nil {
 		return nil, err
 	}
-	tc := tls.Client(raw, u.tlsConfig())
+	cc := newCoalescingConn(raw)
+	tc := tls.Client(cc, u.tlsConfig())
 	if err := tc.HandshakeContext(ctx); err != nil {
-		raw.Close()
+		cc.Close()
 		if strings.Contains(err.Error(), "no application protocol") {
 			return nil, fmt.Errorf("upstream %s refused ALPN h2 (%v); it does not speak HTTP/2", addr, err)
 		}

@@ -14,19 +14,20 @@ import (
 // defaultProcs is GOMAXPROCS when the environment does not set it. The proxy's work per
 // request is a few microseconds of parsing between network waits, so with more than one P
 // most of its CPU went to handing goroutines between Ps: futex wake-ups, spinning Ms and
-// their usleep (strace at c=16: 1.8 nanosleep and 0.8 futex calls per request). One P cut
-// CPU per request by ~17 % at concurrency 16 and ~12 % at 128 with the same requests/s;
-// one core still carries ~8,000 requests/s, far above what an LLM endpoint sees.
+// their usleep (strace at c=16: 1.8 nanosleep and 0.8 futex calls per request). In one
+// bench/proxy.py run at c=16, the same build with 2 Ps vs 1 P: 0.48x vs 0.64x HAProxy's
+// requests/s and 3.1x vs 2.2x its CPU per request. One core carries ~10,000 requests/s,
+// far above what an LLM endpoint sees.
 const defaultProcs = 1
 
 // GC headroom: the collector may let the heap grow by gcHeadroom before the next cycle
 // (GOGC = gcHeadroom / (live heap + stacks + globals)), clamped to [gcPercentMin,
 // gcPercentMax]. With the default GOGC=100 a proxy at concurrency 16 has under 1 MB live
-// and collected every 4 MB (the runtime's minimum heap): ~15 cycles a second, 13 % of its
-// CPU. A fixed higher GOGC would multiply the heap of 2,000 requests in flight (RSS target
-// < 80 MiB), so the percentage follows the live size: a small heap gets at most 4x the
-// 4 MB minimum, a large one is collected at 50 % growth (stacks count in the base, and 2,000
-// waiting requests hold 33 MB of them) to keep their peak RSS down.
+// and collected every 4 MB (the runtime's minimum heap): 46 cycles in a 3 s run, GC and
+// allocation 13 % of its CPU; with this tuner 7 cycles. A fixed higher GOGC would multiply
+// the heap of 2,000 requests in flight (RSS target < 80 MiB), so the percentage follows the
+// live size: a small heap gets at most 4x the 4 MB minimum, a large one is collected at
+// 50 % growth (stacks count in the base, and 2,000 waiting requests hold 31 MB of them).
 const (
 	gcHeadroom   = 16 << 20
 	gcPercentMin = 50

@@ -1,11 +1,12 @@
 """Benchmark of the launcher: warm start and stop of 4 sidecars, and 8 cold starts on one cache.
 
 Run from the repo root: ``.venv/bin/python bench/launcher.py`` (``--help`` for options). Prints a
-table and writes the figures with the exact command to ``/work/design/bench-launcher.md`` (or
-``--out``). Targets (issue 4): warm ``start_h2_ping_sidecar`` of 4 instances < 20 ms median,
-cache lookup included; ``stop()`` of 4 idle sidecars < 20 ms median; 8 concurrent cold starts
-sharing one cache < 1.3x one cold start. NeMo Gym's launcher on the same machine class: 102-105 ms
-warm (100 ms ready polling plus a ``go env`` per start), 8 cold runs 98 s = 7.3x one build.
+table and writes the figures with the exact command into README.md and, in full, to
+``bench/results/launcher.md`` (or ``--out``). Targets (issue 4): warm ``start_h2_ping_sidecar``
+of 4 instances < 20 ms median, cache lookup included; ``stop()`` of 4 idle sidecars < 20 ms
+median; 8 concurrent cold starts sharing one cache < 1.3x one cold start. NeMo Gym's launcher
+on the same machine class: 102-105 ms warm (100 ms ready polling plus a ``go env`` per start),
+8 cold runs 98 s = 7.3x one build.
 
 "Cold" means an empty build cache and, unless ``--warm-gocache``, an empty Go build cache
 (``GOCACHE``) too, so each cold figure includes compiling the standard library parts the proxy
@@ -33,6 +34,7 @@ from omegaconf import DictConfig, OmegaConf
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
+from bench.readme import results_path, update_readme  # noqa: E402
 from sidecar_fsm import procs  # noqa: E402
 from sidecar_fsm.buildcache import build_sidecar, ensure_binary  # noqa: E402
 from sidecar_fsm.lab import TlsH2Origin, make_ca_and_cert  # noqa: E402
@@ -211,10 +213,13 @@ def main() -> None:
     parser.add_argument("--skip-cold", action="store_true", help="only the warm figures")
     parser.add_argument("--warm-gocache", action="store_true", help="cold runs keep Go's own build cache")
     parser.add_argument(
-        "--out", default="/work/design/bench-launcher.md", help="markdown report ('' for none)"
+        "--out",
+        default=str(results_path("launcher")),
+        help="full markdown report, default bench/results/launcher.md ('' for none)",
     )
+    parser.add_argument("--no-readme", action="store_true", help="do not write the figures into README.md")
     args = parser.parse_args()
-    command = "cd /work/main && .venv/bin/python bench/launcher.py " + shlex.join(sys.argv[1:])
+    command = ".venv/bin/python bench/launcher.py " + shlex.join(sys.argv[1:])
     load_before = " / ".join(f"{x:.1f}" for x in os.getloadavg())
 
     with tempfile.TemporaryDirectory(prefix="bench-launcher-") as temp:
@@ -293,6 +298,9 @@ def main() -> None:
             "",
         ]
         Path(args.out).write_text("\n".join(report))
+    if not args.no_readme:
+        update_readme("launcher", "\n".join(report[2:]))
+        print("figures written to README.md")
 
 
 if __name__ == "__main__":

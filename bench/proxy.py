@@ -11,7 +11,8 @@ Owns the measurement of the proxy's targets, side by side in one run on loopback
   4. idle RSS and exec-to-ready-file time;
   5. the long-wait proof: first byte after 3x the relay's idle limit, none lost or duplicated;
 plus a CPU profile of the sidecar under the concurrency-16 load ("where the time goes").
-It prints one table and writes the figures and the command to /work/design/bench-proxy.md.
+It prints one table and writes the figures and the command into README.md (its bench:proxy
+section) and the full report to bench/results/proxy.md.
 
 Must not touch go/ (a profiling variant is built from a copy in a temp dir), must not bind
 anything but loopback, and must leave no process behind: every child runs in its own session
@@ -58,7 +59,11 @@ from typing import Any
 REPO = Path(__file__).resolve().parent.parent
 GO_DIR = REPO / "go"
 ORIGIN_DIR = REPO / "bench" / "origin"
-DEFAULT_REPORT = Path("/work/design/bench-proxy.md")
+if str(REPO) not in sys.path:
+    sys.path.insert(0, str(REPO))
+from bench.readme import update_readme  # noqa: E402
+
+DEFAULT_REPORT = REPO / "bench" / "results" / "proxy.md"
 INSTALL_HINT = "apt-get update && apt-get install -y wrk haproxy"
 
 WRK_LUA = """
@@ -1385,6 +1390,25 @@ def tool_version(argv: Sequence[str]) -> str:
     return (r.stdout or r.stderr).strip().splitlines()[0] if (r.stdout or r.stderr).strip() else "?"
 
 
+def readme_summary(r: dict[str, Any], rows: list[list[str]], command: str, report: Path) -> str:
+    """The README's proxy section: the table, the command and the conditions; details in ``report``."""
+    try:
+        where = report.resolve().relative_to(REPO)
+    except ValueError:
+        where = report
+    return "\n".join(
+        [
+            f"`{command}` ({time.strftime('%Y-%m-%d %H:%M %Z')}, {r['wall_s']:.0f} s, go/ at"
+            f" {r.get('go_rev', '?')}; load average {r['load_before']} before, {r['load_after']} after;"
+            f" HAProxy nbthread {r.get('haproxy_threads', '?')}, the sidecar's GOMAXPROCS)",
+            "",
+            render_md(rows),
+            "",
+            f"Method, per-repetition ranges and the profiles: [{where}]({where}).",
+        ]
+    )
+
+
 def write_report(path: Path, r: dict[str, Any], rows: list[list[str]], command: str, go: str) -> None:
     cpu_model = next(
         (
@@ -1605,6 +1629,7 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     ap.add_argument(
         "--report", type=Path, default=DEFAULT_REPORT, help=f"markdown output (default {DEFAULT_REPORT})"
     )
+    ap.add_argument("--no-readme", action="store_true", help="do not write the figures into README.md")
     a = ap.parse_args(argv)
     a.conc = [int(x) for x in a.conc.split(",")]
     a.phases = [x.strip() for x in a.phases.split(",") if x.strip()]
@@ -1703,6 +1728,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     (work / "results.json").write_text(json.dumps(results, indent=1, default=str))
     write_report(args.report, results, rows, command, go)
     print(f"figures written to {args.report}")
+    if not args.no_readme:
+        update_readme("proxy", readme_summary(results, rows, command, args.report))
+        print("figures written to README.md")
     if own_workdir and not results["failed_phases"]:
         shutil.rmtree(work, ignore_errors=True)
     else:

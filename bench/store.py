@@ -2,7 +2,7 @@
 and the inspection queries against a database holding 100,000 history rows.
 
     .venv/bin/python bench/store.py [--transitions N] [--writers 8] [--history-rows 100000]
-                                    [--repeat 200] [--out /work/design/bench-store.md]
+                                    [--repeat 200] [--out bench/results/store.md] [--no-readme]
 
 Targets (issue 3): >= 2,000 persisted transitions/s from one process; 8 concurrent processes
 together no slower than one; listing live runs and one instance's history < 10 ms each.
@@ -34,6 +34,7 @@ REPO = Path(__file__).resolve().parents[1]
 if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
+from bench.readme import results_path, update_readme  # noqa: E402
 from sidecar_fsm.fsm import InstanceMachine  # noqa: E402
 from sidecar_fsm.store import Store, database_path  # noqa: E402
 
@@ -184,7 +185,10 @@ def main() -> None:
     parser.add_argument("--writers", type=int, default=8)
     parser.add_argument("--history-rows", type=int, default=100_000)
     parser.add_argument("--repeat", type=int, default=200, help="query samples (default 200)")
-    parser.add_argument("--out", type=Path, default=Path("/work/design/bench-store.md"))
+    parser.add_argument(
+        "--out", type=Path, default=results_path("store"), help="full report (default bench/results/store.md)"
+    )
+    parser.add_argument("--no-readme", action="store_true", help="do not write the figures into README.md")
     args = parser.parse_args()
     command = shlex.join([Path(sys.executable).name, *sys.argv])
 
@@ -253,6 +257,9 @@ def main() -> None:
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(f"# State store benchmark\n\n`{command}`\n\n{table}\n\n{context}\n")
     print(f"written to {args.out}")
+    if not args.no_readme:
+        update_readme("store", f"`{command}`\n\n{table}\n\n{context}")
+        print("figures written to README.md")
 
 
 if __name__ == "__main__":

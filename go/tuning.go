@@ -28,6 +28,15 @@ const defaultProcs = 1
 // the heap of 2,000 requests in flight (RSS target < 80 MiB), so the percentage follows the
 // live size: a small heap gets at most 4x the 4 MB minimum, a large one is collected at
 // 50 % growth (stacks count in the base, and 2,000 waiting requests hold 31 MB of them).
+//
+// Why no tighter default (bench scale phase, 2,000 x 5 s waits, runs alternated): the peak
+// RSS is not garbage. While they wait, net/http's 4 KiB + 2 KiB response buffers are
+// allocated but never written, so not yet resident (RSS ~69 MiB); the response burst
+// writes them (+~12 MiB) while the stacks it frees stay resident until scavenged. Only
+// prompt scavenging lowers it: GOMEMLIMIT=60MiB gave 65-67 MiB but 5.8-6.1 CPU s instead
+// of 0.6 (the GC runs back to back above the limit); GOGC=10 gave 75-78 MiB for +45 % CPU;
+// GOGC=25 and GODEBUG=adaptivestackstart=0 did not lower it. A user who wants the RSS
+// rather than the CPU sets the launcher's gomemlimit.
 const (
 	gcHeadroom   = 16 << 20
 	gcPercentMin = 50

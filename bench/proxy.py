@@ -1647,7 +1647,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if missing:
         print(f"bench: {', '.join(missing)} not installed; {INSTALL_HINT}", file=sys.stderr)
         return 2
-    command = "/work/main/.venv/bin/python bench/proxy.py " + " ".join(sys.argv[1:] if argv is None else argv)
+    command = ".venv/bin/python bench/proxy.py " + " ".join(sys.argv[1:] if argv is None else argv)
     nofile = raise_nofile()
     if "scale" in args.phases and nofile < 3 * args.scale_requests + 1000:
         print(

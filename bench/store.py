@@ -190,7 +190,7 @@ def main() -> None:
     )
     parser.add_argument("--no-readme", action="store_true", help="do not write the figures into README.md")
     args = parser.parse_args()
-    command = shlex.join([Path(sys.executable).name, *sys.argv])
+    command = shlex.join([".venv/bin/python", "bench/store.py", *sys.argv[1:]])
 
     # Alternating rounds, so a burst of load from elsewhere on the machine hits both sides.
     load_before = os.getloadavg()[0]

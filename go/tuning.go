@@ -7,7 +7,7 @@ import (
 )
 
 // Runtime defaults for this proxy's load, measured with bench/proxy.py on a 2-core machine
-// (figures in design/proxy-tuning.md). Each applies only when the environment does not set
+// (figures in bench/results/proxy-tuning.md). Each applies only when the environment does not set
 // the knob itself: the launcher's gomaxprocs/gomemlimit config (GOMAXPROCS, GOMEMLIMIT)
 // and a user's GOGC always win.
 

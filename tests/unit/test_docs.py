@@ -48,3 +48,18 @@ def test_readme_test_command_is_what_ci_runs() -> None:
     ci = (README.parent / ".ci" / "run").read_text()
     assert ".venv/bin/pip install" in README.read_text()
     assert ".venv/bin/pytest" in ci
+
+
+def test_readme_config_example_is_valid_and_rewrites_as_commented() -> None:
+    from omegaconf import OmegaConf
+
+    from sidecar_fsm.config import h2_ping_sidecar_config_from_global_config
+    from sidecar_fsm.rewrite import plan_base_urls
+
+    block = re.search(r"```yaml\n(.*?)```", README.read_text(), flags=re.DOTALL)
+    assert block is not None, "README has no yaml config example"
+    global_config = OmegaConf.create(block.group(1))
+    config = h2_ping_sidecar_config_from_global_config(global_config)
+    assert config.enabled
+    changes = plan_base_urls(global_config, config.instances)
+    assert [change.new for change in changes] == ["http://127.0.0.1:1250/v1"]

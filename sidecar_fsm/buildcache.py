@@ -23,7 +23,7 @@ import shutil
 import subprocess
 import sys
 import tempfile
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -99,11 +99,18 @@ def go_version(go: Path, cache_dir: Path) -> str:
     file's resolved path, mtime and size: replacing or upgrading the toolchain changes them and
     the version is asked again. Concurrent writers may drop each other's entries (last rename
     wins); that costs one more ``go env`` later, never a wrong answer. An unwritable cache only
-    loses the memo. Raises ``SidecarError`` when ``go`` cannot report its version.
+    loses the memo. The same key also indexes a per-process memo in front of the file (a stat,
+    no JSON read, on a repeated start); a hit there does not write the file into another
+    ``cache_dir``, which then asks ``go env`` once in a later process. Raises ``SidecarError``
+    when ``go`` cannot report its version.
     """
     resolved = go.resolve()
     stat = resolved.stat()
     key = str(resolved)
+    process_key = (key, stat.st_mtime_ns, stat.st_size)
+    remembered = _go_version_memo.get(process_key)
+    if remembered is not None:
+        return remembered
     memo_path = Path(cache_dir) / SIDECAR_BINARY_NAME / _VERSION_MEMO_NAME
     try:
         memo = json.loads(memo_path.read_bytes())
@@ -119,6 +126,7 @@ def go_version(go: Path, cache_dir: Path) -> str:
         and isinstance(entry.get("version"), str)
         and entry["version"]
     ):
+        _go_version_memo[process_key] = str(entry["version"])
         return str(entry["version"])
     try:
         result = subprocess.run(
@@ -139,6 +147,7 @@ def go_version(go: Path, cache_dir: Path) -> str:
             f"go env GOVERSION: '{go}' exited with code {result.returncode}; check the Go install\n{output}"
         )
     version = _VERSION_SAFE.sub("_", raw)
+    _go_version_memo[process_key] = version
     memo[key] = {"mtime_ns": stat.st_mtime_ns, "size": stat.st_size, "version": version}
     with contextlib.suppress(OSError):
         memo_path.parent.mkdir(parents=True, exist_ok=True)
@@ -146,14 +155,38 @@ def go_version(go: Path, cache_dir: Path) -> str:
     return version
 
 
-def _source_files(source_dir: Path) -> Iterator[tuple[str, Path]]:
-    for root, dirs, files in os.walk(source_dir):
-        dirs[:] = sorted(d for d in dirs if not d.startswith(_IGNORED_DIR_PREFIXES) and d != "testdata")
-        for name in files:
-            is_go = name.endswith(".go") and not name.endswith("_test.go")
-            if is_go or name in ("go.mod", "go.sum"):
-                path = Path(root, name)
-                yield path.relative_to(source_dir).as_posix(), path
+def _source_files(source_dir: Path) -> list[tuple[str, str, os.stat_result]]:
+    """(relative posix name, path, stat) of every build input, sorted by name.
+
+    Plain strings and ``os.scandir`` rather than pathlib: this runs on every start, and the
+    pathlib objects cost more than the stats themselves.
+    """
+    found: list[tuple[str, str, os.stat_result]] = []
+    pending = [("", os.fspath(source_dir))]
+    while pending:
+        prefix, directory = pending.pop()
+        with os.scandir(directory) as entries:
+            for entry in entries:
+                name = entry.name
+                if entry.is_dir():
+                    if not name.startswith(_IGNORED_DIR_PREFIXES) and name != "testdata":
+                        pending.append((f"{prefix}{name}/", entry.path))
+                    continue
+                is_go = name.endswith(".go") and not name.endswith("_test.go")
+                if is_go or name in ("go.mod", "go.sum"):
+                    # Follows symlinks, like the read that hashes the content.
+                    found.append((prefix + name, entry.path, entry.stat()))
+    found.sort(key=lambda item: item[0])
+    return found
+
+
+# What a file's stat says about its content: (relative name, inode, size, mtime_ns, ctime_ns).
+_StatKey = tuple[tuple[str, int, int, int, int], ...]
+# Per process: source folder -> (stat key of its files when hashed, the hash). One entry per
+# folder ever hashed (in practice one), so it cannot grow without bound.
+_sources_hash_memo: dict[str, tuple[_StatKey, str]] = {}
+# Per process: (resolved toolchain path, mtime_ns, size) -> version, in front of the JSON memo.
+_go_version_memo: dict[tuple[str, int, int], str] = {}
 
 
 def sources_hash(source_dir: Path = SIDECAR_SOURCE_DIR) -> str:
@@ -162,22 +195,40 @@ def sources_hash(source_dir: Path = SIDECAR_SOURCE_DIR) -> str:
     Names and contents both count (a renamed file can change the build: ``_linux.go``). Folders
     the go tool ignores (``testdata``, ``.x``, ``_x``) are skipped. Read-only. Raises
     ``SidecarError`` when the folder holds no Go sources at all.
+
+    Remembered per process: a later call stats each file (no read, no hash) and reuses the
+    digest while every file's name, inode, size, mtime and ctime are unchanged. Writing a file
+    changes its mtime and ctime, adding, removing or renaming one changes the names, so a stale
+    digest needs a same-size rewrite within the filesystem's timestamp resolution (1 ns to a
+    few ms, coarser on some filesystems) of the previous hash; the sources are installed files,
+    not written while a launcher runs.
     """
+    files = _source_files(Path(source_dir))
+    key: _StatKey = tuple(
+        (relative, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns) for relative, _, st in files
+    )
+    memo_key = os.path.abspath(source_dir)
+    remembered = _sources_hash_memo.get(memo_key)
+    if remembered is not None and remembered[0] == key:
+        return remembered[1]
     digest = hashlib.sha256()
-    count = 0
-    for relative, path in sorted(_source_files(Path(source_dir))):
-        content = path.read_bytes()
+    for relative, path, _ in files:
+        with open(path, "rb") as file:
+            content = file.read()
         encoded = relative.encode()
         # Length-prefixed, so no two different file sets can produce the same byte stream.
         digest.update(len(encoded).to_bytes(8, "big") + encoded + len(content).to_bytes(8, "big"))
         digest.update(content)
-        count += 1
-    if count == 0:
+    if not files:
         raise SidecarError(
             f"{SIDECAR_BINARY_NAME} sources: '{source_dir}' holds no Go sources (go.mod, *.go); "
             "reinstall sidecar-fsm or set sidecar.binary"
         )
-    return digest.hexdigest()[:16]
+    result = digest.hexdigest()[:16]
+    # Keyed on the stats taken before reading: a file written between the stat and the read
+    # leaves a key that no longer matches, so the next call hashes again.
+    _sources_hash_memo[memo_key] = (key, result)
+    return result
 
 
 def cache_dir_of(global_config_dict: Any) -> Path:

@@ -12,6 +12,7 @@ import statistics
 import sys
 import time
 from pathlib import Path
+from typing import IO, Any
 
 import pytest
 from omegaconf import OmegaConf
@@ -120,6 +121,36 @@ def test_sources_hash_of_a_folder_without_go_sources_says_so(tmp_path: Path) -> 
     )
 
 
+def test_sources_hash_is_remembered_until_a_file_changes(src: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    reads: list[str] = []
+
+    def counting_open(path: str, mode: str = "r") -> IO[Any]:
+        reads.append(os.path.basename(path))
+        return open(path, mode)  # noqa: SIM115 - the caller closes it
+
+    # A module global shadows the builtin for buildcache only.
+    monkeypatch.setattr(buildcache, "open", counting_open, raising=False)
+    first = buildcache.sources_hash(src)
+    assert sorted(reads) == ["go.mod", "main.go"]
+    reads.clear()
+    assert buildcache.sources_hash(src) == first
+    assert reads == []  # a stat of each file, nothing read
+
+    # Same size, mtime put back: the ctime still moved, so the content is hashed again.
+    main = src / "main.go"
+    before = main.stat()
+    main.write_text(main.read_text().replace("tiny", "TINY"))
+    os.utime(main, ns=(before.st_atime_ns, before.st_mtime_ns))
+    assert main.stat().st_size == before.st_size
+    reads.clear()
+    changed = buildcache.sources_hash(src)
+    assert changed != first
+    assert "main.go" in reads
+
+    (src / "extra.go").write_text("package main\n")
+    assert buildcache.sources_hash(src) not in (first, changed)
+
+
 # --- config and finding Go -------------------------------------------------------------------
 
 
@@ -179,6 +210,26 @@ def test_go_version_is_asked_once_then_remembered_per_toolchain_file(
     os.utime(go, ns=(stat.st_atime_ns, stat.st_mtime_ns + 1_000_000_000))
     assert buildcache.go_version(go, cache) == "devel_go1.100-abc_Tue"  # path-safe
     assert len(_calls(fake_go)) == 2
+
+
+def test_go_version_is_remembered_in_process_until_the_toolchain_file_changes(
+    tmp_path: Path, fake_go: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    go = tmp_path / "fakebin" / "go"
+    cache = tmp_path / "cache"
+    assert buildcache.go_version(go, cache) == "go1.99.0"
+    memo_file = cache / "h2-ping-sidecar" / "go-versions.json"
+    memo_file.unlink()
+    monkeypatch.setenv("FAKE_GO_VERSION", "go1.99.1")
+    # No file memo left and a different answer ready: only the in-process memo can say go1.99.0.
+    assert buildcache.go_version(go, cache) == "go1.99.0"
+    assert _calls(fake_go) == ["env GOVERSION"]
+
+    stat = go.stat()
+    os.utime(go, ns=(stat.st_atime_ns, stat.st_mtime_ns + 1_000_000_000))
+    assert buildcache.go_version(go, cache) == "go1.99.1"
+    assert len(_calls(fake_go)) == 2
+    assert json.loads(memo_file.read_text())[str(go.resolve())]["version"] == "go1.99.1"
 
 
 def test_go_version_failure_is_a_clear_error(tmp_path: Path) -> None:

@@ -241,8 +241,8 @@ def test_unresolvable_value_is_left_for_the_server(monkeypatch: pytest.MonkeyPat
     config.policy_model[MODELS].m.missing_base_url = "???"
     changes = rewrite_base_urls(config, [POLICY])
     assert [c.location for c in changes] == ["policy_model.responses_api_models.m.list_base_url[1]"]
-    raw = OmegaConf.to_container(config, resolve=False)
-    assert raw["policy_model"][MODELS]["m"] == {  # type: ignore[index]
+    raw: Any = OmegaConf.to_container(config, resolve=False)
+    assert raw["policy_model"][MODELS]["m"] == {
         "base_url": "${oc.env:SIDECAR_FSM_TEST_UNSET}",
         "list_base_url": ["${oc.env:SIDECAR_FSM_TEST_UNSET}", "http://127.0.0.1:41250"],
         "missing_base_url": "???",
@@ -253,9 +253,9 @@ def test_list_alias_with_an_unresolvable_item_keeps_it_as_written(monkeypatch: p
     monkeypatch.delenv("SIDECAR_FSM_TEST_UNSET", raising=False)
     config = _one_server("${pool}", pool=["https://api.example.com/v1", "${oc.env:SIDECAR_FSM_TEST_UNSET}"])
     rewrite_base_urls(config, [POLICY])
-    raw = OmegaConf.to_container(config, resolve=False)
-    assert raw["pool"] == ["https://api.example.com/v1", "${oc.env:SIDECAR_FSM_TEST_UNSET}"]  # type: ignore[index]
-    assert raw["policy_model"][MODELS]["m"]["base_url"] == [  # type: ignore[index]
+    raw: Any = OmegaConf.to_container(config, resolve=False)
+    assert raw["pool"] == ["https://api.example.com/v1", "${oc.env:SIDECAR_FSM_TEST_UNSET}"]
+    assert raw["policy_model"][MODELS]["m"]["base_url"] == [
         "http://127.0.0.1:41250/v1",
         "${oc.env:SIDECAR_FSM_TEST_UNSET}",
     ]
@@ -287,8 +287,8 @@ def test_alias_of_another_model_field_is_materialized_too() -> None:
     )
     assert isinstance(config, DictConfig)
     assert len(rewrite_base_urls(config, [POLICY])) == 2
-    raw = OmegaConf.to_container(config, resolve=False)
-    assert raw["b"][MODELS]["m"]["base_url"] == "http://127.0.0.1:41250/v1"  # type: ignore[index]
+    raw: Any = OmegaConf.to_container(config, resolve=False)
+    assert raw["b"][MODELS]["m"]["base_url"] == "http://127.0.0.1:41250/v1"
 
 
 def test_struct_and_readonly_configs_are_rewritten_and_keep_their_flags(gym_config: DictConfig) -> None:
@@ -297,6 +297,24 @@ def test_struct_and_readonly_configs_are_rewritten_and_keep_their_flags(gym_conf
     assert len(rewrite_base_urls(gym_config, [POLICY, JUDGE])) == 5
     assert gym_config.policy_model[MODELS].openai_model.base_url == "http://127.0.0.1:41250/v1"
     assert OmegaConf.is_readonly(gym_config) and OmegaConf.is_struct(gym_config)
+
+
+def test_inner_blocks_with_their_own_flags_are_rewritten_and_keep_them(gym_config: DictConfig) -> None:
+    # A flag set on an inner node overrides the root's, so the one context on the root is not
+    # enough there: the write must still go through, and every flag must be as it was after.
+    server = gym_config.policy_model[MODELS].openai_model
+    OmegaConf.set_struct(server, True)
+    OmegaConf.set_readonly(server, True)
+    fallback = gym_config.judge_model[MODELS].judge.fallback_base_url
+    OmegaConf.set_readonly(fallback, True)
+    assert len(rewrite_base_urls(gym_config, [POLICY, JUDGE])) == 5
+    assert server.base_url == "http://127.0.0.1:41250/v1"
+    assert list(fallback)[:2] == ["http://127.0.0.1:41250/v2#frag", "http://127.0.0.1:41250/v1"]
+    assert OmegaConf.is_readonly(server) and OmegaConf.is_struct(server)
+    assert OmegaConf.is_readonly(fallback)
+    assert not OmegaConf.is_readonly(gym_config) and not OmegaConf.is_struct(gym_config)
+    with pytest.raises(Exception, match="read-only"):
+        server.base_url = "x"
 
 
 def test_dry_run_on_a_deepcopy_leaves_the_live_config_untouched(gym_config: DictConfig) -> None:

@@ -329,7 +329,7 @@ class Store:
             "config_summary": json.dumps(summary, sort_keys=True, default=str),
         }
         with self._write() as db:
-            db.table("runs").insert(row)
+            _insert(db, "runs", row)
         return _run_record({**row, "config_summary": row["config_summary"]})
 
     def end_run(self, run_id: str, outcome: str) -> None:
@@ -375,7 +375,7 @@ class Store:
             "ready_path": ready_path,
         }
         with self._write() as db:
-            instance_id = db.table("instances").insert(row).last_pk
+            instance_id = _insert(db, "instances", row)
             created = _first(db, "SELECT * FROM instances WHERE id = ?", [instance_id])
         assert created is not None
         return _instance_record(created)
@@ -637,6 +637,19 @@ def _migrate_locked(conn: sqlite3.Connection, path: Path, latest: int) -> None:
 def _is_busy(exc: sqlite3.OperationalError) -> bool:
     text = str(exc).lower()
     return "locked" in text or "busy" in text
+
+
+def _insert(db: sqlite_utils.Database, table: str, row: Mapping[str, Any]) -> int:
+    """INSERT ``row`` into ``table`` (names from this module only); returns the new rowid.
+
+    Plain SQL rather than ``Table.insert``: sqlite-utils introspects the table's schema on every
+    insert (0.28 ms of a launcher's warm start per instance, inside the writers' lock).
+    """
+    names = ", ".join(row)
+    marks = ", ".join("?" for _ in row)
+    cursor = db.conn.execute(f"INSERT INTO {table} ({names}) VALUES ({marks})", list(row.values()))
+    assert cursor.lastrowid is not None
+    return cursor.lastrowid
 
 
 def _first(db: sqlite_utils.Database, sql: str, params: list[Any]) -> dict[str, Any] | None:

@@ -177,8 +177,12 @@ def signal_if_ours(record: ProcessIdentity, sig: int) -> bool:
         os.close(pidfd)
 
 
-def terminate(record: ProcessIdentity, grace: float) -> TerminateOutcome:
+def terminate(record: ProcessIdentity, grace: float, *, send_sigterm: bool = True) -> TerminateOutcome:
     """End the process of ``record``: SIGTERM, wait up to ``grace`` seconds, then SIGKILL and wait.
+
+    ``send_sigterm=False`` is for a process already draining on its own (a sidecar whose
+    ``-exit-with-pid`` owner died): the proxy takes a second SIGTERM as "stop draining now", so
+    the caller only waits out the grace and SIGKILLs what is left.
 
     Returns ``"exited"`` (it ended within the grace), ``"killed"`` (SIGKILL was needed),
     ``"not-ours"`` (another live process holds the pid: nothing was sent) or ``"gone"`` (no live
@@ -193,7 +197,7 @@ def terminate(record: ProcessIdentity, grace: float) -> TerminateOutcome:
         if not is_ours(record):
             # identity_of is None for a zombie or a vanished process: nothing left to end.
             return "gone" if identity_of(record.pid) is None else "not-ours"
-        if not _send(pidfd, signal.SIGTERM, record):
+        if send_sigterm and not _send(pidfd, signal.SIGTERM, record):
             return "gone"
         if _wait_pidfd(pidfd, grace):
             return "exited"

@@ -117,16 +117,20 @@ def _identity(inst: InstanceRecord) -> procs.ProcessIdentity | None:
 
 _RESULTS = {
     "exited": "drained and exited after SIGTERM",
+    "exited-by-itself": "drained and exited by itself (exit_with_owner)",
     "killed": "killed with SIGKILL after the {grace:g}s grace",
     "gone": "process had already exited",
     "not-ours": "pid {pid} belongs to another process; not signalled",
 }
 
 
-def _plan_instance(inst: InstanceRecord) -> tuple[InstanceReap, procs.ProcessIdentity | None]:
+def _plan_instance(
+    inst: InstanceRecord, self_draining: bool
+) -> tuple[InstanceReap, procs.ProcessIdentity | None]:
     identity = _identity(inst) if inst.state in _MAY_HAVE_PROCESS else None
     if identity is not None and procs.is_ours(identity):
-        return InstanceReap(inst.id, inst.name, inst.state, inst.pid, "SIGTERM, mark failed"), identity
+        action = "wait for its drain, mark failed" if self_draining else "SIGTERM, mark failed"
+        return InstanceReap(inst.id, inst.name, inst.state, inst.pid, action), identity
     if inst.pid is not None and inst.state in _MAY_HAVE_PROCESS and procs.identity_of(inst.pid) is not None:
         # Something lives at the pid but the record does not prove it is our sidecar.
         return InstanceReap(inst.id, inst.name, inst.state, inst.pid, "mark failed (pid not ours)"), None
@@ -163,19 +167,29 @@ def reap(store: Store, *, dry_run: bool = False) -> ReapReport:
         return report
 
 
+def _drains_by_itself(run: RunRecord) -> bool:
+    """True when the run's sidecars were started with ``-exit-with-pid`` of its (gone) owner.
+
+    Such a sidecar began draining the moment its owner died; a SIGTERM from us would be its
+    second signal, which ends the drain at once and cuts the requests it is finishing.
+    """
+    return bool(dict(run.config_summary or {}).get("exit_with_owner", False))
+
+
 def _reap_run(store: Store, run: RunRecord, owner: OwnerStatus, dry_run: bool) -> RunReap:
     reason = _reason(run, owner)
     grace = recorded_grace_seconds(run)
+    self_draining = _drains_by_itself(run)
     instances = store.instances_of(run.run_id)
     result = RunReap(run.run_id, run.host, run.owner_pid, owner, reason)
     for inst in instances:
         if inst.state in TERMINAL:
             continue
-        planned, identity = _plan_instance(inst)
+        planned, identity = _plan_instance(inst, self_draining)
         if dry_run:
             result.instances.append(planned)
             continue
-        result.instances.append(_reap_instance(store, inst, planned, identity, reason, grace))
+        result.instances.append(_reap_instance(store, inst, planned, identity, reason, grace, self_draining))
     stale = _stale_ready_files(instances)
     if not dry_run:
         for path in stale:
@@ -195,6 +209,7 @@ def _reap_instance(
     identity: procs.ProcessIdentity | None,
     reason: str,
     grace: float,
+    self_draining: bool,
 ) -> InstanceReap:
     machine = InstanceMachine(store, inst.id, inst.state)
     if identity is None:
@@ -202,7 +217,9 @@ def _reap_instance(
     else:
         if machine.state != "draining":
             machine.fire("drain", detail=f"reap: {reason}")
-        outcome = procs.terminate(identity, grace)
+        outcome = procs.terminate(identity, grace, send_sigterm=not self_draining)
+        if outcome == "exited" and self_draining:
+            outcome = "exited-by-itself"
     text = _RESULTS[outcome].format(grace=grace, pid=inst.pid)
     error = f"reaped: {reason}; {text}"
     machine.fire("fail", detail=error, error=error)

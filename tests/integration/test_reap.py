@@ -58,6 +58,7 @@ def make_run(
     owner: tuple[int, float | None],
     instances: list[tuple[str, procs.ProcessIdentity | None, str | None]],
     state: str = "ready",
+    summary: dict[str, Any] | None = None,
 ) -> str:
     """A run owned by ``owner`` whose instances point at the given processes, in ``state``.
 
@@ -65,7 +66,7 @@ def make_run(
     and gets a ready file, as a real sidecar would have written.
     """
     run_id = uuid.uuid4().hex
-    store.create_run(run_id, owner[0], owner[1], {"shutdown_grace": "5s"})
+    store.create_run(run_id, owner[0], owner[1], summary or {"shutdown_grace": "5s"})
     for index, (name, identity, binary) in enumerate(instances):
         ready = log_dir / f"h2ping-{name}-{run_id}.ready"
         record = store.create_instance(
@@ -236,3 +237,39 @@ def test_two_reapers_at_once_reap_each_run_exactly_once(store: Store, log_dir: P
     assert len(reaped) == 3 and len(set(reaped)) == 3
     assert all(run.outcome == "reaped" for run in store.list_runs("all"))
     assert database_path(log_dir).exists()
+
+
+# A sidecar whose -exit-with-pid owner died: it is already draining, and exits by itself when
+# the drain is done. A SIGTERM would be its second signal (drain cut short): it records one.
+SELF_DRAINING = """
+import pathlib, signal, sys, time
+marker = pathlib.Path(sys.argv[1])
+def on_term(signum, frame):
+    marker.write_text("SIGTERM")
+    sys.exit(3)
+signal.signal(signal.SIGTERM, on_term)
+pathlib.Path(sys.argv[2]).write_text("up")
+time.sleep(3.0)  # the drain of the requests in flight
+"""
+
+
+def test_self_draining_sidecar_is_not_sent_a_second_signal(
+    store: Store, log_dir: Path, tmp_path: Path, process_registry: ProcessRegistry, wait_until: Any
+) -> None:
+    marker, up = tmp_path / "sigterm", tmp_path / "up"
+    proc = subprocess.Popen([sys.executable, "-c", SELF_DRAINING, str(marker), str(up)])
+    process_registry.add(proc)
+    wait_until(up.exists, 10, "the self-draining process did not start")
+    identity = procs.identity_of(proc.pid)
+    assert identity is not None
+    summary = {"shutdown_grace": "10s", "exit_with_owner": True}
+    make_run(store, log_dir, dead_pid(), [("policy", identity, identity.exe)], summary=summary)
+
+    report = reap(store)
+
+    assert procs.wait_exit(proc, 10) == 0, "the drain was cut short or the process was killed"
+    assert not marker.exists(), "reap sent SIGTERM to a sidecar that was already draining"
+    (run,) = report.runs
+    (instance,) = run.instances
+    assert instance.action == "wait for its drain, mark failed"
+    assert instance.result == "drained and exited by itself (exit_with_owner)"

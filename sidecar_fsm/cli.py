@@ -15,7 +15,6 @@ import contextlib
 import os
 import select
 import signal
-import socket
 import sys
 import tempfile
 from collections.abc import Iterator, Sequence
@@ -25,6 +24,8 @@ from typing import TYPE_CHECKING, Any, NoReturn
 
 from sidecar_fsm import render
 from sidecar_fsm.errors import ConfigError, SchemaTooNewError, SidecarError
+from sidecar_fsm.hostname import host_name
+from sidecar_fsm.resources import default_log_dir
 
 if TYPE_CHECKING:
     from sidecar_fsm.launcher import H2PingSidecarManager
@@ -46,11 +47,6 @@ class _Parser(argparse.ArgumentParser):
 
     def error(self, message: str) -> NoReturn:
         raise UsageError(f"{self.prog}: {message}; see {self.prog} --help")
-
-
-def default_log_dir() -> str:
-    """The launcher's default when neither the config nor ``--log-dir`` names one."""
-    return os.path.join(tempfile.gettempdir(), f"nemo_gym_h2ping-{os.getuid()}")
 
 
 def _log_dir(args: argparse.Namespace) -> tuple[str, bool]:
@@ -99,7 +95,7 @@ def _owner(run: Any) -> str:
     from sidecar_fsm.reap import owner_status
 
     # Another host's pids mean nothing here: its owner can only be judged on that host.
-    if run.host != socket.gethostname():
+    if run.host != host_name():
         return "other host"
     return owner_status(run)
 

@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import contextlib
 import os
-import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -35,7 +34,7 @@ from sidecar_fsm.config import (
     is_loopback_host,
 )
 from sidecar_fsm.errors import ConfigError, SidecarError
-from sidecar_fsm.resources import SIDECAR_SOURCE_DIR
+from sidecar_fsm.resources import SIDECAR_SOURCE_DIR, default_log_dir
 from sidecar_fsm.rewrite import RewrittenUrl, plan_base_urls, rewrite_base_urls
 from sidecar_fsm.supervise import NodeSidecars, _interrupts_deferred, sidecar_command, sidecar_env
 from sidecar_fsm.urls import redact_url
@@ -108,7 +107,7 @@ def resolve_log_dir(config: H2PingSidecarConfig, global_config_dict: Any) -> str
     configured = config.log_dir or _global_get(global_config_dict, NEMO_GYM_LOG_DIR_KEY)
     if configured:
         return os.path.abspath(os.path.expanduser(str(configured)))
-    return os.path.join(tempfile.gettempdir(), f"nemo_gym_h2ping-{os.getuid()}")
+    return default_log_dir()
 
 
 class H2PingSidecarManager:

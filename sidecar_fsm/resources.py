@@ -1,10 +1,12 @@
-"""Where the files read at run time live: the proxy's Go sources and the SQLite migrations.
+"""Where things live: the proxy's Go sources, the SQLite migrations, the default log dir.
 
 In a source checkout (and an editable install) they are the top-level ``go/`` and ``migrations/``
 folders; a wheel carries them inside the package as ``_go/`` and ``_migrations/`` (see
 ``pyproject.toml``). Must not read or hash them: it only says where they are.
 """
 
+import os
+import tempfile
 from pathlib import Path
 
 _PACKAGE_DIR = Path(__file__).resolve().parent
@@ -17,3 +19,12 @@ def _bundled_or_checkout(name: str) -> Path:
 
 SIDECAR_SOURCE_DIR: Path = _bundled_or_checkout("go")
 MIGRATIONS_DIR: Path = _bundled_or_checkout("migrations")
+
+
+def default_log_dir() -> str:
+    """``<tmp>/nemo_gym_h2ping-<uid>``: NeMo Gym's fallback when neither ``sidecar.log_dir`` nor
+    ``nemo_gym_log_dir`` is set, and so where the CLI looks when ``--log-dir`` is not given.
+
+    Per user, so two users of one host never share a state database or ready files.
+    """
+    return os.path.join(tempfile.gettempdir(), f"nemo_gym_h2ping-{os.getuid()}")

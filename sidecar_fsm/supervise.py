@@ -19,7 +19,6 @@ import atexit
 import contextlib
 import os
 import signal
-import socket
 import subprocess
 import threading
 import time
@@ -33,6 +32,7 @@ from sidecar_fsm import procs
 from sidecar_fsm.config import H2PingSidecarConfig, SidecarInstanceConfig, is_loopback_host
 from sidecar_fsm.errors import SidecarError
 from sidecar_fsm.fsm import STATES, TERMINAL, InstanceMachine
+from sidecar_fsm.hostname import host_name
 from sidecar_fsm.ready import ReadyOutcome, ReadyWait, wait_all_ready
 from sidecar_fsm.store import InstanceRecord, Store
 from sidecar_fsm.urls import redact_url
@@ -275,7 +275,7 @@ class NodeSidecars:
         self.instances = list(instances)
         self.binary = str(binary)
         self.log_dir = str(log_dir)
-        self.host = socket.gethostname()
+        self.host = host_name()  # the name the store files this run under
         self.run_id = run_id or uuid.uuid4().hex[:12]
         self.store = store
         # Past shutdown_grace before SIGKILL; an attribute so a test need not wait the default.

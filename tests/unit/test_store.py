@@ -283,6 +283,33 @@ def test_record_transition_checks_the_source_and_the_facts(store: Store) -> None
     assert store.history(instance.id) == []
 
 
+def test_transaction_commits_the_group_at_once_or_not_at_all(store: Store) -> None:
+    reader = raw(store.path)
+    with store.transaction():
+        store.create_run("r", owner_pid=1, owner_start_time=None, config_summary={})
+        first = store.create_instance("r", "a", "127.0.0.1:1", "https://x.example.com", None, None, None)
+        # A write that fails inside the group is undone alone, and the caller may go on.
+        with pytest.raises(sqlite3.IntegrityError):
+            store.create_instance("r", "a", "127.0.0.1:2", "https://x.example.com", None, None, None)
+        store.record_transition(first.id, "configured", "building", "build", None, {})
+        # Another connection sees none of it before the commit.
+        assert reader.execute("SELECT count(*) FROM runs WHERE run_id = 'r'").fetchone() == (0,)
+    assert reader.execute("SELECT count(*) FROM instances WHERE run_id = 'r'").fetchone() == (1,)
+    assert [t.dest for t in store.history(first.id)] == ["building"]
+
+    with pytest.raises(RuntimeError, match="interrupted"), store.transaction():
+        store.create_run("s", owner_pid=1, owner_start_time=None, config_summary={})
+        store.create_instance("s", "a", "127.0.0.1:3", "https://x.example.com", None, None, None)
+        store.record_transition(first.id, "building", "spawned", "spawn", None, {"pid": 5})
+        raise RuntimeError("interrupted")
+    assert store.get_run("s") is None
+    assert reader.execute("SELECT count(*) FROM instances WHERE run_id = 's'").fetchone() == (0,)
+    assert store.get_instance(first.id).state == "building"  # type: ignore[union-attr]
+    # The store is usable afterwards: single writes commit on their own again.
+    store.record_transition(first.id, "building", "spawned", "spawn", None, {"pid": 5})
+    assert reader.execute("SELECT state FROM instances WHERE id = ?", [first.id]).fetchone() == ("spawned",)
+
+
 def test_no_url_is_stored_with_userinfo_or_query(store: Store) -> None:
     store.create_run(
         "r",

@@ -35,7 +35,7 @@ from sidecar_fsm.config import (
 )
 from sidecar_fsm.errors import ConfigError, SidecarError
 from sidecar_fsm.resources import SIDECAR_SOURCE_DIR, default_log_dir
-from sidecar_fsm.rewrite import RewrittenUrl, plan_base_urls, rewrite_base_urls
+from sidecar_fsm.rewrite import RewrittenUrl, find_base_urls, rewrite_base_urls
 from sidecar_fsm.supervise import NodeSidecars, _interrupts_deferred, sidecar_command, sidecar_env
 from sidecar_fsm.urls import redact_url
 
@@ -194,10 +194,10 @@ def start_h2_ping_sidecar(global_config_dict: DictConfig) -> H2PingSidecarManage
     if not config.enabled:
         return None
     instances = list(config.instances)
-    if config.rewrite_base_urls:
-        # Dry run before a process exists: an unparseable model base_url fails here. The plan
-        # is read-only, so no deepcopy of the DictConfig is needed (8 ms for a small config).
-        plan_base_urls(global_config_dict, instances)
+    # Found before a process exists, so an unparseable model base_url fails here; read-only, so
+    # no deepcopy of the DictConfig is needed (8 ms for a small config); applied once the bound
+    # addresses are known.
+    plan = find_base_urls(global_config_dict, instances) if config.rewrite_base_urls else None
     _check_readable_file("sidecar.ca_file", config.ca_file)
     for instance in instances:
         if not is_loopback_host(instance.listen_host):
@@ -213,12 +213,12 @@ def start_h2_ping_sidecar(global_config_dict: DictConfig) -> H2PingSidecarManage
     manager = H2PingSidecarManager(config, instances, binary, log_dir)
     try:
         manager.start()
-        if config.rewrite_base_urls:
+        if plan is not None:
             # In-memory and microseconds long, but a KeyboardInterrupt in the middle would leave
             # the caller's config half rewritten with its sidecars stopped: SIGINT waits until
             # it is done, and is then handled by the except below like any other interrupt.
             with _interrupts_deferred():
-                changes = rewrite_base_urls(global_config_dict, manager.instances_actual)
+                changes = plan.apply(global_config_dict, manager.instances_actual)
             for change in changes:
                 # Base URLs may carry credentials (userinfo, ?api-key=): never print them.
                 old, new = redact_url(change.old), redact_url(change.new)

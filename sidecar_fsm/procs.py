@@ -70,6 +70,20 @@ def identity_of(pid: int) -> ProcessIdentity | None:
     return ProcessIdentity(pid=pid, start_time=start_time, exe=exe)
 
 
+def start_time_of(pid: int) -> float | None:
+    """The start time of the process at ``pid``, as ``identity_of`` reports it; None when there is none.
+
+    For a child this process spawned and has not reaped (its pid cannot have been reused): one
+    read of ``/proc/<pid>/stat``, where ``identity_of`` makes three (status, start time,
+    executable), each slow while the new proxy's runtime is starting on the same cores.
+    """
+    try:
+        start_time: float = psutil.Process(pid).create_time()
+    except psutil.NoSuchProcess:
+        return None
+    return start_time
+
+
 def _same_exe(recorded: str, current: str | None) -> bool:
     if current is None:
         # Unreadable executable: identity cannot be proven, so the answer is "not ours".

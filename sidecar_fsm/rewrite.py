@@ -44,9 +44,18 @@ class RewrittenUrl:
 
 
 @dataclass(frozen=True)
-class _Change:
+class _Match:
+    """One field (or list item) aimed at an instance's upstream, and what its local URL keeps."""
+
     path: tuple[Key, ...]  # keys from the root to the field (list index last for list items)
-    rewritten: RewrittenUrl
+    location: str
+    old: str
+    instance: str  # the name of the instance it is aimed at
+    userinfo: str  # "user:pass@" or ""
+    rest: str  # path, ?query and #fragment, as written
+
+    def local_url(self, listen: str) -> str:
+        return f"http://{self.userinfo}{listen}{self.rest}"
 
 
 class _Unresolved:
@@ -54,6 +63,36 @@ class _Unresolved:
 
 
 _UNRESOLVED = _Unresolved()
+
+
+@dataclass(frozen=True)
+class BaseUrlPlan:
+    """The model base URLs of one config that are aimed at the instances' upstreams, found once.
+
+    ``find_base_urls`` makes it before any process exists (so an unparseable URL fails first)
+    and ``apply`` writes the local URLs once the bound addresses are known: the config is
+    walked once per start, not twice. The config must not change in between.
+    """
+
+    _matches: tuple[_Match, ...]
+
+    def changes(self, instances: Sequence[SidecarInstanceConfig]) -> list[RewrittenUrl]:
+        """What ``apply`` would write for ``instances`` (their ``listen`` as given). Read-only."""
+        listens = _listens_by_name(instances)
+        return [RewrittenUrl(m.location, m.old, m.local_url(listens[m.instance])) for m in self._matches]
+
+    def apply(
+        self, global_config_dict: DictConfig, instances: Sequence[SidecarInstanceConfig]
+    ) -> list[RewrittenUrl]:
+        """Write the local URLs into the config, in place; ``instances`` carry the bound addresses.
+
+        They must be the instances the plan was found for (matched by name), with any ``:0`` port
+        resolved. Every new value is computed before the first write.
+        """
+        changes = self.changes(instances)
+        for match, change in zip(self._matches, changes, strict=True):
+            _apply(global_config_dict, match.path, change.new)
+        return changes
 
 
 def rewrite_base_urls(
@@ -74,10 +113,7 @@ def rewrite_base_urls(
     non-https URLs are left alone. Raises ``ConfigError`` (a ``SidecarError``) naming the field
     and value for a value that is not a parseable URL, before anything was changed.
     """
-    changes = _plan(global_config_dict, _instances_by_origin(instances))
-    for change in changes:
-        _apply(global_config_dict, change)
-    return [change.rewritten for change in changes]
+    return find_base_urls(global_config_dict, instances).apply(global_config_dict, instances)
 
 
 def plan_base_urls(
@@ -85,28 +121,35 @@ def plan_base_urls(
 ) -> list[RewrittenUrl]:
     """The changes ``rewrite_base_urls`` would make, without making them. Read-only.
 
-    Same matching and the same ``ConfigError`` for an unparseable value, so the launcher can
-    refuse a bad config before any process exists without paying for a deep copy of the whole
-    global config (the copy was most of a warm start's time).
+    Same matching and the same ``ConfigError`` for an unparseable value.
     """
-    return [change.rewritten for change in _plan(global_config_dict, _instances_by_origin(instances))]
+    return find_base_urls(global_config_dict, instances).changes(instances)
 
 
-def _instances_by_origin(instances: Sequence[SidecarInstanceConfig]) -> dict[Origin, SidecarInstanceConfig]:
+def find_base_urls(global_config_dict: DictConfig, instances: Sequence[SidecarInstanceConfig]) -> BaseUrlPlan:
+    """The fields ``rewrite_base_urls`` would change, to apply later. Read-only.
+
+    Raises the same ``ConfigError`` for an unparseable value, so the launcher refuses a bad
+    config before any process exists without a deep copy of the whole global config.
+    """
     by_origin: dict[Origin, SidecarInstanceConfig] = {}
     for instance in instances:
         by_origin.setdefault(parse_origin(instance.upstream), instance)
-    return by_origin
+    return BaseUrlPlan(tuple(_find(global_config_dict, by_origin)))
 
 
-def _plan(root: DictConfig, by_origin: dict[Origin, SidecarInstanceConfig]) -> list[_Change]:
-    changes: list[_Change] = []
+def _listens_by_name(instances: Sequence[SidecarInstanceConfig]) -> dict[str, str]:
+    return {instance.name: instance.listen for instance in instances}
+
+
+def _find(root: DictConfig, by_origin: dict[Origin, SidecarInstanceConfig]) -> list[_Match]:
+    matches: list[_Match] = []
 
     def consider(value: object, path: tuple[Key, ...], location: str) -> None:
         if isinstance(value, str):
-            new = _local_url(value, by_origin, location)
-            if new is not None:
-                changes.append(_Change(path, RewrittenUrl(location, value, new)))
+            match = _match(value, by_origin, path, location)
+            if match is not None:
+                matches.append(match)
 
     for top_key in list(root.keys()):
         top = _get(root, top_key)
@@ -130,11 +173,13 @@ def _plan(root: DictConfig, by_origin: dict[Origin, SidecarInstanceConfig]) -> l
                         consider(_get(value, index), (*path, index), f"{location}[{index}]")
                 else:
                     consider(value, path, location)
-    return changes
+    return matches
 
 
-def _local_url(url: str, by_origin: dict[Origin, SidecarInstanceConfig], location: str) -> str | None:
-    """The sidecar URL replacing ``url``, or None when ``url`` is not aimed at any instance."""
+def _match(
+    url: str, by_origin: dict[Origin, SidecarInstanceConfig], path: tuple[Key, ...], location: str
+) -> _Match | None:
+    """``url``'s match when it is aimed at an instance's upstream, else None."""
     try:
         parts = split_url(url)
     except ValueError as exc:
@@ -151,12 +196,12 @@ def _local_url(url: str, by_origin: dict[Origin, SidecarInstanceConfig], locatio
     if instance is None:
         return None
     userinfo, at, _ = parts.netloc.rpartition("@")
-    new = f"http://{userinfo}{at}{instance.listen}{parts.path}"
+    rest = parts.path
     if parts.query:
-        new += f"?{parts.query}"
+        rest += f"?{parts.query}"
     if parts.fragment:
-        new += f"#{parts.fragment}"
-    return new
+        rest += f"#{parts.fragment}"
+    return _Match(path, location, url, instance.name, userinfo + at, rest)
 
 
 def _get(container: Any, key: Key) -> Any:
@@ -167,17 +212,17 @@ def _get(container: Any, key: Key) -> Any:
         return _UNRESOLVED
 
 
-def _apply(root: DictConfig, change: _Change) -> None:
+def _apply(root: DictConfig, path: tuple[Key, ...], new: str) -> None:
     container: Any = root
-    for key in change.path[:-1]:
+    for key in path[:-1]:
         if OmegaConf.is_interpolation(container, key):
             # Writing through an alias would change the node it points at (another server's
             # block, a shared list): give this field its own resolved copy instead.
             _assign(container, key, _resolved_copy(container[key]))
         child = container[key]
-        assert isinstance(child, (DictConfig, ListConfig)), change.path
+        assert isinstance(child, (DictConfig, ListConfig)), path
         container = child
-    _assign(container, change.path[-1], change.rewritten.new)
+    _assign(container, path[-1], new)
 
 
 def _assign(container: Any, key: Key, value: Any) -> None:

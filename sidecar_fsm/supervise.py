@@ -31,7 +31,7 @@ from typing import Any
 from sidecar_fsm import procs
 from sidecar_fsm.config import H2PingSidecarConfig, SidecarInstanceConfig, is_loopback_host
 from sidecar_fsm.errors import SidecarError
-from sidecar_fsm.fsm import STATES, TERMINAL, InstanceMachine
+from sidecar_fsm.fsm import STATES, TERMINAL, Firing, InstanceMachine, fire_together
 from sidecar_fsm.hostname import host_name
 from sidecar_fsm.ready import ReadyOutcome, ReadyWait, wait_all_ready
 from sidecar_fsm.store import InstanceRecord, Store
@@ -48,6 +48,9 @@ _LOG_TAIL_BYTES = 16384
 # arrived before Go installed its handler (the first milliseconds of the process).
 _CLEAN_STOP_CODES = (0, -signal.SIGTERM)
 _NON_TERMINAL = tuple(state for state in STATES if state not in TERMINAL)
+# GOMAXPROCS of a proxy whose environment does not set it: must equal `defaultProcs` in
+# go/tuning.go (one P: the proxy's per-request work is a few microseconds between waits).
+PROXY_DEFAULT_GOMAXPROCS = 1
 
 
 _shared_stores: dict[tuple[int, str], tuple[Store, tuple[int, int]]] = {}
@@ -150,6 +153,8 @@ def sidecar_command(
 def sidecar_env(config: H2PingSidecarConfig) -> dict[str, str]:
     """The child's environment: ours, plus the Go runtime limits, minus any ``http2debug`` in GODEBUG.
 
+    GOMAXPROCS: the config's ``gomaxprocs``, else ours if set, else the proxy's default made explicit.
+
     ``GODEBUG=http2debug=1`` makes net/http log every HTTP/2 frame, Authorization headers
     included; the proxy refuses to start with it, so it is removed here rather than turned into a
     startup failure caused by a debugging variable the user set for something else.
@@ -168,6 +173,12 @@ def sidecar_env(config: H2PingSidecarConfig) -> dict[str, str]:
         env["GOMEMLIMIT"] = str(config.gomemlimit)
     if config.gomaxprocs is not None:
         env["GOMAXPROCS"] = str(config.gomaxprocs)
+    elif "GOMAXPROCS" not in env:
+        # The proxy's own default, said at exec: the runtime then starts with one P instead of
+        # switching to it after readiness (go/tuning.go). Same proxy, but 4 proxies were ready
+        # ~1.1 ms sooner on 2 cores, and the switch's stop-the-world no longer competes with
+        # the launcher's last steps of a start.
+        env["GOMAXPROCS"] = str(PROXY_DEFAULT_GOMAXPROCS)
     return env
 
 
@@ -346,29 +357,42 @@ class NodeSidecars:
             )
         self._started = True
         try:
-            self._open_run()
             executable = os.path.isfile(self.binary) and os.access(self.binary, os.X_OK)
             message = (
                 f"sidecar.binary: '{self.binary}' is not an executable file; build it or set sidecar.binary"
             )
             env = sidecar_env(self.config)
-            # Every instance is on record first (an interrupted start still shows all of them);
-            # then each proxy is launched right after its own `build`, so the Go runtime of the
-            # first ones starts while the rest are still being recorded.
-            for index, instance in enumerate(self.instances):
-                self._add_child(index, instance)
-            for child in self._children:
-                child.machine.fire("build", detail=self.binary, binary=self.binary)
-                if not executable:
+            # The run, its instances and their `build` are one transaction, and every `spawn`
+            # another: a start costs three commits plus the `ready` one, not 3N + 1. The proxies
+            # start on the same cores as this process, so every millisecond spent here before
+            # or between launches delays them too.
+            self._open_run()
+            if executable:
+                fire_together(
+                    [
+                        Firing(child.machine, "build", self.binary, {"binary": self.binary})
+                        for child in self._children
+                    ]
+                )
+            else:
+                for child in self._children:
+                    child.machine.fire("build", detail=self.binary, binary=self.binary)
                     self._fail(child, message)
-                    continue
-                with _interrupts_deferred():
-                    self._launch(child, env)
-            if not executable:
                 raise SidecarError(message)
             for child in self._children:
-                assert child.process is not None
-                child.machine.fire("spawn", detail=f"pid {child.process.pid}", **self._facts(child))
+                with _interrupts_deferred():
+                    self._launch(child, env)
+            # Read after every launch, not between them: /proc of a proxy that is still starting
+            # is slow to read, and the start time cannot change (the pid is ours until reaped).
+            for child in self._children:
+                self._read_identity(child)
+            fire_together(
+                [
+                    Firing(child.machine, "spawn", f"pid {child.process.pid}", self._facts(child))
+                    for child in self._children
+                    if child.process is not None
+                ]
+            )
             errors = self._await_ready(self._children)
             if errors:
                 raise SidecarError("\n".join(errors))
@@ -385,34 +409,45 @@ class NodeSidecars:
         ]
 
     def _open_run(self) -> None:
+        """Record the run and every instance (state ``configured``) in one transaction; give each its machine.
+
+        All or nothing: an interrupted start never leaves a run with half its instances on record.
+        """
         os.makedirs(self.log_dir, exist_ok=True)
         if self.store is None:
             self.store = shared_store(self.log_dir)
+        store = self.store
         owner = _owner_identity()
-        self.store.create_run(
-            self.run_id, os.getpid(), owner.start_time if owner else None, self.config_summary()
-        )
+        with store.transaction():
+            store.create_run(
+                self.run_id, os.getpid(), owner.start_time if owner else None, self.config_summary()
+            )
+            records = [
+                store.create_instance(
+                    self.run_id,
+                    instance.name,
+                    instance.listen,
+                    instance.upstream,
+                    self.binary,
+                    self._path(instance, ".log"),
+                    self._path(instance, ".ready"),
+                )
+                for instance in self.instances
+            ]
         self._run_created = True
-
-    def _add_child(self, index: int, instance: SidecarInstanceConfig) -> _Child:
-        """Record ``instance`` (state ``configured``) and give it its machine."""
-        assert self.store is not None
-        log_path = self._path(instance, ".log")
-        ready_path = self._path(instance, ".ready")
-        record = self.store.create_instance(
-            self.run_id, instance.name, instance.listen, instance.upstream, self.binary, log_path, ready_path
-        )
-        child = _Child(
-            index,
-            instance,
-            InstanceMachine(self.store, record.id),
-            record.id,
-            log_path,
-            ready_path,
-            listen=instance.listen,
-        )
-        self._children.append(child)
-        return child
+        for index, (instance, record) in enumerate(zip(self.instances, records, strict=True)):
+            assert record.log_path is not None and record.ready_path is not None
+            self._children.append(
+                _Child(
+                    index,
+                    instance,
+                    InstanceMachine(store, record.id),
+                    record.id,
+                    record.log_path,
+                    record.ready_path,
+                    listen=instance.listen,
+                )
+            )
 
     def _launch(self, child: _Child, env: dict[str, str], restart_of: int | None = None) -> None:
         """Start ``child``'s process on ``child.listen``; remembers it, records nothing yet.
@@ -435,11 +470,18 @@ class NodeSidecars:
             self._fail(child, message, exit_code=restart_of)
             raise SidecarError(message) from exc
         child.process = process
-        # Start time only, no executable: a wrapper script that execs the proxy changes its exe
-        # after we look, and would then never be "ours" to signal. Until we reap it the pid
-        # cannot be reused, so pid and start time identify our child exactly.
-        found = procs.identity_of(process.pid)
-        child.identity = procs.ProcessIdentity(found.pid, found.start_time, None) if found else None
+
+    def _read_identity(self, child: _Child) -> None:
+        """Remember the start time of ``child``'s process, which every signal to it is checked against.
+
+        Start time only, no executable: a wrapper script that execs the proxy changes its exe
+        after we look, and would then never be "ours" to signal. Until we reap it the pid cannot
+        be reused, so pid and start time identify our child exactly.
+        """
+        assert child.process is not None
+        pid = child.process.pid
+        start_time = procs.start_time_of(pid)
+        child.identity = procs.ProcessIdentity(pid, start_time, None) if start_time is not None else None
 
     def _facts(self, child: _Child) -> dict[str, Any]:
         assert child.process is not None
@@ -452,6 +494,7 @@ class NodeSidecars:
         """Replace the dead process of a ``ready`` child on the same address; fire ``restart``."""
         with _interrupts_deferred():
             self._launch(child, env, restart_of=exit_code)
+            self._read_identity(child)
             assert child.process is not None
             attempt = child.restart_count + 1
             child.machine.fire(
@@ -471,14 +514,28 @@ class NodeSidecars:
             ReadyWait(child.name, child.ready_path, child.process) for child in children if child.process
         ]
         outcomes = wait_all_ready(waits, timeout=float(self.config.startup_timeout_seconds))
-        errors: list[str] = []
+        bound: dict[str, str] = {}
         for child in children:
             outcome = outcomes.get(child.name)
             if outcome is not None and outcome.info is not None:
-                child.listen = outcome.info.listen
-                child.machine.fire("ready", detail=f"listening on {child.listen}", listen=child.listen)
-                continue
-            errors.append(self._startup_failure(child, outcome))
+                bound[child.name] = outcome.info.listen
+        # One commit for every instance that came up: it is the last step before the caller
+        # gets its addresses, so it is on the start's critical path.
+        fire_together(
+            [
+                Firing(
+                    child.machine, "ready", f"listening on {bound[child.name]}", {"listen": bound[child.name]}
+                )
+                for child in children
+                if child.name in bound
+            ]
+        )
+        errors: list[str] = []
+        for child in children:
+            if child.name in bound:
+                child.listen = bound[child.name]
+            else:
+                errors.append(self._startup_failure(child, outcomes.get(child.name)))
         return errors
 
     def _startup_failure(self, child: _Child, outcome: ReadyOutcome | None) -> str:

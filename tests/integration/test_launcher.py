@@ -576,16 +576,16 @@ def test_keyboard_interrupt_after_the_proxy_is_ready(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     """An interrupt while the config is being rewritten: the ready proxy is stopped, config untouched."""
-    from sidecar_fsm import launcher
+    from sidecar_fsm.rewrite import BaseUrlPlan
 
     calls: list[int] = []
 
     def interrupt(*args: Any) -> Any:
-        # Called once the proxy is ready (the dry run before it is plan_base_urls).
+        # Called once the proxy is ready (finding the fields before it is read-only).
         calls.append(1)
         raise KeyboardInterrupt
 
-    monkeypatch.setattr(launcher, "rewrite_base_urls", interrupt)
+    monkeypatch.setattr(BaseUrlPlan, "apply", interrupt)
     config = gym_config(tls_origin.url, tls_origin.ca_file, log_dir, cache_dir)
     before = snapshot(config)
     with pytest.raises(KeyboardInterrupt):

@@ -108,6 +108,20 @@ def test_identity_of_a_live_process_and_none_once_it_exits(
     assert procs.terminate(identity, 1) == "gone"
 
 
+def test_start_time_of_agrees_with_identity_of_until_the_child_is_reaped(
+    tmp_path: Path, started: list[subprocess.Popen[bytes]]
+) -> None:
+    child = _spawn(started, [SLEEP, "30"], tmp_path / "log")
+    identity = procs.identity_of(child.pid)
+    assert identity is not None
+    # The launcher records this value and later proves identity with is_ours: they must agree.
+    assert procs.start_time_of(child.pid) == identity.start_time
+    assert procs.is_ours(ProcessIdentity(child.pid, identity.start_time, None))
+    child.kill()
+    child.wait()
+    assert procs.start_time_of(child.pid) is None
+
+
 def test_record_with_other_start_time_or_exe_is_never_signalled(
     tmp_path: Path, started: list[subprocess.Popen[bytes]]
 ) -> None:

@@ -27,6 +27,7 @@ from sidecar_fsm.launcher import (
     sidecar_env,
     start_h2_ping_sidecar,
 )
+from sidecar_fsm.supervise import PROXY_DEFAULT_GOMAXPROCS
 
 SPEC_NAMES = (
     "start_h2_ping_sidecar",
@@ -110,10 +111,21 @@ def test_env_drops_http2debug_only(
     assert "GOMEMLIMIT" not in env or os.environ.get("GOMEMLIMIT") == env["GOMEMLIMIT"]
 
 
-def test_env_passes_go_limits() -> None:
+def test_env_passes_go_limits(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("GOMAXPROCS", "8")
     env = sidecar_env(_config(gomemlimit="1GiB", gomaxprocs=2))
     assert env["GOMEMLIMIT"] == "1GiB"
     assert env["GOMAXPROCS"] == "2"
+
+
+def test_env_gomaxprocs_is_ours_else_the_proxys_default(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("GOMAXPROCS", "3")
+    assert sidecar_env(_config())["GOMAXPROCS"] == "3"
+    monkeypatch.delenv("GOMAXPROCS")
+    # The value go/tuning.go applies itself when the environment is silent.
+    tuning = (SIDECAR_SOURCE_DIR / "tuning.go").read_text()
+    assert f"const defaultProcs = {PROXY_DEFAULT_GOMAXPROCS}" in tuning
+    assert sidecar_env(_config())["GOMAXPROCS"] == str(PROXY_DEFAULT_GOMAXPROCS)
 
 
 def test_log_dir_order(tmp_path: Path) -> None:

@@ -31,7 +31,7 @@ from typing import Any
 from sidecar_fsm import procs
 from sidecar_fsm.config import H2PingSidecarConfig, SidecarInstanceConfig, is_loopback_host
 from sidecar_fsm.errors import SidecarError
-from sidecar_fsm.fsm import STATES, TERMINAL, Firing, InstanceMachine, fire_together
+from sidecar_fsm.fsm import STATES, TERMINAL, Firing, InstanceMachine, fire_together, new_run_table
 from sidecar_fsm.hostname import host_name
 from sidecar_fsm.ready import ReadyOutcome, ReadyWait, wait_all_ready
 from sidecar_fsm.store import InstanceRecord, Store
@@ -435,13 +435,14 @@ class NodeSidecars:
                 for instance in self.instances
             ]
         self._run_created = True
+        table = new_run_table()  # the run's machines live and die together
         for index, (instance, record) in enumerate(zip(self.instances, records, strict=True)):
             assert record.log_path is not None and record.ready_path is not None
             self._children.append(
                 _Child(
                     index,
                     instance,
-                    InstanceMachine(store, record.id),
+                    InstanceMachine(store, record.id, table=table),
                     record.id,
                     record.log_path,
                     record.ready_path,

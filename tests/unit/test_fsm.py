@@ -23,6 +23,7 @@ from sidecar_fsm.fsm import (
     MachineError,
     fire_together,
     legal_events,
+    new_run_table,
     target_of,
 )
 from sidecar_fsm.store import InstanceRecord, Store
@@ -255,8 +256,10 @@ def test_no_auto_transition_bypass_exists(store: Store) -> None:
     assert not any(name.startswith("to_") for name in machine._machine.events)
 
 
-def test_threads_drive_different_instances_at_once(store: Store) -> None:
-    machines = [InstanceMachine(store, new_instance(store).id) for _ in range(40)]
+@pytest.mark.parametrize("shared_table", [False, True], ids=["own tables", "one run table"])
+def test_threads_drive_different_instances_at_once(store: Store, shared_table: bool) -> None:
+    table = new_run_table() if shared_table else None
+    machines = [InstanceMachine(store, new_instance(store).id, table=table) for _ in range(40)]
     errors: list[BaseException] = []
 
     def drive(chunk: list[InstanceMachine]) -> None:
@@ -321,3 +324,19 @@ def test_fire_together_refuses_a_machine_twice(store: Store) -> None:
     with pytest.raises(ValueError, match="once"):
         fire_together([Firing(machine, "spawn"), Firing(machine, "fail")])
     assert machine.state == "building"
+
+
+def test_machines_sharing_a_table_move_and_persist_independently(store: Store) -> None:
+    table = new_run_table()
+    first = InstanceMachine(store, new_instance(store).id, table=table)
+    second = InstanceMachine(store, new_instance(store).id, "configured", table=table)
+    first.fire("build")
+    first.fire("spawn", pid=1)
+    second.fire("stop")
+    with pytest.raises(MachineError):
+        second.fire("build")  # terminal: the shared table does not leak the other's state
+    assert (first.state, second.state) == ("spawned", "stopped")
+    assert [t.dest for t in store.history(first.instance_id)] == ["building", "spawned"]
+    assert [t.dest for t in store.history(second.instance_id)] == ["stopped"]
+    assert store.get_instance(first.instance_id).pid == 1  # type: ignore[union-attr]
+    assert store.get_instance(second.instance_id).pid is None  # type: ignore[union-attr]

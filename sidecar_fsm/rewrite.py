@@ -228,6 +228,11 @@ def _apply(root: DictConfig, path: tuple[Key, ...], new: str) -> None:
 def _assign(container: Any, key: Key, value: Any) -> None:
     # Struct and read-only flags guard against typos in user code; this write replaces an
     # existing key with a value of the same kind, which is the launcher's documented job.
+    # Lifting a flag invalidates OmegaConf's flag cache below the node, so it is done only
+    # when a flag is set (a Gym config usually has none).
+    if not OmegaConf.is_readonly(container) and not OmegaConf.is_struct(container):
+        container[key] = value
+        return
     with read_write(container), open_dict(container):
         container[key] = value
 

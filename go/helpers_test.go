@@ -60,7 +60,9 @@ func (l *logBuffer) String() string {
 // read the pool's state directly.
 type inProcessProxy struct {
 	url  string
+	addr string
 	up   *upstream
+	srv  *server
 	logs *logBuffer
 }
 
@@ -79,15 +81,17 @@ func startProxy(t *testing.T, originURL, caFile string, args ...string) *inProce
 	if err != nil {
 		t.Fatal(err)
 	}
-	srv := &http.Server{Handler: newProxy(cfg, up, logger), ErrorLog: logger}
-	go srv.Serve(ln)
+	srv := newServer(cfg, up, logger)
+	go srv.serve(ln)
 	t.Cleanup(func() {
 		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 		defer cancel()
-		srv.Shutdown(ctx)
+		if srv.shutdown(ctx) != nil {
+			srv.close()
+		}
 		up.pool.close()
 	})
-	return &inProcessProxy{url: "http://" + ln.Addr().String(), up: up, logs: logs}
+	return &inProcessProxy{url: "http://" + ln.Addr().String(), addr: ln.Addr().String(), up: up, srv: srv, logs: logs}
 }
 
 // waitFor polls cond until it holds or the deadline passes; failures name what.

@@ -13,7 +13,6 @@ import (
 	"io"
 	"log"
 	"net"
-	"net/http"
 	"os"
 	"os/signal"
 	"syscall"
@@ -47,16 +46,9 @@ func run(args []string, getenv func(string) string, stdout, stderr io.Writer) in
 	logger := log.New(stderr, "h2-ping-sidecar: ", log.LstdFlags|log.Lmicroseconds)
 	up := newUpstream(cfg)
 	up.pool = newPool(up.newClientConn, cfg.MaxConnAge)
-	srv := &http.Server{
-		Handler:  newProxy(cfg, up, logger),
-		ErrorLog: logger,
-	}
-	var protos http.Protocols
-	protos.SetHTTP1(true)
-	srv.Protocols = &protos
-
+	srv := newServer(cfg, up, logger)
 	served := make(chan error, 1)
-	go func() { served <- srv.Serve(ln) }()
+	go func() { served <- srv.serve(ln) }()
 
 	pid := os.Getpid()
 	if cfg.ReadyFile != "" {
@@ -94,7 +86,7 @@ func run(args []string, getenv func(string) string, stdout, stderr io.Writer) in
 
 // drain stops accepting, lets in-flight requests finish for up to ShutdownGrace, then
 // closes the upstream connections. A second signal ends the drain at once.
-func drain(srv *http.Server, up *upstream, cfg *Config, sigs <-chan os.Signal, logger *log.Logger) {
+func drain(srv *server, up *upstream, cfg *Config, sigs <-chan os.Signal, logger *log.Logger) {
 	ctx, cancel := context.WithTimeout(context.Background(), cfg.ShutdownGrace)
 	defer cancel()
 	go func() {
@@ -105,9 +97,9 @@ func drain(srv *http.Server, up *upstream, cfg *Config, sigs <-chan os.Signal, l
 		case <-ctx.Done():
 		}
 	}()
-	if err := srv.Shutdown(ctx); err != nil {
+	if err := srv.shutdown(ctx); err != nil {
 		logger.Printf("drain cut short (%v): closing remaining requests", err)
-		srv.Close()
+		srv.close()
 	} else {
 		logger.Printf("drained")
 	}

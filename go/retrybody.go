@@ -2,7 +2,6 @@ package main
 
 import (
 	"bytes"
-	"fmt"
 	"io"
 	"net/http"
 	"strings"
@@ -46,49 +45,38 @@ func classify(err error) failure {
 	return failOther
 }
 
-// RoundTrip sends req on a pooled connection and re-sends it on another one when a
-// graceful GOAWAY (or REFUSED_STREAM) refused it, at once: Go's Transport backs off a
-// second before its second retry, which put p99 over 1 s under GOAWAY churn.
+// send sends req on a pooled connection and re-sends it on another one when a graceful
+// GOAWAY (or REFUSED_STREAM) refused it, at once: Go's Transport backs off a second before
+// its second retry, which put p99 over 1 s under GOAWAY churn.
 //
-// A body up to RetryBodyLimit is read into memory first (before a stream slot is taken,
-// so a slow uploader does not hold one) and replayed from there; a larger body streams
-// and is re-sent only if the connection failed before any of it was read.
-func (u *upstream) RoundTrip(req *http.Request) (*http.Response, error) {
-	var buf []byte
-	replayable := true
-	var stream *onceBody
-	if req.Body != nil && req.Body != http.NoBody {
-		b, rest, err := readBody(req.Body, req.ContentLength, u.cfg.RetryBodyLimit)
-		if err != nil {
-			return nil, fmt.Errorf("reading request body from client: %w", err)
-		}
-		if rest != nil {
-			replayable = false
-			stream = &onceBody{r: rest}
-		} else {
-			buf = b
-		}
-	}
+// The front end has already read a body up to RetryBodyLimit into buf (before a stream
+// slot is taken, so a slow uploader does not hold one), and it is replayed from there; a
+// larger body comes as stream and is re-sent only if the connection failed before any of
+// it was read. req's own Body is ignored.
+func (u *upstream) send(req *http.Request, buf []byte, stream *onceBody) (*http.Response, error) {
+	out := req
 	for attempt := 1; ; attempt++ {
 		c, err := u.pool.acquire(req.Context())
 		if err != nil {
 			return nil, err
 		}
-		// req is ReverseProxy's own outgoing copy and is sent unchanged when it has no
-		// body; a copy (~600 B) is made only to swap in a replayable or streamed body.
-		// That copy stayed live for the whole wait: 1.2 MB of 2,000 waiting requests.
-		out := req
+		// The first attempt sends req itself (the front end's own outgoing request). A
+		// re-send of a body gets its own copy: the refused stream may still hold the
+		// request it was given.
+		if attempt > 1 && (stream != nil || buf != nil) {
+			out = req.WithContext(req.Context())
+		}
 		switch {
 		case stream != nil:
-			out = req.WithContext(req.Context())
-			out.Body = stream
-			out.GetBody = nil
+			out.Body = stream // ContentLength stays the client's (-1 when chunked)
 		case buf != nil:
-			out = req.WithContext(req.Context())
 			out.Body = io.NopCloser(bytes.NewReader(buf))
 			out.ContentLength = int64(len(buf))
-			out.GetBody = nil
+		default:
+			out.Body = nil
+			out.ContentLength = 0
 		}
+		out.GetBody = nil
 		resp, err := c.cc.RoundTrip(out)
 		if err == nil {
 			return resp, nil
@@ -98,11 +86,11 @@ func (u *upstream) RoundTrip(req *http.Request) (*http.Response, error) {
 		}
 		switch classify(err) {
 		case failNotSent:
-			if !replayable && stream.touched.Load() {
+			if stream != nil && stream.touched.Load() {
 				return nil, err
 			}
 		case failRefused:
-			if !replayable {
+			if stream != nil {
 				return nil, err
 			}
 		default:
@@ -139,15 +127,23 @@ func readBody(body io.Reader, contentLength, limit int64) ([]byte, io.Reader, er
 // onceBody is a streamed (unbuffered) request body. It records whether the transport
 // read from it, and its Close does nothing: the http2 client closes a request body when a
 // stream fails, which would make a never-read body impossible to send on the next
-// connection. The proxy handler closes the client's body itself when it returns.
+// connection. onEOF (if set) runs once, when the body has been read to its end: the front
+// end then starts watching for the client going away.
 type onceBody struct {
 	r       io.Reader
 	touched atomic.Bool
+	onEOF   func()
 }
 
+// Read is called by one transport goroutine at a time (the stream's body writer).
 func (b *onceBody) Read(p []byte) (int, error) {
 	b.touched.Store(true)
-	return b.r.Read(p)
+	n, err := b.r.Read(p)
+	if err == io.EOF && b.onEOF != nil {
+		b.onEOF()
+		b.onEOF = nil
+	}
+	return n, err
 }
 
 func (b *onceBody) Close() error { return nil }

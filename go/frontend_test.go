@@ -344,3 +344,41 @@ func TestResponseTrailersAndHopHeaders(t *testing.T) {
 		t.Fatalf("got %d %q trailer %v; want 200 \"body\" and X-Sum: 42", resp.StatusCode, body, resp.Trailer)
 	}
 }
+
+func TestClientGoneMidStreamCancelsUpstreamQuietly(t *testing.T) {
+	cancelled := make(chan struct{})
+	origin := newH2Origin(t, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("Content-Type", "text/event-stream")
+		io.WriteString(w, "data: first\n\n")
+		w.(http.Flusher).Flush()
+		select { // silent after the first event: only the watcher can notice the client leave
+		case <-r.Context().Done():
+			close(cancelled)
+		case <-time.After(20 * time.Second):
+		}
+	}))
+	p := startProxy(t, origin.URL, caFileOf(t, origin))
+	r := dialRaw(t, p.addr)
+	r.send("GET /sse HTTP/1.1\r\nHost: x\r\n\r\n")
+	resp, err := http.ReadResponse(r.br, &http.Request{Method: "GET"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if line, err := bufio.NewReader(resp.Body).ReadString('\n'); line != "data: first\n" || err != nil {
+		t.Fatalf("first event: got %q, %v; want \"data: first\\n\"", line, err)
+	}
+	r.c.Close()
+	select {
+	case <-cancelled:
+	case <-time.After(10 * time.Second):
+		t.Fatalf("origin stream: got still live 10s after the client closed; want cancelled")
+	}
+	waitFor(t, "the proxy to drop the connection", 5*time.Second, func() bool {
+		p.srv.mu.Lock()
+		defer p.srv.mu.Unlock()
+		return len(p.srv.conns) == 0
+	})
+	if logs := p.logs.String(); logs != "" {
+		t.Fatalf("log: got %q; want nothing for a client that went away", logs)
+	}
+}

@@ -24,15 +24,16 @@ func (c *clientConn) serveOne() (keep, linger bool) {
 	}
 	keep = !req.Close
 
-	// Expect: net/http answers 100-continue to HTTP/1.1 requests with a body, and 417 to
-	// anything else.
+	// Expect as net/http handles it: 100 Continue before reading an HTTP/1.1 body (the
+	// header is still forwarded; the upstream's own 100 is not waited for), 417 for any
+	// other expectation.
 	if expect := req.Header.Get("Expect"); expect != "" {
-		if !strings.EqualFold(expect, "100-continue") || !req.ProtoAtLeast(1, 1) {
+		if !strings.EqualFold(expect, "100-continue") {
 			c.writePlain(http.StatusExpectationFailed, "")
 			return false, true
 		}
-		if req.Body != http.NoBody {
-			if _, err := c.rwc.Write([]byte("HTTP/1.1 100 Continue\r\n\r\n")); err != nil {
+		if req.ProtoAtLeast(1, 1) && req.Body != http.NoBody {
+			if _, err := io.WriteString(c.rwc, "HTTP/1.1 100 Continue\r\n\r\n"); err != nil {
 				return false, false
 			}
 		}
@@ -78,17 +79,21 @@ func (c *clientConn) serveOne() (keep, linger bool) {
 		keep = c.writeBadGateway(req, err, keep)
 	}
 	bodyDone := c.stopWatch()
-	c.resetWatch()
 	if stream != nil {
 		if !bodyDone {
 			// The upstream answered before the client's body was read to its end: the
-			// rest cannot be skipped safely, and the transport may still read it.
+			// rest cannot be skipped safely, and the transport may still read it. The
+			// watcher state stays stopped, so the body's late EOF starts no watcher.
 			c.forgetReader()
 			return false, false
 		}
 		c.releaseReader()
 	}
-	return keep && !c.gone, false
+	if !keep || c.gone {
+		return false, false
+	}
+	c.resetWatch()
+	return true, false
 }
 
 // hopHeaders are removed from requests and responses (RFC 9110 section 7.6.1, and the

@@ -189,10 +189,74 @@ def test_writer_killed_mid_burst_leaves_a_consistent_database(
     assert assert_state_matches_history(path) > 300
 
 
+def hold_write_lock(db_path: str) -> None:
+    """Another process inside a write transaction: holds SQLite's write lock until a line on stdin."""
+    conn = sqlite3.connect(db_path, isolation_level=None)
+    conn.execute("BEGIN IMMEDIATE")
+    conn.execute("UPDATE runs SET outcome = outcome")
+    print("holding", flush=True)
+    sys.stdin.readline()
+    conn.execute("COMMIT")
+    conn.close()
+
+
+def test_a_write_waits_for_another_process_lock_and_gives_up_clearly_past_the_deadline(
+    tmp_path: Path, writers: list[subprocess.Popen[str]], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import threading
+
+    from sidecar_fsm import store as store_module
+    from sidecar_fsm.errors import SidecarError
+
+    with Store.open(tmp_path, host=HOST) as store:
+        store.create_run("before", owner_pid=1, owner_start_time=None, config_summary={})
+        holder = start_writer("hold", str(store.path))
+        writers.append(holder)
+        assert holder.stdout is not None and holder.stdin is not None
+        assert holder.stdout.readline() == "holding\n", holder.communicate(timeout=30)[1]
+
+        # Readers are never blocked by a writer (WAL).
+        assert [run.run_id for run in store.list_runs()] == ["before"]
+
+        # Past the deadline: one clear error, nothing written.
+        monkeypatch.setattr(store_module, "WRITE_DEADLINE_SECONDS", 0.2)
+        with pytest.raises(
+            SidecarError, match="could not start a write: database is locked; another process"
+        ):
+            store.create_run("late", owner_pid=1, owner_start_time=None, config_summary={})
+        assert store.get_run("late") is None
+        monkeypatch.setattr(store_module, "WRITE_DEADLINE_SECONDS", 60.0)
+
+        # Within it: the write waits (busy_timeout is 0, the waiting is the store's) and lands
+        # once the other process commits.
+        done = threading.Event()
+        failures: list[BaseException] = []
+
+        def write() -> None:
+            try:
+                store.create_run("waited", owner_pid=1, owner_start_time=None, config_summary={})
+            except BaseException as exc:
+                failures.append(exc)
+            done.set()
+
+        thread = threading.Thread(target=write)
+        thread.start()
+        assert not done.wait(0.3), "the write did not wait for the other process's lock"
+        holder.stdin.write("release\n")
+        holder.stdin.flush()
+        assert done.wait(30), "the write never started after the lock was released"
+        thread.join()
+        assert failures == []
+        assert holder.wait(timeout=30) == 0
+        assert store.get_run("waited") is not None
+
+
 if __name__ == "__main__":
     if sys.argv[1] == "drive":
         drive(sys.argv[2], sys.argv[3], int(sys.argv[4]))
     elif sys.argv[1] == "burst":
         burst(sys.argv[2])
+    elif sys.argv[1] == "hold":
+        hold_write_lock(sys.argv[2])
     else:
-        raise SystemExit(f"usage: {sys.argv[0]} drive LOG_DIR TAG COUNT | burst LOG_DIR")
+        raise SystemExit(f"usage: {sys.argv[0]} drive LOG_DIR TAG COUNT | burst LOG_DIR | hold DB")

@@ -27,16 +27,16 @@ const defaultProcs = 1
 // allocation 13 % of its CPU; with this tuner 7 cycles. A fixed higher GOGC would multiply
 // the heap of 2,000 requests in flight (RSS target < 80 MiB), so the percentage follows the
 // live size: a small heap gets at most 4x the 4 MB minimum, a large one is collected at
-// 50 % growth (stacks count in the base, and 2,000 waiting requests hold 31 MB of them).
+// 50 % growth (stacks count in the base, and 2,000 waiting requests hold 21 MB of them).
 //
 // Why no tighter default (bench scale phase, 2,000 x 5 s waits, runs alternated): the peak
-// RSS is not garbage. While they wait, net/http's 4 KiB + 2 KiB response buffers are
-// allocated but never written, so not yet resident (RSS ~69 MiB); the response burst
-// writes them (+~12 MiB) while the stacks it frees stay resident until scavenged. Only
-// prompt scavenging lowers it: GOMEMLIMIT=60MiB gave 65-67 MiB but 5.8-6.1 CPU s instead
-// of 0.6 (the GC runs back to back above the limit); GOGC=10 gave 75-78 MiB for +45 % CPU;
-// GOGC=25 and GODEBUG=adaptivestackstart=0 did not lower it. A user who wants the RSS
-// rather than the CPU sets the launcher's gomemlimit.
+// RSS is live memory, not garbage. With net/http's server it was ~81 MiB (stacks 31 MiB,
+// its per-connection buffers 19 MiB, written all at once by the response burst); no GC
+// setting moved it much (GOMEMLIMIT=60MiB gave 65-67 MiB for 10x the CPU, GOGC=10 75-78 MiB for
+// +45 % CPU; GOGC=25 and GODEBUG=adaptivestackstart=0 nothing). The front end of
+// frontend.go holds no buffer while a request waits: peak ~47 MiB (stacks 21 MiB, heap
+// 15 MiB). A user who wants the RSS lower still, at the cost of CPU, sets the launcher's
+// gomemlimit.
 const (
 	gcHeadroom   = 16 << 20
 	gcPercentMin = 50

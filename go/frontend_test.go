@@ -382,3 +382,32 @@ func TestClientGoneMidStreamCancelsUpstreamQuietly(t *testing.T) {
 		t.Fatalf("log: got %q; want nothing for a client that went away", logs)
 	}
 }
+
+// TestRequestSentWhileOneWaits: the second request arrives while the first waits, so the
+// watcher reads its first byte; it must be kept, and the first request not cancelled.
+func TestRequestSentWhileOneWaits(t *testing.T) {
+	entered, release := make(chan struct{}), make(chan struct{})
+	origin := newH2Origin(t, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.URL.Path == "/slow" {
+			close(entered)
+			select {
+			case <-release:
+			case <-r.Context().Done():
+				http.Error(w, "cancelled", 500)
+				return
+			}
+		}
+		io.WriteString(w, "done "+r.URL.Path)
+	}))
+	p := startProxy(t, origin.URL, caFileOf(t, origin))
+	r := dialRaw(t, p.addr)
+	r.send("GET /slow HTTP/1.1\r\nHost: x\r\n\r\n")
+	<-entered
+	r.send("GET /next HTTP/1.1\r\nHost: x\r\n\r\n")
+	close(release)
+	for _, want := range []string{"done /slow", "done /next"} {
+		if resp, body := r.response("GET"); resp.StatusCode != 200 || body != want {
+			t.Fatalf("got %d %q; want 200 %q", resp.StatusCode, body, want)
+		}
+	}
+}

@@ -42,3 +42,62 @@ func TestRemoveReadyFileKeepsASuccessorsFile(t *testing.T) {
 		t.Fatalf("own ready file: got %v; want it removed", err)
 	}
 }
+
+func TestReadyFileReusesThePreparedTempFile(t *testing.T) {
+	dir := t.TempDir()
+	path := filepath.Join(dir, "x.ready")
+	prepared := filepath.Join(dir, preparedTempName("x.ready"))
+	if err := os.WriteFile(prepared, []byte("stale content, longer than the JSON will be ......"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	before, err := os.Stat(prepared)
+	if err != nil {
+		t.Fatal(err)
+	}
+	info := readyInfo{PID: 7, Listen: "127.0.0.1:9"}
+	if err := writeReadyFile(path, info); err != nil {
+		t.Fatal(err)
+	}
+	after, err := os.Stat(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !os.SameFile(before, after) {
+		t.Fatalf("ready file: got a new file; want the prepared one renamed into place")
+	}
+	if data, _ := os.ReadFile(path); string(data) != string(info.marshal()) {
+		t.Fatalf("ready file content: got %q; want %q", data, info.marshal())
+	}
+	if _, err := os.Stat(prepared); !os.IsNotExist(err) {
+		t.Fatalf("prepared temp file: got %v; want it renamed away", err)
+	}
+}
+
+func TestReadyFileNeverWritesThroughAPlantedLink(t *testing.T) {
+	for _, kind := range []string{"symlink", "hardlink"} {
+		t.Run(kind, func(t *testing.T) {
+			dir := t.TempDir()
+			victim := filepath.Join(dir, "victim")
+			if err := os.WriteFile(victim, []byte("keep me"), 0o644); err != nil {
+				t.Fatal(err)
+			}
+			prepared := filepath.Join(dir, preparedTempName("x.ready"))
+			link := os.Symlink
+			if kind == "hardlink" {
+				link = os.Link
+			}
+			if err := link(victim, prepared); err != nil {
+				t.Fatal(err)
+			}
+			if err := writeReadyFile(filepath.Join(dir, "x.ready"), readyInfo{PID: 7, Listen: "127.0.0.1:9"}); err != nil {
+				t.Fatal(err)
+			}
+			if data, _ := os.ReadFile(victim); string(data) != "keep me" {
+				t.Fatalf("victim behind a %s: got %q; want it untouched", kind, data)
+			}
+			if info, err := os.Lstat(prepared); err != nil || (kind == "symlink") != (info.Mode()&os.ModeSymlink != 0) {
+				t.Fatalf("planted %s: got %v, %v; want it left where it was", kind, info, err)
+			}
+		})
+	}
+}

@@ -2,7 +2,8 @@
 
 The sidecar binds its listener first, then writes ``{"pid": <pid>, "listen": "<host:port>"}`` to
 a temp file and renames it onto the ready path, so a reader sees either no file or the whole
-file. This module owns reading that file and waiting for many sidecars at once.
+file. The temp file may be one the launcher prepared (``prepared_temp_path``). This module owns
+reading that file, naming the prepared one, and waiting for many sidecars at once.
 
 Waiting is exact, not periodic: inotify (through ctypes) reports the rename into the directory
 and a pidfd per child reports its exit, all in one ``poll``. A file counts only when its pid is
@@ -66,6 +67,19 @@ class ReadyOutcome:
     info: ReadyInfo | None
     exit_code: int | None
     timed_out: bool
+
+
+def prepared_temp_path(ready_path: str) -> str:
+    """Where a launcher may create, empty, the temporary file the proxy then writes its ready file into.
+
+    Mirrors ``preparedTempName`` in ``go/ready.go``: ``.<ready file name>.tmp`` beside it. The
+    proxy renames it onto the ready path once it has written it, so on success nothing is left;
+    whoever prepared it removes it if the proxy never got that far. Creating the inode is the
+    dearest step of writing the file on some file systems, and the launcher can do it on a core
+    that is otherwise idle before the proxy starts.
+    """
+    directory, base = os.path.split(ready_path)
+    return os.path.join(directory, f".{base}.tmp")
 
 
 def read_ready_file(path: str | os.PathLike[str]) -> ReadyInfo | None:

@@ -113,20 +113,29 @@ def is_ours(record: ProcessIdentity) -> bool:
     return record.exe is None or _same_exe(record.exe, current.exe)
 
 
-def spawn(argv: list[str], env: dict[str, str], log_path: str) -> subprocess.Popen[bytes]:
-    """Start ``argv`` in a new session, stdin from /dev/null, stdout and stderr appended to ``log_path``.
+def open_log(path: str) -> int:
+    """Open (creating it) a sidecar's log for appending: the descriptor ``spawn`` takes as ``log``.
 
-    A new session keeps a terminal's Ctrl-C (sent to the foreground process group) away from the
+    Append mode, so restarts and concurrent writers never overwrite earlier output; CLOEXEC, so
+    no other child inherits it. The caller closes it once the children that write it exist.
+    """
+    return os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC, 0o644)
+
+
+def spawn(argv: list[str], env: dict[str, str], log: str | int) -> subprocess.Popen[bytes]:
+    """Start ``argv`` in a new session, stdin from /dev/null, stdout and stderr appended to ``log``.
+
+    ``log`` is a path, or a descriptor from ``open_log`` that stays the caller's to close. A new
+    session keeps a terminal's Ctrl-C (sent to the foreground process group) away from the
     sidecar, so it drains only when the launcher tells it to. ``close_fds`` and the CLOEXEC log
     descriptor mean the child inherits no descriptor but its three standard ones: a leaked
-    listening socket or lock would outlive the launcher inside the sidecar. The log is opened in
-    append mode so restarts and concurrent writers never overwrite earlier output.
+    listening socket or lock would outlive the launcher inside the sidecar.
 
     When this returns, the child has already exec'd ``argv[0]`` (``subprocess`` waits for the
     exec to succeed), so :func:`identity_of` on its pid reads the sidecar's executable, not a
     copy of the launcher. Raises ``OSError`` when the executable cannot be started.
     """
-    log_fd = os.open(log_path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC, 0o644)
+    log_fd = log if isinstance(log, int) else open_log(log)
     try:
         return subprocess.Popen(
             argv,
@@ -138,7 +147,8 @@ def spawn(argv: list[str], env: dict[str, str], log_path: str) -> subprocess.Pop
             start_new_session=True,
         )
     finally:
-        os.close(log_fd)
+        if not isinstance(log, int):
+            os.close(log_fd)
 
 
 def _open_pidfd(pid: int) -> int | None:

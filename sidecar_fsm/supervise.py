@@ -33,7 +33,7 @@ from sidecar_fsm.config import H2PingSidecarConfig, SidecarInstanceConfig, is_lo
 from sidecar_fsm.errors import SidecarError
 from sidecar_fsm.fsm import STATES, TERMINAL, Firing, InstanceMachine, fire_together, new_run_table
 from sidecar_fsm.hostname import host_name
-from sidecar_fsm.ready import ReadyOutcome, ReadyWait, wait_all_ready
+from sidecar_fsm.ready import ReadyOutcome, ReadyWait, prepared_temp_path, wait_all_ready
 from sidecar_fsm.store import InstanceRecord, Store
 from sidecar_fsm.urls import redact_url
 
@@ -236,6 +236,65 @@ def log_tail(log_path: str, lines: int = LOG_TAIL_LINES) -> str:
     return "\n".join(text[-lines:]) or "(empty log)"
 
 
+class _RunFiles:
+    """A run's files, made on a helper thread while the run is recorded and its proxies start.
+
+    For each instance: its log, opened for the proxy's output, and the temporary file its proxy
+    writes its ready file into (``ready.prepared_temp_path``), created empty. Creating a file
+    cost 0.45-0.55 ms of kernel time on this project's ext4 ``/tmp`` (more on a network file
+    system): four logs on the launcher's critical path, one ready file on each proxy's. The
+    thread opens the logs while the run is recorded in the database (the second core is idle
+    then) and makes the temporary files while the proxies start, which look for theirs only
+    when they are ready to write it, milliseconds later; a proxy that finds none makes its
+    own, so the race is harmless. With their files prepared, 4 proxies were ready 1.7 ms sooner.
+
+    ``log_fd`` waits for the logs only. A log that cannot be opened is raised by ``log_fd``
+    for that instance, as opening it in ``procs.spawn`` would have; a temporary file that
+    cannot be made is left to the proxy. ``wait`` before removing what it may have made.
+    """
+
+    def __init__(self, log_paths: list[str], ready_paths: list[str]) -> None:
+        self._log_paths = log_paths
+        self._temp_paths = [prepared_temp_path(path) for path in ready_paths]
+        self._logs: list[int | OSError] = []
+        self._logs_opened = threading.Event()
+        self._thread = threading.Thread(target=self._make_all, name="sidecar-fsm-files", daemon=True)
+        self._thread.start()
+
+    def _make_all(self) -> None:
+        try:
+            for log_path in self._log_paths:
+                try:
+                    self._logs.append(procs.open_log(log_path))
+                except OSError as exc:
+                    self._logs.append(exc)
+        finally:
+            self._logs_opened.set()
+        flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
+        for temp_path in self._temp_paths:
+            with contextlib.suppress(OSError):  # the proxy then makes its own
+                os.close(os.open(temp_path, flags, 0o644))
+
+    def log_fd(self, index: int) -> int:
+        self._logs_opened.wait()
+        opened = self._logs[index]
+        if isinstance(opened, OSError):
+            raise opened
+        return opened
+
+    def close_logs(self) -> None:
+        """Close every log descriptor (the children hold their own copies)."""
+        self._logs_opened.wait()
+        for opened in self._logs:
+            if isinstance(opened, int):
+                os.close(opened)
+        self._logs = []
+
+    def wait(self) -> None:
+        """Return once every file this made exists (so that removing them removes them all)."""
+        self._thread.join()
+
+
 @dataclass
 class _Child:
     """One instance of this run: its machine, its paths and its current process, if any."""
@@ -292,6 +351,7 @@ class NodeSidecars:
         # Past shutdown_grace before SIGKILL; an attribute so a test need not wait the default.
         self.stop_slack_seconds = STOP_SLACK_SECONDS
         self._children: list[_Child] = []
+        self._files: _RunFiles | None = None
         self._started = False
         self._run_created = False
         self._stopped = False
@@ -362,26 +422,33 @@ class NodeSidecars:
                 f"sidecar.binary: '{self.binary}' is not an executable file; build it or set sidecar.binary"
             )
             env = sidecar_env(self.config)
-            # The run, its instances and their `build` are one transaction, and every `spawn`
-            # another: a start costs three commits plus the `ready` one, not 3N + 1. The proxies
-            # start on the same cores as this process, so every millisecond spent here before
-            # or between launches delays them too.
-            self._open_run()
-            if executable:
+            os.makedirs(self.log_dir, exist_ok=True)
+            files = self._files = _RunFiles(
+                [self._path(instance, ".log") for instance in self.instances],
+                [self._path(instance, ".ready") for instance in self.instances],
+            )
+            try:
+                # The run, its instances and their `build` are one transaction, and every
+                # `spawn` another: a start costs three commits plus the `ready` one, not 3N + 1.
+                # The proxies start on the same cores as this process, so every millisecond
+                # spent here before or between launches delays them too.
+                self._open_run()
+                if not executable:
+                    for child in self._children:
+                        child.machine.fire("build", detail=self.binary, binary=self.binary)
+                        self._fail(child, message)
+                    raise SidecarError(message)
                 fire_together(
                     [
                         Firing(child.machine, "build", self.binary, {"binary": self.binary})
                         for child in self._children
                     ]
                 )
-            else:
                 for child in self._children:
-                    child.machine.fire("build", detail=self.binary, binary=self.binary)
-                    self._fail(child, message)
-                raise SidecarError(message)
-            for child in self._children:
-                with _interrupts_deferred():
-                    self._launch(child, env)
+                    with _interrupts_deferred():
+                        self._launch(child, env, files=files)
+            finally:
+                files.close_logs()
             # Read after every launch, not between them: /proc of a proxy that is still starting
             # is slow to read, and the start time cannot change (the pid is ours until reaped).
             for child in self._children:
@@ -413,7 +480,6 @@ class NodeSidecars:
 
         All or nothing: an interrupted start never leaves a run with half its instances on record.
         """
-        os.makedirs(self.log_dir, exist_ok=True)
         if self.store is None:
             self.store = shared_store(self.log_dir)
         store = self.store
@@ -450,12 +516,19 @@ class NodeSidecars:
                 )
             )
 
-    def _launch(self, child: _Child, env: dict[str, str], restart_of: int | None = None) -> None:
+    def _launch(
+        self,
+        child: _Child,
+        env: dict[str, str],
+        restart_of: int | None = None,
+        files: _RunFiles | None = None,
+    ) -> None:
         """Start ``child``'s process on ``child.listen``; remembers it, records nothing yet.
 
         Callers hold SIGINT (``_interrupts_deferred``) around this and the event that records
-        it, so a process never exists without ``child.process`` naming it. An executable that
-        cannot be started fails the instance and raises ``SidecarError``.
+        it, so a process never exists without ``child.process`` naming it. A log that cannot be
+        opened or an executable that cannot be started fails the instance and raises
+        ``SidecarError``. ``files`` has the log already open (a start); else it is opened here.
         """
         # A ready file left by a crashed process would pass for readiness; wait_all_ready also
         # insists on our pid, this just keeps the directory honest.
@@ -463,13 +536,24 @@ class NodeSidecars:
         instance = child.instance.model_copy(update={"listen": child.listen})
         argv = sidecar_command(self.binary, self.config, instance, child.ready_path)
         try:
-            process = procs.spawn(argv, env, child.log_path)
+            log = files.log_fd(child.index) if files is not None else procs.open_log(child.log_path)
+        except OSError as exc:
+            message = (
+                f"{self._where(child)}: log '{child.log_path}' cannot be written ({exc}); check the log dir"
+            )
+            self._fail(child, message, exit_code=restart_of)
+            raise SidecarError(message) from exc
+        try:
+            process = procs.spawn(argv, env, log)
         except OSError as exc:
             message = (
                 f"{self._where(child)}: '{self.binary}' could not be started ({exc}); check sidecar.binary"
             )
             self._fail(child, message, exit_code=restart_of)
             raise SidecarError(message) from exc
+        finally:
+            if files is None:
+                os.close(log)
         child.process = process
 
     def _read_identity(self, child: _Child) -> None:
@@ -690,6 +774,8 @@ class NodeSidecars:
             # back: a woken sidecar may take our CPU, and interleaving would make N sidecars
             # drain one after another instead of together.
             for child in draining:
+                if child.identity is None and child.process is not None:
+                    self._read_identity(child)  # launched, start cut short before it was read
                 if child.identity is not None:
                     procs.signal_if_ours(child.identity, signal.SIGTERM)
             deadline = time.monotonic() + self.config.shutdown_grace_seconds + self.stop_slack_seconds
@@ -717,8 +803,12 @@ class NodeSidecars:
                     )
                     self._fail(child, message, exit_code=code, problems=problems)
         finally:
+            if self._files is not None:
+                self._files.wait()
             for child in self._children:
                 Path(child.ready_path).unlink(missing_ok=True)
+                # Prepared at start; still there only if the proxy never wrote its ready file.
+                Path(prepared_temp_path(child.ready_path)).unlink(missing_ok=True)
             self._end_run(problems)
         if interrupted is not None:
             raise interrupted
@@ -741,6 +831,10 @@ class NodeSidecars:
         """SIGKILL ``child``'s process (through procs) and reap it; its exit code."""
         if child.process is None:
             return None
+        if child.identity is None:
+            # Launched, but the start was cut short before its start time was read. Not reaped
+            # yet, so the pid is still this child's and reading it now is as good.
+            self._read_identity(child)
         if child.identity is not None and child.process.poll() is None:
             procs.signal_if_ours(child.identity, signal.SIGKILL)
         return procs.wait_exit(child.process, KILL_REAP_SECONDS)

@@ -97,7 +97,10 @@ def states_path(log_dir: Path, instance_id: int) -> list[str]:
 
 
 def assert_nothing_left(log_dir: Path) -> None:
-    """No run of ``log_dir`` is live, no recorded sidecar still runs, no child of ours remains."""
+    """No run of ``log_dir`` is live, no recorded sidecar still runs, no child of ours remains,
+    and no ready file or prepared ready temp file is left behind."""
+    assert sorted(path.name for path in log_dir.glob("*.ready*")) == []
+    assert sorted(path.name for path in log_dir.glob(".*.tmp*")) == []
     for run, instances in run_records(log_dir):
         assert run.ended_at is not None, f"run {run.run_id} not ended"
         for record in instances:
@@ -516,6 +519,31 @@ def test_stale_ready_file_is_not_readiness(
     with pytest.raises(SidecarError, match="not ready after"):
         sidecars.start()
     assert_nothing_left(log_dir)
+
+
+def test_unwritable_log_fails_the_start_naming_it_and_leaves_nothing(
+    tls_origin: TlsH2Origin, sidecar_binary: Path, log_dir: Path, cache_dir: Path
+) -> None:
+    from sidecar_fsm.hostname import host_name
+    from sidecar_fsm.launcher import h2_ping_sidecar_config_from_global_config
+
+    instances = [
+        {"name": "first", "upstream": tls_origin.url, "listen": "127.0.0.1:0"},
+        {"name": "second", "upstream": tls_origin.url, "listen": "127.0.0.1:0"},
+    ]
+    config = gym_config(tls_origin.url, tls_origin.ca_file, log_dir, cache_dir, instances=instances)
+    parsed = h2_ping_sidecar_config_from_global_config(config)
+    sidecars = NodeSidecars(
+        parsed, parsed.instances, str(sidecar_binary), str(log_dir), run_id="nolog0000000"
+    )
+    # A directory where the second instance's log must go: opening it for writing fails.
+    blocked = log_dir / f"h2ping-second-{host_name()}-nolog0000000.log"
+    blocked.mkdir(parents=True)
+    with pytest.raises(SidecarError, match=f"log '{blocked}' cannot be written .*; check the log dir"):
+        sidecars.start()
+    assert_nothing_left(log_dir)
+    ((_, records),) = run_records(log_dir)
+    assert [record.state for record in records] == ["failed", "failed"]
 
 
 _INTERRUPTED_START = """

@@ -28,13 +28,14 @@ from dataclasses import dataclass
 from typing import Any
 
 # From <sys/inotify.h>: stable kernel ABI.
-_IN_CLOSE_WRITE = 0x00000008
 _IN_MOVED_TO = 0x00000080
-_IN_CREATE = 0x00000100
 _IN_Q_OVERFLOW = 0x00004000
 _IN_NONBLOCK = os.O_NONBLOCK
 _IN_CLOEXEC = os.O_CLOEXEC
-_WATCH_MASK = _IN_MOVED_TO | _IN_CLOSE_WRITE | _IN_CREATE
+# A ready file only ever appears by a rename onto its path (the protocol above), so that is the
+# one event watched. Creating and closing the temp file, and everything else written in a log
+# dir, would each wake the waiter for nothing, on cores its proxies need to start.
+_WATCH_MASK = _IN_MOVED_TO
 _EVENT_HEADER = struct.Struct("iIII")  # wd, mask, cookie, len; then len bytes of NUL-padded name
 
 # Only when inotify is unavailable (no libc symbol, the per-user instance limit reached, a
@@ -122,7 +123,7 @@ def _libc_inotify() -> tuple[Any, Any]:
 
 
 class _Inotify:
-    """A non-blocking inotify instance watching directories for files being renamed or closed."""
+    """A non-blocking inotify instance watching directories for files renamed into them."""
 
     def __init__(self) -> None:
         init1, self._add_watch = _libc_inotify()

@@ -24,6 +24,7 @@ from sidecar_fsm.errors import ConfigError
 
 # Imported for their types and machines; each owns its concern (SQL, state changes).
 from sidecar_fsm.fsm import TERMINAL, InstanceMachine
+from sidecar_fsm.ready import prepared_temp_path
 from sidecar_fsm.store import InstanceRecord, RunRecord, Store
 
 OwnerStatus = Literal["alive", "dead", "reused"]
@@ -138,7 +139,14 @@ def _plan_instance(
 
 
 def _stale_ready_files(instances: list[InstanceRecord]) -> list[str]:
-    return [inst.ready_path for inst in instances if inst.ready_path and os.path.lexists(inst.ready_path)]
+    """Ready files left behind, and the temp files prepared for them (a start cut short)."""
+    candidates = [
+        path
+        for inst in instances
+        if inst.ready_path
+        for path in (inst.ready_path, prepared_temp_path(inst.ready_path))
+    ]
+    return [path for path in candidates if os.path.lexists(path)]
 
 
 def reap_lock_path(store: Store) -> Path:

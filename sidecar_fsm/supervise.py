@@ -428,10 +428,10 @@ class NodeSidecars:
                 [self._path(instance, ".ready") for instance in self.instances],
             )
             try:
-                # The run, its instances and their `build` are one transaction, and every
-                # `spawn` another: a start costs three commits plus the `ready` one, not 3N + 1.
-                # The proxies start on the same cores as this process, so every millisecond
-                # spent here before or between launches delays them too.
+                # The run with its instances is one transaction, every instance's `build`
+                # one more, then every `spawn` and every `ready`: four commits per start, not
+                # 3N + 2. The proxies start on the same cores as this process, so every
+                # millisecond spent here before or between launches delays them too.
                 self._open_run()
                 if not executable:
                     for child in self._children:

@@ -249,27 +249,24 @@ def wait_exit(popen_or_pid: subprocess.Popen[bytes] | int, timeout: float | None
     returns the moment the child exits. For a bare pid, the code is returned only when that pid
     is our own child; for any other process the code is unknowable and -1 means "it exited".
     """
+    popen: subprocess.Popen[bytes] | None
     if isinstance(popen_or_pid, subprocess.Popen):
-        popen = popen_or_pid
+        popen, pid = popen_or_pid, popen_or_pid.pid
         if popen.returncode is not None:
             return popen.returncode
-        pidfd = _open_pidfd(popen.pid)
-        if pidfd is not None:
-            try:
-                if not _wait_pidfd(pidfd, timeout):
-                    return None
-            finally:
-                os.close(pidfd)
-        return popen.wait()
-    pidfd = _open_pidfd(popen_or_pid)
+    else:
+        popen, pid = None, popen_or_pid
+    pidfd = _open_pidfd(pid)  # None: already gone
     if pidfd is not None:
         try:
             if not _wait_pidfd(pidfd, timeout):
                 return None
         finally:
             os.close(pidfd)
+    if popen is not None:
+        return popen.wait()
     try:
-        pid, status = os.waitpid(popen_or_pid, os.WNOHANG)
+        reaped, status = os.waitpid(pid, os.WNOHANG)
     except ChildProcessError:
         return -1
-    return os.waitstatus_to_exitcode(status) if pid else -1
+    return os.waitstatus_to_exitcode(status) if reaped else -1

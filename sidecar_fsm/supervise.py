@@ -449,10 +449,6 @@ class NodeSidecars:
                         self._launch(child, env, files=files)
             finally:
                 files.close_logs()
-            # Read after every launch, not between them: /proc of a proxy that is still starting
-            # is slow to read, and the start time cannot change (the pid is ours until reaped).
-            for child in self._children:
-                self._read_identity(child)
             fire_together(
                 [
                     Firing(child.machine, "spawn", f"pid {child.process.pid}", self._facts(child))
@@ -538,48 +534,53 @@ class NodeSidecars:
         try:
             log = files.log_fd(child.index) if files is not None else procs.open_log(child.log_path)
         except OSError as exc:
-            message = (
-                f"{self._where(child)}: log '{child.log_path}' cannot be written ({exc}); check the log dir"
-            )
-            self._fail(child, message, exit_code=restart_of)
-            raise SidecarError(message) from exc
+            problem = f"log '{child.log_path}' cannot be written ({exc}); check the log dir"
+            raise self._launch_failed(child, problem, restart_of) from exc
         try:
             process = procs.spawn(argv, env, log)
         except OSError as exc:
-            message = (
-                f"{self._where(child)}: '{self.binary}' could not be started ({exc}); check sidecar.binary"
-            )
-            self._fail(child, message, exit_code=restart_of)
-            raise SidecarError(message) from exc
+            problem = f"'{self.binary}' could not be started ({exc}); check sidecar.binary"
+            raise self._launch_failed(child, problem, restart_of) from exc
         finally:
             if files is None:
                 os.close(log)
         child.process = process
+        child.identity = None  # the previous process's, after a restart
 
-    def _read_identity(self, child: _Child) -> None:
-        """Remember the start time of ``child``'s process, which every signal to it is checked against.
+    def _launch_failed(self, child: _Child, problem: str, exit_code: int | None) -> SidecarError:
+        """Fail ``child`` whose process could not be started; the error for the caller to raise."""
+        message = f"{self._where(child)}: {problem}"
+        self._fail(child, message, exit_code=exit_code)
+        return SidecarError(message)
+
+    def _identity(self, child: _Child) -> procs.ProcessIdentity | None:
+        """Pid and start time of ``child``'s current process, which every signal to it is checked against.
 
         Start time only, no executable: a wrapper script that execs the proxy changes its exe
-        after we look, and would then never be "ours" to signal. Until we reap it the pid cannot
-        be reused, so pid and start time identify our child exactly.
+        after we look, and would then never be "ours" to signal. Read on first need, not at
+        launch: until we reap the child its pid cannot be reused, so a later read is as good,
+        and /proc of a proxy that is still starting is slow to read (a start records its spawns
+        after every launch). None once the process has been reaped without being read.
         """
-        assert child.process is not None
-        pid = child.process.pid
-        start_time = procs.start_time_of(pid)
-        child.identity = procs.ProcessIdentity(pid, start_time, None) if start_time is not None else None
+        process = child.process
+        if child.identity is None and process is not None and process.returncode is None:
+            start_time = procs.start_time_of(process.pid)
+            if start_time is not None:
+                child.identity = procs.ProcessIdentity(process.pid, start_time, None)
+        return child.identity
 
     def _facts(self, child: _Child) -> dict[str, Any]:
         assert child.process is not None
+        identity = self._identity(child)
         return {
             "pid": child.process.pid,
-            "pid_start_time": child.identity.start_time if child.identity else None,
+            "pid_start_time": identity.start_time if identity else None,
         }
 
     def _respawn(self, child: _Child, env: dict[str, str], exit_code: int) -> None:
         """Replace the dead process of a ``ready`` child on the same address; fire ``restart``."""
         with _interrupts_deferred():
             self._launch(child, env, restart_of=exit_code)
-            self._read_identity(child)
             assert child.process is not None
             attempt = child.restart_count + 1
             child.machine.fire(
@@ -774,10 +775,9 @@ class NodeSidecars:
             # back: a woken sidecar may take our CPU, and interleaving would make N sidecars
             # drain one after another instead of together.
             for child in draining:
-                if child.identity is None and child.process is not None:
-                    self._read_identity(child)  # launched, start cut short before it was read
-                if child.identity is not None:
-                    procs.signal_if_ours(child.identity, signal.SIGTERM)
+                identity = self._identity(child)
+                if identity is not None:
+                    procs.signal_if_ours(identity, signal.SIGTERM)
             deadline = time.monotonic() + self.config.shutdown_grace_seconds + self.stop_slack_seconds
             try:
                 for child in draining:
@@ -831,12 +831,9 @@ class NodeSidecars:
         """SIGKILL ``child``'s process (through procs) and reap it; its exit code."""
         if child.process is None:
             return None
-        if child.identity is None:
-            # Launched, but the start was cut short before its start time was read. Not reaped
-            # yet, so the pid is still this child's and reading it now is as good.
-            self._read_identity(child)
-        if child.identity is not None and child.process.poll() is None:
-            procs.signal_if_ours(child.identity, signal.SIGKILL)
+        identity = self._identity(child)  # a start cut short may not have read it yet
+        if identity is not None and child.process.poll() is None:
+            procs.signal_if_ours(identity, signal.SIGKILL)
         return procs.wait_exit(child.process, KILL_REAP_SECONDS)
 
     def _fail(

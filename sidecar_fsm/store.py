@@ -328,39 +328,33 @@ class Store:
            process, a migration) is polled by one writer only, with pauses from 50 us doubling to
            10 ms, until ``WRITE_DEADLINE_SECONDS``.
         """
-        conn = self._db.conn
-        try:
-            conn.execute("BEGIN IMMEDIATE")
+        if self._try_begin() is None:
             return
-        except sqlite3.OperationalError as exc:
-            if not _is_busy(exc):
-                raise
         spin_until = time.monotonic() + SPIN_SECONDS
         while time.monotonic() < spin_until:
             os.sched_yield()
-            try:
-                conn.execute("BEGIN IMMEDIATE")
+            if self._try_begin() is None:
                 return
-            except sqlite3.OperationalError as exc:
-                if not _is_busy(exc):
-                    raise
         with self._writers.turn():
-            deadline = time.monotonic() + WRITE_DEADLINE_SECONDS
-            pause = FIRST_RETRY_PAUSE_SECONDS
-            while True:
-                time.sleep(pause)
-                try:
-                    conn.execute("BEGIN IMMEDIATE")
+            for _ in _attempts(time.monotonic() + WRITE_DEADLINE_SECONDS):
+                busy = self._try_begin()
+                if busy is None:
                     return
-                except sqlite3.OperationalError as exc:
-                    if not _is_busy(exc):
-                        raise
-                    if time.monotonic() >= deadline:
-                        raise SidecarError(
-                            f"{self.path}: could not start a write: {exc}; another process holds "
-                            "the database, check for a stuck sidecar-fsm"
-                        ) from exc
-                pause = min(pause * 2, LAST_RETRY_PAUSE_SECONDS)
+            raise SidecarError(
+                f"{self.path}: could not start a write: {busy}; another process holds "
+                "the database, check for a stuck sidecar-fsm"
+            ) from busy
+
+    def _try_begin(self) -> sqlite3.OperationalError | None:
+        """``BEGIN IMMEDIATE`` once: None when this connection now holds the write lock, the
+        SQLITE_BUSY error when another one does; any other error is raised."""
+        try:
+            self._db.conn.execute("BEGIN IMMEDIATE")
+        except sqlite3.OperationalError as exc:
+            if not _is_busy(exc):
+                raise
+            return exc
+        return None
 
     @contextmanager
     def _savepoint(self) -> Iterator[None]:
@@ -521,17 +515,17 @@ class Store:
     def _rows(self, sql: str, params: Iterable[Any] = ()) -> list[dict[str, Any]]:
         # list(): a half-read cursor would keep a read transaction open and stall checkpoints.
         with self._lock:
-            deadline = time.monotonic() + WRITE_DEADLINE_SECONDS
-            pause = FIRST_RETRY_PAUSE_SECONDS
-            while True:
+            busy: sqlite3.OperationalError | None = None
+            for _ in _attempts(time.monotonic() + WRITE_DEADLINE_SECONDS):
                 try:
                     return list(self._db.query(sql, list(params)))
                 except sqlite3.OperationalError as exc:
                     # WAL readers take no lock; only recovery or a WAL reset makes one wait.
-                    if not _is_busy(exc) or time.monotonic() >= deadline:
+                    if not _is_busy(exc):
                         raise
-                time.sleep(pause)
-                pause = min(pause * 2, LAST_RETRY_PAUSE_SECONDS)
+                    busy = exc
+            assert busy is not None
+            raise busy
 
     def list_runs(self, which: Literal["live", "finished", "all"] = "all") -> list[RunRecord]:
         """Runs, newest first. ``live``: not ended (its owner may still have died: ask ``procs``)."""
@@ -726,6 +720,17 @@ def _migrate_locked(conn: sqlite3.Connection, path: Path, latest: int) -> None:
 
 
 # -- rows and redaction ------------------------------------------------------------------------
+
+
+def _attempts(deadline: float) -> Iterator[None]:
+    """Paces the retries of a busy database: once now, then after pauses from
+    ``FIRST_RETRY_PAUSE_SECONDS`` doubling to ``LAST_RETRY_PAUSE_SECONDS``, until ``deadline``."""
+    yield
+    pause = FIRST_RETRY_PAUSE_SECONDS
+    while time.monotonic() < deadline:
+        time.sleep(pause)
+        pause = min(pause * 2, LAST_RETRY_PAUSE_SECONDS)
+        yield
 
 
 def _is_busy(exc: sqlite3.OperationalError) -> bool:

@@ -48,9 +48,6 @@ _LOG_TAIL_BYTES = 16384
 # arrived before Go installed its handler (the first milliseconds of the process).
 _CLEAN_STOP_CODES = (0, -signal.SIGTERM)
 _NON_TERMINAL = tuple(state for state in STATES if state not in TERMINAL)
-# GOMAXPROCS of a proxy whose environment does not set it: must equal `defaultProcs` in
-# go/tuning.go (one P: the proxy's per-request work is a few microseconds between waits).
-PROXY_DEFAULT_GOMAXPROCS = 1
 
 
 _shared_stores: dict[tuple[int, str], tuple[Store, tuple[int, int]]] = {}
@@ -153,8 +150,6 @@ def sidecar_command(
 def sidecar_env(config: H2PingSidecarConfig) -> dict[str, str]:
     """The child's environment: ours, plus the Go runtime limits, minus any ``http2debug`` in GODEBUG.
 
-    GOMAXPROCS: the config's ``gomaxprocs``, else ours if set, else the proxy's default made explicit.
-
     ``GODEBUG=http2debug=1`` makes net/http log every HTTP/2 frame, Authorization headers
     included; the proxy refuses to start with it, so it is removed here rather than turned into a
     startup failure caused by a debugging variable the user set for something else.
@@ -173,12 +168,6 @@ def sidecar_env(config: H2PingSidecarConfig) -> dict[str, str]:
         env["GOMEMLIMIT"] = str(config.gomemlimit)
     if config.gomaxprocs is not None:
         env["GOMAXPROCS"] = str(config.gomaxprocs)
-    elif "GOMAXPROCS" not in env:
-        # The proxy's own default, said at exec: the runtime then starts with one P instead of
-        # switching to it after readiness (go/tuning.go). Same proxy, but 4 proxies were ready
-        # ~1.1 ms sooner on 2 cores, and the switch's stop-the-world no longer competes with
-        # the launcher's last steps of a start.
-        env["GOMAXPROCS"] = str(PROXY_DEFAULT_GOMAXPROCS)
     return env
 
 

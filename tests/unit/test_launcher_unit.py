@@ -27,7 +27,6 @@ from sidecar_fsm.launcher import (
     sidecar_env,
     start_h2_ping_sidecar,
 )
-from sidecar_fsm.supervise import PROXY_DEFAULT_GOMAXPROCS
 
 SPEC_NAMES = (
     "start_h2_ping_sidecar",
@@ -118,14 +117,13 @@ def test_env_passes_go_limits(monkeypatch: pytest.MonkeyPatch) -> None:
     assert env["GOMAXPROCS"] == "2"
 
 
-def test_env_gomaxprocs_is_ours_else_the_proxys_default(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_env_gomaxprocs_is_the_configs_else_ours(monkeypatch: pytest.MonkeyPatch) -> None:
+    # SPEC: the child's environment is ours plus the config's limits, nothing else; the proxy
+    # applies its own default (one P) when the variable is absent.
     monkeypatch.setenv("GOMAXPROCS", "3")
     assert sidecar_env(_config())["GOMAXPROCS"] == "3"
     monkeypatch.delenv("GOMAXPROCS")
-    # The value go/tuning.go applies itself when the environment is silent.
-    tuning = (SIDECAR_SOURCE_DIR / "tuning.go").read_text()
-    assert f"const defaultProcs = {PROXY_DEFAULT_GOMAXPROCS}" in tuning
-    assert sidecar_env(_config())["GOMAXPROCS"] == str(PROXY_DEFAULT_GOMAXPROCS)
+    assert "GOMAXPROCS" not in sidecar_env(_config())
 
 
 def test_log_dir_order(tmp_path: Path) -> None:

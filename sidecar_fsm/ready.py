@@ -20,12 +20,13 @@ import json
 import os
 import select
 import struct
-import subprocess
 import threading
 import time
 from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
+
+from . import procs
 
 # From <sys/inotify.h>: stable kernel ABI.
 _IN_MOVED_TO = 0x00000080
@@ -57,7 +58,7 @@ class ReadyWait:
 
     name: str
     ready_path: str
-    process: subprocess.Popen[bytes]
+    process: procs.ChildProcess
 
 
 @dataclass

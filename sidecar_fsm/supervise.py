@@ -19,7 +19,6 @@ import atexit
 import contextlib
 import os
 import signal
-import subprocess
 import threading
 import time
 import uuid
@@ -179,7 +178,7 @@ def _interrupts_deferred() -> Iterator[None]:
     """Hold SIGINT and SIGTERM for the body; then run their handlers for what arrived, in order.
 
     Used around "create a process, remember it": an exception raised by a signal handler
-    between ``fork`` and the assignment that keeps the ``Popen`` (Python's ``KeyboardInterrupt``,
+    between ``fork`` and the assignment that keeps the ``ChildProcess`` (Python's ``KeyboardInterrupt``,
     a CLI's SIGTERM-to-exception handler) would leave a sidecar that ``stop()`` cannot see. Only
     Python-level handlers are held (a default or ignored disposition has no exception to
     defer), and only in the main thread, where Python runs them. The body is a few
@@ -297,7 +296,7 @@ class _Child:
     # The address the proxy actually bound (from its ready file) once it was ready; until then the
     # configured one. A restart reuses it, so a `:0` instance keeps the port URLs were rewritten to.
     listen: str
-    process: subprocess.Popen[bytes] | None = None
+    process: procs.ChildProcess | None = None
     identity: procs.ProcessIdentity | None = None
     restart_count: int = 0
     error: str | None = None

@@ -20,10 +20,12 @@ from typing import TypeVar, Union
 
 import psutil
 
+from sidecar_fsm.procs import ChildProcess
+
 T = TypeVar("T")
 
 _POLL_SECONDS = 0.02
-_AnyPopen = Union["subprocess.Popen[bytes]", "subprocess.Popen[str]"]
+_AnyPopen = Union["subprocess.Popen[bytes]", "subprocess.Popen[str]", ChildProcess]
 
 
 def wait_until(predicate: Callable[[], T], timeout: float = 10.0, message: str = "condition") -> T:
@@ -52,10 +54,11 @@ class _PidRecord:
 class ProcessRegistry:
     """Processes a test started; ``end_all()`` ends each that still runs, and its descendants.
 
-    Popen objects are reaped by ``wait``; bare pids (a grandchild whose pid a test learned from a
-    ready file) are recorded with their start time so a pid reused by an unrelated process after
-    ours exited is never signalled. Thread-safe. Registries nest: a test's registry also records
-    into the session's, which is the safety net for session-scoped fixtures.
+    Popen and ChildProcess objects are reaped by ``wait``; bare pids (a grandchild whose pid a
+    test learned from a ready file) are recorded with their start time so a pid reused by an
+    unrelated process after ours exited is never signalled. Thread-safe. Registries nest: a
+    test's registry also records into the session's, which is the safety net for session-scoped
+    fixtures.
     """
 
     def __init__(self, parent: ProcessRegistry | None = None) -> None:
@@ -64,9 +67,7 @@ class ProcessRegistry:
         self._popens: list[_AnyPopen] = []
         self._pids: list[_PidRecord] = []
 
-    def add(
-        self, proc: subprocess.Popen[bytes] | subprocess.Popen[str]
-    ) -> subprocess.Popen[bytes] | subprocess.Popen[str]:
+    def add(self, proc: _AnyPopen) -> _AnyPopen:
         with self._lock:
             self._popens.append(proc)
         if self._parent is not None:

@@ -15,7 +15,7 @@ import psutil
 import pytest
 
 from sidecar_fsm import procs
-from sidecar_fsm.procs import ProcessIdentity
+from sidecar_fsm.procs import ChildProcess, ProcessIdentity
 
 SLEEP = shutil.which("sleep") or "/bin/sleep"
 # Ignores SIGTERM, and says so on stdout once the handler is installed.
@@ -28,9 +28,9 @@ IGNORE_TERM = (
 
 
 @pytest.fixture
-def started() -> Iterator[list[subprocess.Popen[bytes]]]:
+def started() -> Iterator[list[ChildProcess]]:
     """Processes a test starts; all killed and reaped afterwards, pass or fail."""
-    processes: list[subprocess.Popen[bytes]] = []
+    processes: list[ChildProcess] = []
     yield processes
     for process in processes:
         if process.poll() is None:
@@ -38,7 +38,7 @@ def started() -> Iterator[list[subprocess.Popen[bytes]]]:
         process.wait()
 
 
-def _spawn(started: list[subprocess.Popen[bytes]], argv: list[str], log: Path) -> subprocess.Popen[bytes]:
+def _spawn(started: list[ChildProcess], argv: list[str], log: Path) -> ChildProcess:
     process = procs.spawn(argv, dict(os.environ), str(log))
     started.append(process)
     return process
@@ -52,7 +52,7 @@ def _wait_for_text(path: Path, text: str, timeout: float = 10.0) -> None:
 
 
 def test_spawn_new_session_devnull_stdin_log_appended_and_no_inherited_fds(
-    tmp_path: Path, started: list[subprocess.Popen[bytes]]
+    tmp_path: Path, started: list[ChildProcess]
 ) -> None:
     log = tmp_path / "child.log"
     log.write_text("earlier run\n")
@@ -80,8 +80,65 @@ def test_spawn_new_session_devnull_stdin_log_appended_and_no_inherited_fds(
     assert log.read_text().splitlines() == ["earlier run", "out", "err"]
 
 
+def _signal_set(status: str, field: str) -> set[int]:
+    """The signal numbers of a /proc/<pid>/status mask line (SigBlk, SigIgn)."""
+    line = next(line for line in status.splitlines() if line.startswith(f"{field}:"))
+    mask = int(line.split()[1], 16)
+    return {number for number in range(1, 65) if mask & (1 << (number - 1))}
+
+
+def test_spawn_starts_the_child_with_no_signal_blocked_and_drain_signals_at_default(
+    tmp_path: Path, started: list[ChildProcess]
+) -> None:
+    """A host that blocks SIGTERM or ignores SIGINT must not hand that on: the proxy would never drain."""
+    previous_mask = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM, signal.SIGUSR1})
+    previous_int = signal.signal(signal.SIGINT, signal.SIG_IGN)
+    try:
+        assert signal.SIGPIPE in _signal_set(Path("/proc/thread-self/status").read_text(), "SigIgn")
+        child = _spawn(started, [SLEEP, "30"], tmp_path / "log")
+    finally:
+        signal.signal(signal.SIGINT, previous_int)
+        signal.pthread_sigmask(signal.SIG_SETMASK, previous_mask)
+    status = Path(f"/proc/{child.pid}/status").read_text()
+    assert _signal_set(status, "SigBlk") == set()
+    assert _signal_set(status, "SigIgn") & {signal.SIGINT, signal.SIGTERM, signal.SIGPIPE} == set()
+    child.terminate()
+    assert child.wait(10) == -signal.SIGTERM
+
+
+def test_child_process_poll_wait_and_signals_follow_popen(
+    tmp_path: Path, started: list[ChildProcess]
+) -> None:
+    sleeper = _spawn(started, [SLEEP, "30"], tmp_path / "log")
+    assert sleeper.poll() is None
+    with pytest.raises(subprocess.TimeoutExpired):
+        sleeper.wait(0.05)
+    assert sleeper.returncode is None
+    sleeper.kill()
+    assert procs.wait_exit(sleeper, 10) == -signal.SIGKILL
+    assert sleeper.poll() == -signal.SIGKILL
+    sleeper.terminate()  # reaped: its pid may be another process's now, so nothing is sent
+    exits = _spawn(started, [sys.executable, "-c", "import sys; sys.exit(3)"], tmp_path / "log")
+    assert exits.wait(10) == 3
+    assert exits.returncode == 3
+
+
+def test_spawn_failure_raises_oserror_and_leaves_no_child(tmp_path: Path) -> None:
+    not_executable = tmp_path / "not-executable"
+    not_executable.write_text("#!/bin/sh\n")
+    before = {child.pid for child in psutil.Process().children()}
+    for argv, error in (
+        ([str(tmp_path / "missing")], FileNotFoundError),
+        ([str(not_executable)], PermissionError),
+    ):
+        with pytest.raises(error):
+            procs.spawn(argv, dict(os.environ), str(tmp_path / "log"))
+    # glibc reaps a child whose exec failed before posix_spawn returns: no zombie is left.
+    assert {child.pid for child in psutil.Process().children()} == before
+
+
 def test_identity_of_a_live_process_and_none_once_it_exits(
-    tmp_path: Path, started: list[subprocess.Popen[bytes]]
+    tmp_path: Path, started: list[ChildProcess]
 ) -> None:
     child = _spawn(started, [SLEEP, "30"], tmp_path / "log")
     identity = procs.identity_of(child.pid)
@@ -109,7 +166,7 @@ def test_identity_of_a_live_process_and_none_once_it_exits(
 
 
 def test_start_time_of_agrees_with_identity_of_until_the_child_is_reaped(
-    tmp_path: Path, started: list[subprocess.Popen[bytes]]
+    tmp_path: Path, started: list[ChildProcess]
 ) -> None:
     child = _spawn(started, [SLEEP, "30"], tmp_path / "log")
     identity = procs.identity_of(child.pid)
@@ -123,7 +180,7 @@ def test_start_time_of_agrees_with_identity_of_until_the_child_is_reaped(
 
 
 def test_record_with_other_start_time_or_exe_is_never_signalled(
-    tmp_path: Path, started: list[subprocess.Popen[bytes]]
+    tmp_path: Path, started: list[ChildProcess]
 ) -> None:
     """A record whose pid now belongs to an unrelated process: nothing is sent, it survives."""
     unrelated = _spawn(started, [SLEEP, "30"], tmp_path / "log")
@@ -142,9 +199,7 @@ def test_record_with_other_start_time_or_exe_is_never_signalled(
     assert procs.identity_of(unrelated.pid) == actual
 
 
-def _spawn_at_pid(
-    started: list[subprocess.Popen[bytes]], pid: int, log: Path
-) -> subprocess.Popen[bytes] | None:
+def _spawn_at_pid(started: list[ChildProcess], pid: int, log: Path) -> ChildProcess | None:
     """Start `sleep` so the kernel hands it ``pid`` (needs a writable ns_last_pid); None if it did not."""
     for _ in range(20):
         try:
@@ -159,7 +214,7 @@ def _spawn_at_pid(
     return None
 
 
-def test_real_pid_reuse_is_never_signalled(tmp_path: Path, started: list[subprocess.Popen[bytes]]) -> None:
+def test_real_pid_reuse_is_never_signalled(tmp_path: Path, started: list[ChildProcess]) -> None:
     """The recorded process exits and the kernel gives its pid to a newcomer: the newcomer survives."""
     first = _spawn(started, [SLEEP, "30"], tmp_path / "log")
     record = procs.identity_of(first.pid)
@@ -180,7 +235,7 @@ def test_real_pid_reuse_is_never_signalled(tmp_path: Path, started: list[subproc
 
 
 def test_terminate_cooperative_process_returns_as_soon_as_it_exits(
-    tmp_path: Path, started: list[subprocess.Popen[bytes]]
+    tmp_path: Path, started: list[ChildProcess]
 ) -> None:
     child = _spawn(started, [SLEEP, "30"], tmp_path / "log")
     record = procs.identity_of(child.pid)
@@ -192,9 +247,7 @@ def test_terminate_cooperative_process_returns_as_soon_as_it_exits(
     assert procs.wait_exit(child, 1) == -signal.SIGTERM
 
 
-def test_process_ignoring_sigterm_is_killed_after_grace(
-    tmp_path: Path, started: list[subprocess.Popen[bytes]]
-) -> None:
+def test_process_ignoring_sigterm_is_killed_after_grace(tmp_path: Path, started: list[ChildProcess]) -> None:
     log = tmp_path / "log"
     child = _spawn(started, [sys.executable, "-c", IGNORE_TERM], log)
     _wait_for_text(log, "armed")
@@ -208,7 +261,7 @@ def test_process_ignoring_sigterm_is_killed_after_grace(
     assert procs.wait_exit(child, 1) == -signal.SIGKILL
 
 
-def test_signal_if_ours_reaches_our_process(tmp_path: Path, started: list[subprocess.Popen[bytes]]) -> None:
+def test_signal_if_ours_reaches_our_process(tmp_path: Path, started: list[ChildProcess]) -> None:
     child = _spawn(started, [SLEEP, "30"], tmp_path / "log")
     record = procs.identity_of(child.pid)
     assert record is not None
@@ -216,9 +269,7 @@ def test_signal_if_ours_reaches_our_process(tmp_path: Path, started: list[subpro
     assert procs.wait_exit(child, 10) == -signal.SIGUSR1
 
 
-def test_wait_exit_times_out_then_returns_code(
-    tmp_path: Path, started: list[subprocess.Popen[bytes]]
-) -> None:
+def test_wait_exit_times_out_then_returns_code(tmp_path: Path, started: list[ChildProcess]) -> None:
     child = _spawn(
         started, [sys.executable, "-c", "import sys, time; time.sleep(0.3); sys.exit(7)"], tmp_path / "l"
     )
@@ -232,9 +283,7 @@ def test_wait_exit_times_out_then_returns_code(
     assert procs.wait_exit(other.pid, 10) == -signal.SIGKILL  # our child by pid: reaped, code known
 
 
-def test_wait_exit_on_a_process_that_is_not_our_child(
-    tmp_path: Path, started: list[subprocess.Popen[bytes]]
-) -> None:
+def test_wait_exit_on_a_process_that_is_not_our_child(tmp_path: Path, started: list[ChildProcess]) -> None:
     """Its exit is seen through the pidfd; its code belongs to its parent, so -1 says "exited"."""
     shell = _spawn(started, ["/bin/sh", "-c", f"{SLEEP} 0.5 & echo $!"], tmp_path / "log")
     assert procs.wait_exit(shell, 10) == 0

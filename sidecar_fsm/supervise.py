@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import atexit
 import contextlib
+import errno
 import os
 import signal
 import threading
@@ -229,14 +230,17 @@ class _RunFiles:
 
     For each instance: its log, opened for the proxy's output, and the temporary file its proxy
     writes its ready file into (``ready.prepared_temp_path``), created empty. Creating a file
-    cost 0.45-0.55 ms of kernel time on this project's ext4 ``/tmp`` (more on a network file
-    system): four logs on the launcher's critical path, one ready file on each proxy's. The
-    thread opens the logs while the run is recorded in the database (the second core is idle
-    then) and makes the temporary files while the proxies start, which look for theirs only
-    when they are ready to write it, milliseconds later; a proxy that finds none makes its
-    own, so the race is harmless. With their files prepared, 4 proxies were ready 1.7 ms sooner.
+    costs 15 us on a quiet ext4, but up to 0.9 ms of kernel time on this project's ``/tmp`` after
+    many files in the directory's block group were deleted in the last minutes (ext4 skips
+    recently freed inodes one by one; a test suite or a loop of runs does that), and more on a
+    network file system: four logs on the launcher's critical path, one ready file on each
+    proxy's. The thread opens the logs while the run is recorded in the database (the second
+    core is idle then), and each launch waits for its own log only. It then makes the
+    temporary files while the proxies start, which look for theirs only when they are ready
+    to write it, milliseconds later; a proxy that finds none makes its own, so the race is
+    harmless. With their files prepared, 4 proxies were ready 1.7 ms sooner.
 
-    ``log_fd`` waits for the logs only. A log that cannot be opened is raised by ``log_fd``
+    ``log_fd`` waits for that log only. A log that cannot be opened is raised by ``log_fd``
     for that instance, as opening it in ``procs.spawn`` would have; a temporary file that
     cannot be made is left to the proxy. ``wait`` before removing what it may have made.
     """
@@ -244,8 +248,9 @@ class _RunFiles:
     def __init__(self, log_paths: list[str], ready_paths: list[str]) -> None:
         self._log_paths = log_paths
         self._temp_paths = [prepared_temp_path(path) for path in ready_paths]
+        # Filled in order by the thread; an entry per log once it was opened (or failed to be).
         self._logs: list[int | OSError] = []
-        self._logs_opened = threading.Event()
+        self._log_opened = threading.Condition()
         self._thread = threading.Thread(target=self._make_all, name="sidecar-fsm-files", daemon=True)
         self._thread.start()
 
@@ -253,30 +258,41 @@ class _RunFiles:
         try:
             for log_path in self._log_paths:
                 try:
-                    self._logs.append(procs.open_log(log_path))
+                    opened: int | OSError = procs.open_log(log_path)
                 except OSError as exc:
-                    self._logs.append(exc)
-        finally:
-            self._logs_opened.set()
+                    opened = exc
+                with self._log_opened:
+                    self._logs.append(opened)
+                    self._log_opened.notify_all()
+        except BaseException as exc:  # never leave a launch waiting for a log that will not come
+            with self._log_opened:
+                while len(self._logs) < len(self._log_paths):
+                    self._logs.append(OSError(f"log not opened: {exc!r}"))
+                self._log_opened.notify_all()
+            raise
         flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
         for temp_path in self._temp_paths:
             with contextlib.suppress(OSError):  # the proxy then makes its own
                 os.close(os.open(temp_path, flags, 0o644))
 
     def log_fd(self, index: int) -> int:
-        self._logs_opened.wait()
-        opened = self._logs[index]
+        with self._log_opened:
+            self._log_opened.wait_for(lambda: len(self._logs) > index)
+            opened = self._logs[index]
         if isinstance(opened, OSError):
             raise opened
         return opened
 
     def close_logs(self) -> None:
         """Close every log descriptor (the children hold their own copies)."""
-        self._logs_opened.wait()
-        for opened in self._logs:
+        with self._log_opened:
+            self._log_opened.wait_for(lambda: len(self._logs) == len(self._log_paths))
+            opened_logs = self._logs
+            # A later log_fd gets an error, never a closed (or reused) descriptor number.
+            self._logs = [OSError(errno.EBADF, "log already closed") for _ in opened_logs]
+        for opened in opened_logs:
             if isinstance(opened, int):
                 os.close(opened)
-        self._logs = []
 
     def wait(self) -> None:
         """Return once every file this made exists (so that removing them removes them all)."""
@@ -416,22 +432,15 @@ class NodeSidecars:
                 [self._path(instance, ".ready") for instance in self.instances],
             )
             try:
-                # The run with its instances is one transaction, every instance's `build`
-                # one more, then every `spawn` and every `ready`: four commits per start, not
-                # 3N + 2. The proxies start on the same cores as this process, so every
-                # millisecond spent here before or between launches delays them too.
+                # The run, its instances and their `build` are one transaction, every `spawn`
+                # one more and every `ready` the last: three commits per start, not 3N + 2.
+                # The proxies start on the same cores as this process, so every millisecond
+                # spent here before or between launches delays them too.
                 self._open_run()
                 if not executable:
                     for child in self._children:
-                        child.machine.fire("build", detail=self.binary, binary=self.binary)
                         self._fail(child, message)
                     raise SidecarError(message)
-                fire_together(
-                    [
-                        Firing(child.machine, "build", self.binary, {"binary": self.binary})
-                        for child in self._children
-                    ]
-                )
                 for child in self._children:
                     with _interrupts_deferred():
                         self._launch(child, env, files=files)
@@ -460,20 +469,24 @@ class NodeSidecars:
         ]
 
     def _open_run(self) -> None:
-        """Record the run and every instance (state ``configured``) in one transaction; give each its machine.
+        """Record the run and every instance, and move each to ``building``, in one transaction.
 
-        All or nothing: an interrupted start never leaves a run with half its instances on record.
+        Each instance gets its machine, which records ``configured`` then ``build`` (the binary is
+        resolved already: the launcher's build happens before a run is recorded). All or nothing:
+        an interrupted start never leaves a run with half its instances on record.
         """
         if self.store is None:
             self.store = shared_store(self.log_dir)
         store = self.store
         owner = _owner_identity()
+        table = new_run_table()  # the run's machines live and die together
+        children: list[_Child] = []
         with store.transaction():
             store.create_run(
                 self.run_id, os.getpid(), owner.start_time if owner else None, self.config_summary()
             )
-            records = [
-                store.create_instance(
+            for index, instance in enumerate(self.instances):
+                record = store.create_instance(
                     self.run_id,
                     instance.name,
                     instance.listen,
@@ -482,23 +495,24 @@ class NodeSidecars:
                     self._path(instance, ".log"),
                     self._path(instance, ".ready"),
                 )
-                for instance in self.instances
-            ]
-        self._run_created = True
-        table = new_run_table()  # the run's machines live and die together
-        for index, (instance, record) in enumerate(zip(self.instances, records, strict=True)):
-            assert record.log_path is not None and record.ready_path is not None
-            self._children.append(
-                _Child(
-                    index,
-                    instance,
-                    InstanceMachine(store, record.id, table=table),
-                    record.id,
-                    record.log_path,
-                    record.ready_path,
-                    listen=instance.listen,
+                assert record.log_path is not None and record.ready_path is not None
+                machine = InstanceMachine(store, record.id, table=table)
+                children.append(
+                    _Child(
+                        index,
+                        instance,
+                        machine,
+                        record.id,
+                        record.log_path,
+                        record.ready_path,
+                        listen=instance.listen,
+                    )
                 )
+            fire_together(
+                [Firing(child.machine, "build", self.binary, {"binary": self.binary}) for child in children]
             )
+        self._children = children
+        self._run_created = True
 
     def _launch(
         self,

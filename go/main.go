@@ -25,6 +25,7 @@ func main() {
 // run returns the exit code: 0 after a drain, 2 for bad flags or an unbindable address
 // (nothing bound, no ready file), 1 for a runtime failure.
 func run(args []string, getenv func(string) string, stdout, stderr io.Writer) int {
+	limitProcs(getenv)
 	// Signals are caught before the ready file exists, so a launcher that stops us right
 	// after readiness gets a drain, never the default kill.
 	sigs := make(chan os.Signal, 2)
@@ -60,9 +61,7 @@ func run(args []string, getenv func(string) string, stdout, stderr io.Writer) in
 		}
 		defer removeReadyFile(cfg.ReadyFile, info)
 	}
-	// After the ready file: the start-up path is not made to wait for the runtime's
-	// stop-the-world that a GOMAXPROCS change takes.
-	tuneRuntime(getenv)
+	tuneGC(getenv)
 	logger.Printf("listening on %s, upstream %s (ping-interval %s, ping-timeout %s, max-conn-age %s)",
 		ln.Addr(), cfg.Upstream, cfg.PingInterval, cfg.PingTimeout, cfg.MaxConnAge)
 

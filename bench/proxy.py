@@ -1616,7 +1616,7 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         "--haproxy-threads",
         type=int,
         # Matches the sidecar's parallelism: go/ runs with GOMAXPROCS 1 unless the environment
-        # sets GOMAXPROCS (go/main.go tuneRuntime); the sidecar inherits this environment.
+        # sets GOMAXPROCS (go/tuning.go limitProcs); the sidecar inherits this environment.
         default=int(os.environ.get("GOMAXPROCS", "1")),
         help="HAProxy nbthread (default: $GOMAXPROCS, else 1, the sidecar's default GOMAXPROCS)",
     )

@@ -217,24 +217,23 @@ class Firing(NamedTuple):
 
 
 def fire_together(firings: Sequence[Firing]) -> None:
-    """Fire each event on its machine, all in one store transaction: every machine moves, or none.
+    """Fire each event on its machine, in order, all in one store transaction: all happen, or none.
 
-    For a run that moves its instances in step (build, spawn, ready of a start): one commit and
-    one turn of the host's writers' lock instead of one per instance, which is most of what a
-    transition costs. Raises what ``fire`` raises for the first firing that fails (illegal
-    event, missing or unknown fact, a failed write); then the database holds none of the group
-    and every machine is back in the state it had. The machines must share one store and be
-    distinct. Each machine's lock is held for the whole group, so no other thread fires on it
-    in between.
+    For a run that moves its instances in step (a start's build and spawn, its ready): one
+    commit and one turn of the host's writers' lock instead of one per event, which is most of
+    what a transition costs. A machine may appear more than once; its events fire in the order
+    given (``build`` then ``spawn``). Raises what ``fire`` raises for the first firing that
+    fails (illegal event, missing or unknown fact, a failed write); then the database holds
+    none of the group and every machine is back in the state it had before the group. The
+    machines must share one store. Each machine's lock is held for the whole group, so no
+    other thread fires on it in between.
     """
     if not firings:
         return
-    machines = [firing.machine for firing in firings]
+    machines = list({id(firing.machine): firing.machine for firing in firings}.values())
     store = machines[0].store
     if any(machine.store is not store for machine in machines):
         raise ValueError("fire_together: the machines must share one store")
-    if len({id(machine) for machine in machines}) != len(machines):
-        raise ValueError("fire_together: each machine may appear once")
     for firing in firings:
         _check_event(firing.event)
     # One lock order for every caller (instance ids are unique per store), so two groups

@@ -319,11 +319,27 @@ def test_fire_together_is_all_or_nothing(store: Store, failing: str) -> None:
     assert store.get_instance(machines[0].instance_id).state == "spawned"  # type: ignore[union-attr]
 
 
-def test_fire_together_refuses_a_machine_twice(store: Store) -> None:
-    machine = machine_in(store, "building")
-    with pytest.raises(ValueError, match="once"):
-        fire_together([Firing(machine, "spawn"), Firing(machine, "fail")])
-    assert machine.state == "building"
+def test_fire_together_fires_a_machine_twice_in_order_and_rewinds_it_whole(store: Store) -> None:
+    """A start records build and spawn in one commit; a failure puts the machine back before both."""
+    first, second = machine_in(store, "configured"), machine_in(store, "configured")
+    fire_together(
+        [
+            Firing(first, "build"),
+            Firing(second, "build"),
+            Firing(first, "spawn", "pid 5", {"pid": 5}),
+            Firing(second, "spawn", "pid 6", {"pid": 6}),
+        ]
+    )
+    for machine in (first, second):
+        assert [t.event for t in store.history(machine.instance_id)] == ["build", "spawn"]
+        assert machine.state == "spawned"
+
+    third = machine_in(store, "configured")
+    with pytest.raises(MachineError):
+        fire_together([Firing(third, "build"), Firing(third, "ready")])  # ready is illegal in building
+    assert third.state == "configured"
+    assert store.history(third.instance_id) == []
+    assert store.get_instance(third.instance_id).state == "configured"  # type: ignore[union-attr]
 
 
 def test_machines_sharing_a_table_move_and_persist_independently(store: Store) -> None:

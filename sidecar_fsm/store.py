@@ -32,13 +32,13 @@ import re
 import sqlite3
 import threading
 import time
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
 from types import TracebackType
-from typing import Any, Literal
+from typing import Any, Literal, NamedTuple
 
 import filelock
 import sqlite_utils
@@ -115,6 +115,17 @@ class InstanceRecord:
     exit_code: int | None
     error: str | None
     restart_count: int
+
+
+class NewInstance(NamedTuple):
+    """An instance to record (``Store.create_instances``): what its launcher knows before it starts."""
+
+    name: str
+    listen: str
+    upstream: str
+    binary: str | None
+    log_path: str | None
+    ready_path: str | None
 
 
 @dataclass(frozen=True)
@@ -442,22 +453,40 @@ class Store:
 
         Raises ``sqlite3.IntegrityError`` for an unknown run or a name already used in the run.
         """
-        row: dict[str, Any] = {
-            "run_id": run_id,
-            "name": name,
-            "listen": listen,
-            "upstream": redact_url(upstream),
-            "state": "configured",
-            "state_since": time.time(),
-            "binary": binary,
-            "log_path": log_path,
-            "ready_path": ready_path,
-        }
+        new = NewInstance(name, listen, upstream, binary, log_path, ready_path)
+        return self.create_instances(run_id, [new])[0]
+
+    def create_instances(self, run_id: str, instances: Sequence[NewInstance]) -> list[InstanceRecord]:
+        """Record several instances of ``run_id`` at once, as ``create_instance`` does each; all or none.
+
+        One statement per instance and one to read them back: a launcher records every instance
+        of a run before its first proxy starts. Raises ``sqlite3.IntegrityError`` like
+        ``create_instance``, with none of them recorded.
+        """
+        now = time.time()
         with self._write() as db:
-            instance_id = _insert(db, "instances", row)
-            created = _first(db, "SELECT * FROM instances WHERE id = ?", [instance_id])
-        assert created is not None
-        return _instance_record(created)
+            ids = [
+                _insert(
+                    db,
+                    "instances",
+                    {
+                        "run_id": run_id,
+                        "name": new.name,
+                        "listen": new.listen,
+                        "upstream": redact_url(new.upstream),
+                        "state": "configured",
+                        "state_since": now,
+                        "binary": new.binary,
+                        "log_path": new.log_path,
+                        "ready_path": new.ready_path,
+                    },
+                )
+                for new in instances
+            ]
+            rows = db.execute(f"SELECT * FROM instances WHERE id IN ({', '.join('?' for _ in ids)})", ids)
+            columns = [d[0] for d in rows.description]
+            by_id = {row["id"]: row for row in (dict(zip(columns, r, strict=True)) for r in rows)}
+        return [_instance_record(by_id[instance_id]) for instance_id in ids]
 
     def record_transition(
         self,

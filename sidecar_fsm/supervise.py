@@ -26,7 +26,7 @@ import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from sidecar_fsm import procs
 from sidecar_fsm.config import H2PingSidecarConfig, SidecarInstanceConfig, is_loopback_host
@@ -34,8 +34,11 @@ from sidecar_fsm.errors import SidecarError
 from sidecar_fsm.fsm import STATES, TERMINAL, Firing, InstanceMachine, fire_together, new_run_table
 from sidecar_fsm.hostname import host_name
 from sidecar_fsm.ready import ReadyOutcome, ReadyWait, prepared_temp_path, wait_all_ready
-from sidecar_fsm.store import InstanceRecord, Store
+from sidecar_fsm.store import InstanceRecord, NewInstance, Store
 from sidecar_fsm.urls import redact_url
+
+if TYPE_CHECKING:
+    from transitions import Machine
 
 # Time past `shutdown_grace` that `stop()` allows before SIGKILL: the proxy's own drain ends at
 # the grace, so this only covers exiting (flushing logs, removing its ready file) on a busy host.
@@ -299,13 +302,39 @@ class _RunFiles:
         self._thread.join()
 
 
+class _RunMachines:
+    """The state machines of one run's instances, each made on its first use.
+
+    Making them (the run's ``transitions`` table, then one model per instance) took 0.7 ms of a
+    warm start of 4, and until its proxies run a start has the cores to itself while the
+    proxies wait for it. A start first fires an event (``build`` with ``spawn``) after its
+    proxies were launched, so that is where the machines are made; a start cut short makes
+    them when it records why. A machine made later still starts in ``configured``, which is
+    right: every transition of the run's instances goes through these machines.
+    """
+
+    def __init__(self, store: Store) -> None:
+        self._store = store
+        self._table: Machine | None = None  # the run's machines live and die together
+        self._machines: dict[int, InstanceMachine] = {}
+
+    def of(self, record_id: int) -> InstanceMachine:
+        machine = self._machines.get(record_id)
+        if machine is None:
+            if self._table is None:
+                self._table = new_run_table()
+            machine = InstanceMachine(self._store, record_id, table=self._table)
+            self._machines[record_id] = machine
+        return machine
+
+
 @dataclass
 class _Child:
     """One instance of this run: its machine, its paths and its current process, if any."""
 
     index: int
     instance: SidecarInstanceConfig
-    machine: InstanceMachine
+    machines: _RunMachines
     record_id: int
     log_path: str
     ready_path: str
@@ -320,6 +349,10 @@ class _Child:
     @property
     def name(self) -> str:
         return self.instance.name
+
+    @property
+    def machine(self) -> InstanceMachine:
+        return self.machines.of(self.record_id)
 
     @property
     def state(self) -> str:
@@ -432,13 +465,16 @@ class NodeSidecars:
                 [self._path(instance, ".ready") for instance in self.instances],
             )
             try:
-                # The run, its instances and their `build` are one transaction, every `spawn`
-                # one more and every `ready` the last: three commits per start, not 3N + 2.
-                # The proxies start on the same cores as this process, so every millisecond
-                # spent here before or between launches delays them too.
+                # Three commits per start, not 3N + 2: the run with its instances (before any
+                # process exists, so a crash leaves the run on record), then every `build` and
+                # `spawn`, then every `ready`. Until the proxies run this process has the
+                # cores to itself and the proxies wait for it, so only what must precede them
+                # happens first; the rest is recorded while they start. `build` is recorded
+                # with `spawn` because the binary was resolved (or built) before the run.
                 self._open_run()
                 if not executable:
                     for child in self._children:
+                        child.machine.fire("build", detail=self.binary, binary=self.binary)
                         self._fail(child, message)
                     raise SidecarError(message)
                 for child in self._children:
@@ -446,10 +482,12 @@ class NodeSidecars:
                         self._launch(child, env, files=files)
             finally:
                 files.close_logs()
+            launched = [child for child in self._children if child.process is not None]
             fire_together(
-                [
+                [self._build_firing(child) for child in launched]
+                + [
                     Firing(child.machine, "spawn", f"pid {child.process.pid}", self._facts(child))
-                    for child in self._children
+                    for child in launched
                     if child.process is not None
                 ]
             )
@@ -469,50 +507,50 @@ class NodeSidecars:
         ]
 
     def _open_run(self) -> None:
-        """Record the run and every instance, and move each to ``building``, in one transaction.
+        """Record the run and every instance (state ``configured``) in one transaction.
 
-        Each instance gets its machine, which records ``configured`` then ``build`` (the binary is
-        resolved already: the launcher's build happens before a run is recorded). All or nothing:
-        an interrupted start never leaves a run with half its instances on record.
+        All or nothing: an interrupted start never leaves a run with half its instances on record.
         """
         if self.store is None:
             self.store = shared_store(self.log_dir)
         store = self.store
         owner = _owner_identity()
-        table = new_run_table()  # the run's machines live and die together
-        children: list[_Child] = []
         with store.transaction():
             store.create_run(
                 self.run_id, os.getpid(), owner.start_time if owner else None, self.config_summary()
             )
-            for index, instance in enumerate(self.instances):
-                record = store.create_instance(
-                    self.run_id,
-                    instance.name,
-                    instance.listen,
-                    instance.upstream,
-                    self.binary,
-                    self._path(instance, ".log"),
-                    self._path(instance, ".ready"),
-                )
-                assert record.log_path is not None and record.ready_path is not None
-                machine = InstanceMachine(store, record.id, table=table)
-                children.append(
-                    _Child(
-                        index,
-                        instance,
-                        machine,
-                        record.id,
-                        record.log_path,
-                        record.ready_path,
-                        listen=instance.listen,
+            records = store.create_instances(
+                self.run_id,
+                [
+                    NewInstance(
+                        instance.name,
+                        instance.listen,
+                        instance.upstream,
+                        self.binary,
+                        self._path(instance, ".log"),
+                        self._path(instance, ".ready"),
                     )
-                )
-            fire_together(
-                [Firing(child.machine, "build", self.binary, {"binary": self.binary}) for child in children]
+                    for instance in self.instances
+                ],
             )
-        self._children = children
         self._run_created = True
+        machines = _RunMachines(store)
+        for index, (instance, record) in enumerate(zip(self.instances, records, strict=True)):
+            assert record.log_path is not None and record.ready_path is not None
+            self._children.append(
+                _Child(
+                    index,
+                    instance,
+                    machines,
+                    record.id,
+                    record.log_path,
+                    record.ready_path,
+                    listen=instance.listen,
+                )
+            )
+
+    def _build_firing(self, child: _Child) -> Firing:
+        return Firing(child.machine, "build", self.binary, {"binary": self.binary})
 
     def _launch(
         self,
@@ -552,6 +590,8 @@ class NodeSidecars:
     def _launch_failed(self, child: _Child, problem: str, exit_code: int | None) -> SidecarError:
         """Fail ``child`` whose process could not be started; the error for the caller to raise."""
         message = f"{self._where(child)}: {problem}"
+        if child.state == "configured":  # a start, which records `build` with the `spawn` that failed
+            fire_together([self._build_firing(child)])
         self._fail(child, message, exit_code=exit_code)
         return SidecarError(message)
 

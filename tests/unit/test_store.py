@@ -16,7 +16,14 @@ from sidecar_fsm import resources
 from sidecar_fsm import store as store_module
 from sidecar_fsm.errors import SchemaTooNewError, SidecarError
 from sidecar_fsm.fsm import InstanceMachine
-from sidecar_fsm.store import Store, database_path, load_migrations, open_all_hosts, schema_version
+from sidecar_fsm.store import (
+    NewInstance,
+    Store,
+    database_path,
+    load_migrations,
+    open_all_hosts,
+    schema_version,
+)
 
 LATEST = schema_version()
 
@@ -266,6 +273,31 @@ def test_instance_queries(store: Store) -> None:
     assert store.get_instance(10_000) is None
     with pytest.raises(sqlite3.IntegrityError):
         store.create_instance("r1", "a", "127.0.0.1:1252", "https://x.example.com", None, None, None)
+
+
+def test_create_instances_records_all_in_order_or_none(store: Store) -> None:
+    store.create_run("r", owner_pid=1, owner_start_time=None, config_summary={})
+    created = store.create_instances(
+        "r",
+        [
+            NewInstance("b", "127.0.0.1:2", "https://u:secret@y.example.com?key=1", "/bin", "/l2", "/r2"),
+            NewInstance("a", "127.0.0.1:1", "https://x.example.com", None, None, None),
+        ],
+    )
+    assert [(i.name, i.listen, i.state) for i in created] == [
+        ("b", "127.0.0.1:2", "configured"),
+        ("a", "127.0.0.1:1", "configured"),
+    ]
+    assert created == store.instances_of("r")
+    assert "secret" not in created[0].upstream and "key" not in created[0].upstream
+    assert (created[0].binary, created[0].log_path, created[0].ready_path) == ("/bin", "/l2", "/r2")
+
+    # A name already in the run (or twice in the batch): nothing of the batch is recorded.
+    for names in (["c", "a"], ["d", "d"]):
+        batch = [NewInstance(n, "127.0.0.1:3", "https://z.example.com", None, None, None) for n in names]
+        with pytest.raises(sqlite3.IntegrityError):
+            store.create_instances("r", batch)
+    assert [i.name for i in store.instances_of("r")] == ["b", "a"]
 
 
 def test_record_transition_checks_the_source_and_the_facts(store: Store) -> None:

@@ -12,8 +12,8 @@ change before making any, so a value that raises leaves the config exactly as it
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Iterator, Sequence
-from dataclasses import dataclass
 from typing import Any
 
 from omegaconf import DictConfig, ListConfig, OmegaConf, open_dict, read_write
@@ -32,7 +32,7 @@ _FIX_HINT = "fix the url, or set sidecar.rewrite_base_urls: false"
 Key = Any
 
 
-@dataclass(frozen=True)
+@dataclasses.dataclass(frozen=True)
 class RewrittenUrl:
     """One rewritten field: where (``top.responses_api_models.server.base_url[1]``), the resolved
     value it had, and the local URL it has now. ``old`` may hold credentials: redact it before
@@ -43,7 +43,7 @@ class RewrittenUrl:
     new: str
 
 
-@dataclass(frozen=True)
+@dataclasses.dataclass(frozen=True)
 class _Match:
     """One field (or list item) aimed at an instance's upstream, and what its local URL keeps."""
 
@@ -53,6 +53,11 @@ class _Match:
     instance: str  # the name of the instance it is aimed at
     userinfo: str  # "user:pass@" or ""
     rest: str  # path, ?query and #fragment, as written
+    # The DictConfig or ListConfig that holds path[-1], when no container on the way to it is an
+    # alias: the field is then written in place without walking the path again (0.45 ms of a
+    # start's 0.9 ms rewrite of 4 URLs, after the last proxy is ready). None: walk, copying
+    # aliased containers (``_apply``).
+    container: Any = dataclasses.field(default=None, compare=False, repr=False)
 
     def local_url(self, listen: str) -> str:
         return f"http://{self.userinfo}{listen}{self.rest}"
@@ -65,7 +70,7 @@ class _Unresolved:
 _UNRESOLVED = _Unresolved()
 
 
-@dataclass(frozen=True)
+@dataclasses.dataclass(frozen=True)
 class BaseUrlPlan:
     """The model base URLs of one config that are aimed at the instances' upstreams, found once.
 
@@ -91,7 +96,10 @@ class BaseUrlPlan:
         """
         changes = self.changes(instances)
         for match, change in zip(self._matches, changes, strict=True):
-            _apply(global_config_dict, match.path, change.new)
+            if match.container is not None:
+                _assign(match.container, match.path[-1], change.new)
+            else:
+                _apply(global_config_dict, match.path, change.new)
         return changes
 
 
@@ -145,31 +153,36 @@ def _listens_by_name(instances: Sequence[SidecarInstanceConfig]) -> dict[str, st
 def _find(root: DictConfig, by_origin: dict[Origin, SidecarInstanceConfig]) -> list[_Match]:
     matches: list[_Match] = []
 
-    def consider(value: object, path: tuple[Key, ...], location: str) -> None:
+    def consider(value: object, path: tuple[Key, ...], location: str, container: Any) -> None:
         if isinstance(value, str):
             match = _match(value, by_origin, path, location)
             if match is not None:
-                matches.append(match)
+                matches.append(dataclasses.replace(match, container=container))
 
-    for top_key, top in _resolved_items(root):
+    for top_key, top, top_aliased in _resolved_items(root):
         if not isinstance(top, DictConfig) or MODEL_SERVER_TYPE not in top:
             continue
         servers = _get(top, MODEL_SERVER_TYPE)
         if not isinstance(servers, DictConfig):
             continue
-        for server_name, server in _resolved_items(servers):
+        servers_aliased = top_aliased or OmegaConf.is_interpolation(top, MODEL_SERVER_TYPE)
+        for server_name, server, server_aliased in _resolved_items(servers):
             if not isinstance(server, DictConfig):
                 continue
-            for key, value in _resolved_items(server):
+            # Where the field can be written directly; None when a block above it is an alias.
+            field_container = None if servers_aliased or server_aliased else server
+            for key, value, value_aliased in _resolved_items(server):
                 if not str(key).endswith(BASE_URL_KEY_SUFFIX):
                     continue
                 path: tuple[Key, ...] = (top_key, MODEL_SERVER_TYPE, server_name, key)
                 location = ".".join(str(part) for part in path)
                 if isinstance(value, ListConfig):
+                    items_container = None if field_container is None or value_aliased else value
                     for index in range(len(value)):
-                        consider(_get(value, index), (*path, index), f"{location}[{index}]")
+                        item_path = (*path, index)
+                        consider(_get(value, index), item_path, f"{location}[{index}]", items_container)
                 else:
-                    consider(value, path, location)
+                    consider(value, path, location, field_container)
     return matches
 
 
@@ -201,18 +214,20 @@ def _match(
     return _Match(path, location, url, instance.name, userinfo + at, rest)
 
 
-def _resolved_items(container: DictConfig) -> Iterator[tuple[Key, Any]]:
-    """``container``'s keys with their values as ``_get`` gives them, without resolving plain nodes.
+def _resolved_items(container: DictConfig) -> Iterator[tuple[Key, Any, bool]]:
+    """``container``'s keys with their values as ``_get`` gives them, and whether each is an alias.
 
-    OmegaConf resolves a value on every access, about 25 us each even for a node that is not an
-    interpolation; only interpolations (``${...}``) and missing values (``???``) need it, and a
-    config is mostly neither. The walk before a start's first process got twice as fast.
+    An alias is a value resolved from an interpolation (``${...}``; ``???`` counts too): a
+    container reached through one belongs to another key. OmegaConf resolves a value on every
+    access, about 25 us each even for a node that is not an interpolation; only interpolations
+    and missing values need it, and a config is mostly neither. The walk before a start's
+    first process got twice as fast.
     """
     for key, raw in container.items_ex(resolve=False):
         if isinstance(raw, str) and ("${" in raw or raw == "???"):
-            yield key, _get(container, key)
+            yield key, _get(container, key), True
         else:
-            yield key, raw
+            yield key, raw, False
 
 
 def _get(container: Any, key: Key) -> Any:

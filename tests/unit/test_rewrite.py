@@ -277,6 +277,43 @@ def test_aliased_server_block_gets_its_own_copy() -> None:
     }
 
 
+@pytest.mark.parametrize(
+    "aliased",
+    [
+        pytest.param({"policy_model": "${defaults.top}"}, id="top-level block"),
+        pytest.param({"policy_model": {MODELS: "${defaults.models}"}}, id="model servers block"),
+        pytest.param({"policy_model": {MODELS: {"m": {"base_url": "${defaults.urls}"}}}}, id="url list"),
+    ],
+)
+def test_a_field_under_any_alias_is_written_to_a_copy_not_the_aliased_block(aliased: dict[str, Any]) -> None:
+    # Not itself a <top-level>.responses_api_models block: only the alias is a model server.
+    shared = {
+        "defaults": {
+            "top": {MODELS: {"m": {"base_url": ["https://api.example.com/v1"]}}},
+            "models": {"m": {"base_url": ["https://api.example.com/v1"]}},
+            "urls": ["https://api.example.com/v1"],
+        }
+    }
+    config = OmegaConf.create({**copy.deepcopy(shared), **aliased})
+    assert isinstance(config, DictConfig)
+    plan = plan_base_urls(config, [POLICY])
+    changes = rewrite_base_urls(config, [POLICY])
+    assert (
+        changes
+        == plan
+        == [
+            RewrittenUrl(
+                "policy_model.responses_api_models.m.base_url[0]",
+                "https://api.example.com/v1",
+                "http://127.0.0.1:41250/v1",
+            )
+        ]
+    )
+    raw: Any = OmegaConf.to_container(config, resolve=False)
+    assert {key: raw[key] for key in shared} == shared
+    assert raw["policy_model"][MODELS]["m"]["base_url"] == ["http://127.0.0.1:41250/v1"]
+
+
 def test_alias_of_another_model_field_is_materialized_too() -> None:
     # one server's URL aliases another's: both are rewritten, each as its own literal
     config = OmegaConf.create(

@@ -107,8 +107,8 @@ def read_ready_file(path: str | os.PathLike[str]) -> ReadyInfo | None:
 
 
 @functools.lru_cache(maxsize=1)
-def _libc_inotify() -> tuple[Any, Any]:
-    """libc's ``inotify_init1`` and ``inotify_add_watch``, looked up once per process.
+def _libc_inotify() -> tuple[Any, Any, Any]:
+    """libc's ``inotify_init1``, ``inotify_add_watch`` and ``inotify_rm_watch``, looked up once per process.
 
     ``CDLL(None)`` searches the symbols already loaded into the interpreter (libc among them);
     ``ctypes.util.find_library`` would run ``ldconfig -p``, 7 ms on every call.
@@ -120,14 +120,17 @@ def _libc_inotify() -> tuple[Any, Any]:
     add_watch = libc.inotify_add_watch
     add_watch.argtypes = [ctypes.c_int, ctypes.c_char_p, ctypes.c_uint32]
     add_watch.restype = ctypes.c_int
-    return init1, add_watch
+    rm_watch = libc.inotify_rm_watch
+    rm_watch.argtypes = [ctypes.c_int, ctypes.c_int]
+    rm_watch.restype = ctypes.c_int
+    return init1, add_watch, rm_watch
 
 
 class _Inotify:
     """A non-blocking inotify instance watching directories for files renamed into them."""
 
     def __init__(self) -> None:
-        init1, self._add_watch = _libc_inotify()
+        init1, self._add_watch, self._rm_watch = _libc_inotify()
         fd = init1(_IN_NONBLOCK | _IN_CLOEXEC)
         if fd < 0:
             code = ctypes.get_errno()
@@ -163,37 +166,70 @@ class _Inotify:
                     touched.add((self.dirs[wd], os.fsdecode(raw_name)))
         return touched, overflow
 
+    def unwatch_all(self) -> None:
+        """Remove every watch and drop the events still queued (they name no watched directory now)."""
+        for wd in self.dirs:
+            self._rm_watch(self.fd, wd)  # fails only for a watch the kernel dropped already
+        self.dirs.clear()
+        self.read_names()
+
     def close(self) -> None:
         os.close(self.fd)
 
-    def close_in_background(self) -> None:
-        """Close without making the caller wait for it.
 
-        Closing an inotify instance tears its watches down and waits for an SRCU grace period
-        in the kernel: 10-25 ms measured on a busy 2-core machine, twenty times the wait for the
-        event itself. The caller has its answer already; a daemon thread pays that cost
-        (``os.close`` releases the GIL).
-        """
-        threading.Thread(target=os.close, args=(self.fd,), name="inotify-close", daemon=True).start()
+# Inotify instances between waits, ready for the next one. Closing an instance tears its watches
+# down and waits for an SRCU grace period in the kernel: 10-25 ms measured on a busy 2-core
+# machine, twenty times the wait for the event itself, and a thread to close it in the
+# background cost 0.2-0.5 ms on a start's serial tail. Removing a watch costs 3 us. So an
+# instance is kept for the process's next wait: at most one per concurrent wait is ever made.
+_idle_inotify: list[_Inotify] = []
+_idle_inotify_lock = threading.Lock()
+
+
+def _forget_idle_inotify() -> None:
+    # A forked child shares the parent's instances: its waits would read the parent's events.
+    for inotify in _idle_inotify:
+        inotify.close()  # the child's copy of the descriptor; the parent keeps its instance
+    _idle_inotify.clear()
+
+
+os.register_at_fork(after_in_child=_forget_idle_inotify)
 
 
 def _open_inotify(directories: Iterable[str]) -> tuple[_Inotify | None, set[str]]:
-    """An inotify watching ``directories``, and those it could not watch (they fall back to polling)."""
+    """An inotify watching ``directories``, and those it could not watch (they fall back to polling).
+
+    Give it back with ``_release_inotify`` once the wait is over.
+    """
     wanted = set(directories)
-    try:
-        inotify = _Inotify()
-    except (OSError, AttributeError):  # AttributeError: a libc without inotify symbols
-        return None, wanted
+    with _idle_inotify_lock:
+        inotify = _idle_inotify.pop() if _idle_inotify else None
+    if inotify is None:
+        try:
+            inotify = _Inotify()
+        except (OSError, AttributeError):  # AttributeError: a libc without inotify symbols
+            return None, wanted
     unwatched: set[str] = set()
     for directory in sorted(wanted):
         try:
             inotify.watch(directory)
         except OSError as error:
             if error.errno not in (errno.ENOENT, errno.ENOTDIR, errno.EACCES, errno.ENOSPC):
-                inotify.close()
+                _release_inotify(inotify)
                 raise
             unwatched.add(directory)
     return inotify, unwatched
+
+
+def _release_inotify(inotify: _Inotify) -> None:
+    """Keep ``inotify``, without watches, for the next wait (see ``_idle_inotify``)."""
+    try:
+        inotify.unwatch_all()
+    except OSError:
+        inotify.close()  # not fit for reuse: pay for the close rather than keep a broken one
+        return
+    with _idle_inotify_lock:
+        _idle_inotify.append(inotify)
 
 
 def wait_all_ready(waits: list[ReadyWait], timeout: float) -> dict[str, ReadyOutcome]:
@@ -295,5 +331,5 @@ def wait_all_ready(waits: list[ReadyWait], timeout: float) -> dict[str, ReadyOut
         for pidfd in pidfds:
             os.close(pidfd)
         if inotify is not None:
-            inotify.close_in_background()
+            _release_inotify(inotify)
     return {name: outcomes[name] for name in names}

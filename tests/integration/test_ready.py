@@ -205,7 +205,31 @@ def test_without_inotify_the_fallback_still_finds_the_file(
         raise OSError(24, "Too many open files")  # inotify_init1 at the per-user instance limit
 
     monkeypatch.setattr(ready, "_Inotify", unavailable)
+    monkeypatch.setattr(ready, "_idle_inotify", [])  # none kept from an earlier wait either
     path = tmp_path / "fallback.ready"
     child = _start(children, path, 0.2)
     outcome = ready.wait_all_ready([ReadyWait("f", str(path), child)], 20)["f"]
     assert outcome.info is not None and outcome.info.pid == child.pid
+
+
+def test_consecutive_waits_reuse_one_inotify_and_never_see_each_others_events(
+    tmp_path: Path, children: list[ChildProcess], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The instance kept between waits comes back without watches or queued events."""
+    monkeypatch.setattr(ready, "_idle_inotify", [])
+    first_dir, second_dir = tmp_path / "first", tmp_path / "second"
+    first_dir.mkdir()
+    second_dir.mkdir()
+    first = _start(children, first_dir / "a.ready", 0.0)
+    assert ready.wait_all_ready([ReadyWait("a", str(first_dir / "a.ready"), first)], 20)["a"].info is not None
+    assert len(ready._idle_inotify) == 1
+    kept = ready._idle_inotify[0]
+    assert kept.dirs == {}
+    # Events in the first directory after that wait must not reach the next one.
+    (first_dir / "late.tmp").write_text("x")
+    (first_dir / "late.tmp").rename(first_dir / "late")
+
+    second = _start(children, second_dir / "b.ready", 0.3)
+    outcome = ready.wait_all_ready([ReadyWait("b", str(second_dir / "b.ready"), second)], 20)["b"]
+    assert outcome.info is not None and outcome.info.pid == second.pid
+    assert ready._idle_inotify == [kept] and kept.dirs == {}

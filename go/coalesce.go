@@ -72,13 +72,19 @@ func (c *coalescingConn) flushLoop() {
 			c.mu.Unlock()
 			return
 		}
-		out := c.pending
-		c.pending = c.spare[:0]
-		c.room.Broadcast()
-		c.mu.Unlock()
-		if len(out) == 0 {
+		if len(c.pending) == 0 {
+			// A kick whose bytes an earlier round already sent (a writer queued them just
+			// as that round took the queue). Swapping buffers here would hand the spare to
+			// the queue while still keeping it as the spare: the next round would then
+			// write a buffer that writers append to during the write.
+			c.mu.Unlock()
 			continue
 		}
+		out := c.pending
+		c.pending = c.spare[:0]
+		c.spare = nil // it backs the queue now; out becomes the spare once written
+		c.room.Broadcast()
+		c.mu.Unlock()
 		_, err := c.Conn.Write(out)
 		c.mu.Lock()
 		if cap(out) <= keepBuffer {

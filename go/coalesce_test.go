@@ -70,3 +70,57 @@ func TestCoalescingConnWriteErrorIsSticky(t *testing.T) {
 	}
 	c.Close()
 }
+
+// gatedConn's Write reports each call on entered, then copies p only once release allows,
+// so a test can act while a flush is in progress.
+type gatedConn struct {
+	net.Conn
+	entered chan struct{}
+	release chan struct{}
+	written chan []byte
+}
+
+func (g *gatedConn) Write(p []byte) (int, error) {
+	g.entered <- struct{}{}
+	<-g.release
+	g.written <- append([]byte(nil), p...)
+	return len(p), nil
+}
+
+// A kick that finds the queue empty (its bytes left with an earlier round) must not make the
+// queue and the spare one buffer: writers would then append to the bytes being written.
+func TestCoalescingConnEmptyRoundKeepsTheBufferBeingWrittenApart(t *testing.T) {
+	a, _ := net.Pipe()
+	g := &gatedConn{Conn: a, entered: make(chan struct{}), release: make(chan struct{}),
+		written: make(chan []byte, 8)}
+	c := newCoalescingConn(g)
+	defer c.Close()
+	flush := func(p string) {
+		t.Helper()
+		c.Write([]byte(p))
+		<-g.entered
+		g.release <- struct{}{}
+		if got := string(<-g.written); got != p {
+			t.Fatalf("flushed %q; want %q", got, p)
+		}
+	}
+	flush("1") // the first buffer becomes the spare
+	flush("2") // the second one too, and the first backs the queue
+	// An empty round, completed before anything else: the loop takes one kick at a time,
+	// so the third send returns only after the first kick's round ended.
+	for range 3 {
+		c.kick <- struct{}{}
+	}
+	c.Write([]byte("3"))
+	<-g.entered          // the flusher is writing "3"...
+	c.Write([]byte("4")) // ...while this is queued
+	g.release <- struct{}{}
+	if got := string(<-g.written); got != "3" {
+		t.Fatalf("flushed %q; want \"3\" (a later write changed the buffer being written)", got)
+	}
+	<-g.entered
+	g.release <- struct{}{}
+	if got := string(<-g.written); got != "4" {
+		t.Fatalf("flushed %q; want \"4\"", got)
+	}
+}

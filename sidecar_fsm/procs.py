@@ -249,10 +249,11 @@ def spawn(argv: list[str], env: dict[str, str], log: str | int) -> ChildProcess:
     ``os.posix_spawn`` rather than ``subprocess.Popen``: glibc's vfork-style spawn saved
     0.12 ms of the launcher's time per child, 0.5 ms of a warm start of 4 (paired starts, see
     bench/results/launcher.md), and a start launches its children one after another while the
-    first ones already compete for the cores. When this returns the child has already exec'd
-    ``argv[0]`` (glibc waits for the exec and reports its error), so :func:`identity_of` on its
-    pid reads the sidecar's executable, not a copy of the launcher. Raises ``OSError`` when the
-    executable cannot be started.
+    first ones already compete for the cores. When this returns the child's exec of ``argv[0]``
+    is past its point of no return (glibc waits for it and reports its error), so
+    :func:`identity_of` on its pid reads the sidecar's executable, not a copy of the launcher;
+    the kernel may still be closing the close-on-exec descriptors for a moment, before any
+    of the new program's code runs. Raises ``OSError`` when the executable cannot be started.
     """
     log_fd = log if isinstance(log, int) else open_log(log)
     try:

@@ -13,6 +13,7 @@ from pathlib import Path
 
 import psutil
 import pytest
+from helpers import wait_until
 
 from sidecar_fsm import procs
 from sidecar_fsm.procs import ChildProcess, ProcessIdentity
@@ -65,8 +66,13 @@ def test_spawn_new_session_devnull_stdin_log_appended_and_no_inherited_fds(
         os.close(write_end)
     assert os.getsid(child.pid) == child.pid
     assert os.getpgid(child.pid) == child.pid
-    fds = sorted(int(fd) for fd in os.listdir(f"/proc/{child.pid}/fd"))
-    assert fds == [0, 1, 2]
+
+    # spawn returns once the child's exec is past its point of no return, which is before the
+    # kernel closes the close-on-exec descriptors: they may show for a moment, never run code.
+    def child_fds() -> list[int]:
+        return sorted(int(fd) for fd in os.listdir(f"/proc/{child.pid}/fd"))
+
+    wait_until(lambda: child_fds() == [0, 1, 2], 10, "the child's descriptors to be exactly 0, 1 and 2")
     assert os.readlink(f"/proc/{child.pid}/fd/0") == "/dev/null"
     assert os.readlink(f"/proc/{child.pid}/fd/1") == str(log)
     assert os.readlink(f"/proc/{child.pid}/fd/2") == str(log)

@@ -18,6 +18,7 @@ import select
 import signal
 import subprocess
 import threading
+import time
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -90,8 +91,28 @@ def start_time_of(pid: int) -> float | None:
         return None
     # The command name (field 2) is in parentheses and may contain spaces and ")".
     fields = data[data.rindex(b")") + 2 :].split()
-    boot_time: float = psutil.boot_time()
-    return float(fields[19]) / _CLOCK_TICKS + boot_time
+    return float(fields[19]) / _CLOCK_TICKS + _recent_boot_time()
+
+
+# (monotonic time it was read, psutil.boot_time()) for start_time_of.
+_boot_time_read: tuple[float, float] | None = None
+_BOOT_TIME_REUSE_SECONDS = 1.0
+
+
+def _recent_boot_time() -> float:
+    """``psutil.boot_time()``, re-read at most once a second.
+
+    It reads all of /proc/stat (30 us, more with the proxies of a start on the cores), and a
+    start reads the start time of each of its children in a row. The value only moves when the
+    wall clock is stepped; a start time computed with the value from before a step then
+    differs from psutil's reading after it, which ``is_ours`` answers with "not ours", as it
+    would for a start time read just before the step.
+    """
+    global _boot_time_read
+    now = time.monotonic()
+    if _boot_time_read is None or now - _boot_time_read[0] > _BOOT_TIME_REUSE_SECONDS:
+        _boot_time_read = (now, psutil.boot_time())
+    return _boot_time_read[1]
 
 
 def _same_exe(recorded: str, current: str | None) -> bool:

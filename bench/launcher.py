@@ -37,6 +37,7 @@ sys.path.insert(0, str(REPO))
 from bench.readme import results_path, update_readme  # noqa: E402
 from sidecar_fsm import procs  # noqa: E402
 from sidecar_fsm.buildcache import build_sidecar, ensure_binary  # noqa: E402
+from sidecar_fsm.config import H2PingSidecarConfig  # noqa: E402
 from sidecar_fsm.lab import TlsH2Origin, make_ca_and_cert  # noqa: E402
 from sidecar_fsm.launcher import (  # noqa: E402
     h2_ping_sidecar_config_from_global_config,
@@ -90,30 +91,44 @@ def quiet() -> Iterator[None]:
         yield
 
 
-def warm(config: DictConfig, repeats: int) -> dict[str, list[float]]:
-    starts: list[float] = []
-    stops: list[float] = []
-    lookups: list[float] = []
-    parsed = None
-    for _ in range(repeats):
-        run_config = copy.deepcopy(config)
-        started = time.perf_counter()
-        with quiet():
-            manager = start_h2_ping_sidecar(run_config)
-        ready = time.perf_counter()
-        assert manager is not None
-        manager.check()
-        manager.stop()
-        stopped = time.perf_counter()
-        starts.append(ready - started)
-        stops.append(stopped - ready)
-        parsed = manager.config
+def warm_start(config: DictConfig) -> tuple[float, float, H2PingSidecarConfig]:
+    """One warm start of ``config`` and its stop: (start seconds, stop seconds, parsed block)."""
+    run_config = copy.deepcopy(config)
+    started = time.perf_counter()
+    with quiet():
+        manager = start_h2_ping_sidecar(run_config)
+    ready = time.perf_counter()
+    assert manager is not None
+    manager.check()
+    manager.stop()
+    return ready - started, time.perf_counter() - ready, manager.config
+
+
+def warm(configs: dict[str, DictConfig], binary: Path, log_dir: Path, repeats: int) -> dict[str, list[float]]:
+    """Warm starts and stops of each config, and the floor of each, interleaved.
+
+    Each round starts every config once and measures its floor once, so a start and its floor
+    (and the 4- and 1-instance figures) are taken under the same load: this machine's speed
+    moves by tens of percent within minutes, and figures measured a minute apart would compare
+    the machine, not the launcher. Returns ``<name>.start``, ``<name>.stop``, ``<name>.floor``
+    and ``<name>.own`` (start minus the floor of the same round) per config, and ``lookup``.
+    """
+    series: dict[str, list[float]] = {}
+    parsed: H2PingSidecarConfig | None = None
+    for round_index in range(repeats):
+        for name, config in configs.items():
+            start, stop, parsed = warm_start(config)
+            floor_time = floor(config, binary, log_dir, f"{name}-{round_index}")
+            for key, value in (("start", start), ("stop", stop), ("floor", floor_time)):
+                series.setdefault(f"{name}.{key}", []).append(value)
+            series.setdefault(f"{name}.own", []).append(start - floor_time)
     assert parsed is not None
+    config = next(iter(configs.values()))
     for _ in range(repeats):
         started = time.perf_counter()
         resolve_binary(parsed, config)
-        lookups.append(time.perf_counter() - started)
-    return {"start": starts, "stop": stops, "lookup": lookups}
+        series.setdefault("lookup", []).append(time.perf_counter() - started)
+    return series
 
 
 def cold(config: DictConfig, runs: int, gocache: Path | None) -> float:
@@ -151,7 +166,7 @@ def cold(config: DictConfig, runs: int, gocache: Path | None) -> float:
     return elapsed
 
 
-def floor(config: DictConfig, binary: Path, log_dir: Path, repeats: int) -> list[float]:
+def floor(config: DictConfig, binary: Path, log_dir: Path, tag: str) -> float:
     """Spawn the proxies and await their ready files, nothing else: the part no launcher can skip.
 
     The same argv, environment and exact wait as the launcher, without the config, database,
@@ -160,28 +175,24 @@ def floor(config: DictConfig, binary: Path, log_dir: Path, repeats: int) -> list
     parsed = h2_ping_sidecar_config_from_global_config(config)
     env = sidecar_env(parsed)
     log_dir.mkdir(parents=True, exist_ok=True)
-    times: list[float] = []
-    for repeat in range(repeats):
-        paths = [str(log_dir / f"floor-{repeat}-{index}.ready") for index in range(len(parsed.instances))]
-        started = time.perf_counter()
-        children = [
-            procs.spawn(sidecar_command(str(binary), parsed, instance, path), env, str(log_dir / "floor.log"))
-            for instance, path in zip(parsed.instances, paths, strict=True)
-        ]
-        outcomes = wait_all_ready(
-            [
-                ReadyWait(str(index), path, child)
-                for index, (path, child) in enumerate(zip(paths, children, strict=True))
-            ],
-            30,
-        )
-        times.append(time.perf_counter() - started)
-        assert all(outcome.info is not None for outcome in outcomes.values()), outcomes
-        for child in children:
-            child.terminate()
-        for child in children:
-            child.wait(30)
-    return times
+    paths = [str(log_dir / f"floor-{tag}-{index}.ready") for index in range(len(parsed.instances))]
+    started = time.perf_counter()
+    children = [
+        procs.spawn(sidecar_command(str(binary), parsed, instance, path), env, str(log_dir / "floor.log"))
+        for instance, path in zip(parsed.instances, paths, strict=True)
+    ]
+    waits = [
+        ReadyWait(str(index), path, child)
+        for index, (path, child) in enumerate(zip(paths, children, strict=True))
+    ]
+    outcomes = wait_all_ready(waits, 30)
+    elapsed = time.perf_counter() - started
+    assert all(outcome.info is not None for outcome in outcomes.values()), outcomes
+    for child in children:
+        child.terminate()
+    for child in children:
+        child.wait(30)
+    return elapsed
 
 
 def cold_build(output: Path, gocache: Path | None) -> float:
@@ -228,23 +239,22 @@ def main() -> None:
         origins = [TlsH2Origin(certs).start() for _ in range(4)]
         try:
             warm_cache = root / "warm-cache"
-            ensure_binary(warm_cache)
             rows: list[tuple[str, str, str]] = []
             config4 = gym_config(origins, certs.ca_pem, root / "logs", warm_cache)
             config1 = gym_config(origins[:1], certs.ca_pem, root / "logs", warm_cache)
-            warm(config4, 3)  # imports, page cache, database creation
-            four = warm(config4, args.repeats)
-            one = warm(config1, args.repeats)
             binary = ensure_binary(warm_cache)
-            floor4 = floor(config4, binary, root / "floor", args.repeats)
-            floor1 = floor(config1, binary, root / "floor", args.repeats)
-            rows.append(("warm start_h2_ping_sidecar, 4 instances (median)", ms(four["start"]), "< 20 ms"))
-            rows.append(("  floor: spawn 4 proxies + await ready files only", ms(floor4), "-"))
-            rows.append(("warm stop(), 4 idle sidecars (median)", ms(four["stop"]), "< 20 ms"))
-            rows.append(("warm start_h2_ping_sidecar, 1 instance (median)", ms(one["start"]), "-"))
-            rows.append(("  floor: spawn 1 proxy + await its ready file only", ms(floor1), "-"))
-            rows.append(("warm stop(), 1 idle sidecar (median)", ms(one["stop"]), "-"))
-            rows.append(("  of which cache lookup, resolve_binary (median)", ms(four["lookup"]), "-"))
+            configs = {"4": config4, "1": config1}
+            warm(configs, binary, root / "floor", 3)  # imports, page cache, database creation
+            series = warm(configs, binary, root / "floor", args.repeats)
+            start4 = ms(series["4.start"])
+            rows.append(("warm start_h2_ping_sidecar, 4 instances (median)", start4, "< 20 ms"))
+            rows.append(("  floor: spawn 4 proxies + await ready files only", ms(series["4.floor"]), "-"))
+            rows.append(("  launcher's own time: start - floor, same round", ms(series["4.own"]), "-"))
+            rows.append(("warm stop(), 4 idle sidecars (median)", ms(series["4.stop"]), "< 20 ms"))
+            rows.append(("warm start_h2_ping_sidecar, 1 instance (median)", ms(series["1.start"]), "-"))
+            rows.append(("  floor: spawn 1 proxy + await its ready file only", ms(series["1.floor"]), "-"))
+            rows.append(("warm stop(), 1 idle sidecar (median)", ms(series["1.stop"]), "-"))
+            rows.append(("  of which cache lookup, resolve_binary (median)", ms(series["lookup"]), "-"))
             if not args.skip_cold:
 
                 def gocache(name: str) -> Path | None:

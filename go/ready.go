@@ -37,7 +37,7 @@ func writeReadyFile(path string, info readyInfo) error {
 	if dir == "" {
 		dir = "."
 	}
-	tmp := openPreparedTemp(filepath.Join(dir, preparedTempName(base)))
+	tmp, readable := openPreparedTemp(filepath.Join(dir, preparedTempName(base)))
 	if tmp == nil {
 		var err error
 		tmp, err = os.CreateTemp(dir, "."+base+".tmp-*")
@@ -50,8 +50,9 @@ func writeReadyFile(path string, info readyInfo) error {
 	if werr == nil {
 		werr = cerr
 	}
-	if werr == nil {
-		// CreateTemp makes 0600; a launcher of another user may read the file.
+	if werr == nil && !readable {
+		// CreateTemp makes 0600 (and a launcher's umask may have narrowed its file); a
+		// launcher of another user may read the file.
 		werr = os.Chmod(tmp.Name(), 0o644)
 	}
 	if werr == nil {
@@ -75,27 +76,32 @@ func preparedTempName(readyBase string) string {
 // no other name is used. The file sits in a directory others may write to, so a symbolic
 // link (O_NOFOLLOW) or a second hard link planted there must never make the proxy
 // truncate some other file; the checks run on the open descriptor before anything is
-// written, and anything else falls back to a fresh temporary file.
-func openPreparedTemp(name string) *os.File {
+// written, and anything else falls back to a fresh temporary file. readable reports that
+// its mode is already 0644. The launcher makes it empty and 0644, so usually neither a
+// truncate nor a chmod is needed: each is an inode change (a journal entry on ext4) on
+// the way to the ready file.
+func openPreparedTemp(name string) (f *os.File, readable bool) {
 	f, err := os.OpenFile(name, os.O_WRONLY|syscall.O_NOFOLLOW, 0)
 	if err != nil {
-		return nil
+		return nil, false
 	}
 	info, err := f.Stat()
 	if err != nil {
 		f.Close()
-		return nil
+		return nil, false
 	}
 	st, ok := info.Sys().(*syscall.Stat_t)
 	if !ok || !info.Mode().IsRegular() || uint64(st.Nlink) != 1 || int(st.Uid) != os.Getuid() {
 		f.Close()
-		return nil
+		return nil, false
 	}
-	if err := f.Truncate(0); err != nil {
-		f.Close()
-		return nil
+	if info.Size() != 0 {
+		if err := f.Truncate(0); err != nil {
+			f.Close()
+			return nil, false
+		}
 	}
-	return f
+	return f, info.Mode().Perm() == 0o644
 }
 
 // removeReadyFile removes path only if it still holds what this process wrote: a

@@ -44,32 +44,50 @@ func TestRemoveReadyFileKeepsASuccessorsFile(t *testing.T) {
 }
 
 func TestReadyFileReusesThePreparedTempFile(t *testing.T) {
-	dir := t.TempDir()
-	path := filepath.Join(dir, "x.ready")
-	prepared := filepath.Join(dir, preparedTempName("x.ready"))
-	if err := os.WriteFile(prepared, []byte("stale content, longer than the JSON will be ......"), 0o644); err != nil {
-		t.Fatal(err)
-	}
-	before, err := os.Stat(prepared)
-	if err != nil {
-		t.Fatal(err)
-	}
-	info := readyInfo{PID: 7, Listen: "127.0.0.1:9"}
-	if err := writeReadyFile(path, info); err != nil {
-		t.Fatal(err)
-	}
-	after, err := os.Stat(path)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if !os.SameFile(before, after) {
-		t.Fatalf("ready file: got a new file; want the prepared one renamed into place")
-	}
-	if data, _ := os.ReadFile(path); string(data) != string(info.marshal()) {
-		t.Fatalf("ready file content: got %q; want %q", data, info.marshal())
-	}
-	if _, err := os.Stat(prepared); !os.IsNotExist(err) {
-		t.Fatalf("prepared temp file: got %v; want it renamed away", err)
+	for _, tc := range []struct {
+		name    string
+		content string
+		mode    os.FileMode
+	}{
+		{"empty and readable, as the launcher makes it", "", 0o644},
+		{"stale content", "stale content, longer than the JSON will be ......", 0o644},
+		{"narrowed by a umask", "", 0o600},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			dir := t.TempDir()
+			path := filepath.Join(dir, "x.ready")
+			prepared := filepath.Join(dir, preparedTempName("x.ready"))
+			if err := os.WriteFile(prepared, []byte(tc.content), tc.mode); err != nil {
+				t.Fatal(err)
+			}
+			if err := os.Chmod(prepared, tc.mode); err != nil { // whatever this test's umask is
+				t.Fatal(err)
+			}
+			before, err := os.Stat(prepared)
+			if err != nil {
+				t.Fatal(err)
+			}
+			info := readyInfo{PID: 7, Listen: "127.0.0.1:9"}
+			if err := writeReadyFile(path, info); err != nil {
+				t.Fatal(err)
+			}
+			after, err := os.Stat(path)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if !os.SameFile(before, after) {
+				t.Fatalf("ready file: got a new file; want the prepared one renamed into place")
+			}
+			if data, _ := os.ReadFile(path); string(data) != string(info.marshal()) {
+				t.Fatalf("ready file content: got %q; want %q", data, info.marshal())
+			}
+			if after.Mode().Perm() != 0o644 {
+				t.Fatalf("ready file mode: got %v; want 0644 (a launcher of another user reads it)", after.Mode().Perm())
+			}
+			if _, err := os.Stat(prepared); !os.IsNotExist(err) {
+				t.Fatalf("prepared temp file: got %v; want it renamed away", err)
+			}
+		})
 	}
 }
 

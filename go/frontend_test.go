@@ -9,6 +9,7 @@ import (
 	"io"
 	"net"
 	"net/http"
+	"net/http/httptest"
 	"strings"
 	"testing"
 	"time"
@@ -189,9 +190,11 @@ func TestHEADHasLengthButNoBody(t *testing.T) {
 	}
 }
 
-func TestClientDisconnectCancelsUpstreamRequest(t *testing.T) {
-	entered, cancelled := make(chan struct{}), make(chan struct{})
-	origin := newH2Origin(t, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+// waitingOrigin answers nothing: entered closes when its one request arrives, cancelled when
+// that request's context ends (the proxy gave up on it).
+func waitingOrigin(t *testing.T) (origin *httptest.Server, entered, cancelled chan struct{}) {
+	entered, cancelled = make(chan struct{}), make(chan struct{})
+	origin = newH2Origin(t, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		close(entered)
 		select {
 		case <-r.Context().Done():
@@ -199,6 +202,11 @@ func TestClientDisconnectCancelsUpstreamRequest(t *testing.T) {
 		case <-time.After(20 * time.Second):
 		}
 	}))
+	return origin, entered, cancelled
+}
+
+func TestClientDisconnectCancelsUpstreamRequest(t *testing.T) {
+	origin, entered, cancelled := waitingOrigin(t)
 	p := startProxy(t, origin.URL, caFileOf(t, origin), "-retry-body-limit", "4")
 	r := dialRaw(t, p.addr)
 	r.send("POST /wait HTTP/1.1\r\nHost: x\r\nContent-Length: 10\r\n\r\n0123456789") // streamed: above the limit
@@ -219,15 +227,7 @@ func TestClientDisconnectCancelsUpstreamRequest(t *testing.T) {
 }
 
 func TestClientDisconnectCancelsBufferedRequest(t *testing.T) {
-	entered, cancelled := make(chan struct{}), make(chan struct{})
-	origin := newH2Origin(t, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		close(entered)
-		select {
-		case <-r.Context().Done():
-			close(cancelled)
-		case <-time.After(20 * time.Second):
-		}
-	}))
+	origin, entered, cancelled := waitingOrigin(t)
 	p := startProxy(t, origin.URL, caFileOf(t, origin))
 	r := dialRaw(t, p.addr)
 	r.send("GET /wait HTTP/1.1\r\nHost: x\r\n\r\n")

@@ -483,9 +483,8 @@ class Store:
                 )
                 for new in instances
             ]
-            rows = db.execute(f"SELECT * FROM instances WHERE id IN ({', '.join('?' for _ in ids)})", ids)
-            columns = [d[0] for d in rows.description]
-            by_id = {row["id"]: row for row in (dict(zip(columns, r, strict=True)) for r in rows)}
+            sql = f"SELECT * FROM instances WHERE id IN ({', '.join('?' for _ in ids)})"
+            by_id = {row["id"]: row for row in db.query(sql, ids)}
         return [_instance_record(by_id[instance_id]) for instance_id in ids]
 
     def record_transition(

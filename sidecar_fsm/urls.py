@@ -82,7 +82,7 @@ def split_url(url: str) -> SplitResult:
     urllib refuses unbalanced brackets and (newer releases) a bracketed host that is not an IP
     address; its own messages differ from one release to the next.
     """
-    what = "has an invalid IPv6 address in brackets" if "[" in url else "is not a valid URL"
+    what = "is not a valid URL (bad IPv6 address in brackets)" if "[" in url else "is not a valid URL"
     try:
         parts = urlsplit(url)
         if "[" in parts.netloc:
@@ -101,19 +101,20 @@ def _normalize_host(parts: SplitResult) -> str:
         try:
             return ipaddress.IPv6Address(raw.split("%", 1)[0]).compressed
         except ValueError:
-            raise ValueError("has an invalid IPv6 address in brackets") from None
+            raise ValueError("is not a valid URL (bad IPv6 address in brackets)") from None
     if not is_valid_host_name(raw):
         raise ValueError("has an invalid host name")
     return raw
 
 
-def upstream_origin(url: str, field: str) -> str:
+def upstream_origin(url: str, field: str = "upstream") -> str:
     """``url`` reduced to ``https://host[:port]``: host lower-cased, port 443 dropped, path dropped.
 
-    The proxy uses only the origin of its upstream (a path would be silently prepended to every
-    request otherwise), so the config keeps only that. Raises ``ConfigError`` naming ``field`` and
-    the value (credentials masked) for a scheme other than https (HTTP/2 is chosen by ALPN, so
-    there is no cleartext variant), a missing host or a bad port.
+    NeMo Gym's ``config.upstream_origin(url)``, plus the field to name. The proxy uses only the
+    origin of its upstream (a path would be silently prepended to every request otherwise), so
+    the config keeps only that. Raises ``ConfigError`` (a ``ValueError``, as Gym's raises)
+    naming ``field`` and the value (credentials masked) for a scheme other than https (HTTP/2 is
+    chosen by ALPN, so there is no cleartext variant), a missing host or a bad port.
     """
     try:
         return normalize_upstream(url)

@@ -364,16 +364,16 @@ def test_dry_run_on_a_deepcopy_leaves_the_live_config_untouched(gym_config: Dict
 UNPARSEABLE = [
     (
         "https://[::1",
-        "'https://[::1' has an invalid IPv6 address in brackets",
+        "'https://[::1' is not a valid URL (bad IPv6 address in brackets)",
     ),
     # not a URL at all, whatever its scheme
     (
         "ws://[::1",
-        "'ws://[::1' has an invalid IPv6 address in brackets",
+        "'ws://[::1' is not a valid URL (bad IPv6 address in brackets)",
     ),
     (
         "http://[not-v6]/v1",
-        "'http://[not-v6]/v1' has an invalid IPv6 address in brackets",
+        "'http://[not-v6]/v1' is not a valid URL (bad IPv6 address in brackets)",
     ),
     (
         "https://api.example.com:99999/v1",

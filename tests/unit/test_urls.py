@@ -44,8 +44,8 @@ BAD_UPSTREAMS = [
     ("https://h:99999", f"'https://h:99999' has an invalid port (must be 1-65535); {HINT}"),
     ("https://h:abc", f"'https://h:abc' has an invalid port (must be 1-65535); {HINT}"),
     ("https://exa mple.com", f"'https://exa mple.com' has an invalid host name; {HINT}"),
-    ("https://[::1", f"'https://[::1' has an invalid IPv6 address in brackets; {HINT}"),
-    ("https://[nope]:1", f"'https://[nope]:1' has an invalid IPv6 address in brackets; {HINT}"),
+    ("https://[::1", f"'https://[::1' is not a valid URL (bad IPv6 address in brackets); {HINT}"),
+    ("https://[nope]:1", f"'https://[nope]:1' is not a valid URL (bad IPv6 address in brackets); {HINT}"),
 ]
 
 
@@ -54,6 +54,17 @@ def test_upstream_origin_refuses(url: str, message: str) -> None:
     with pytest.raises(ConfigError) as caught:
         upstream_origin(url, F)
     assert str(caught.value) == f"{F}: {message}"
+
+
+def test_upstream_origin_takes_gyms_one_argument() -> None:
+    # NeMo Gym's config.upstream_origin(url): a ValueError for anything but https
+    assert upstream_origin("https://API.example.com/v1") == "https://api.example.com"
+    with pytest.raises(ValueError) as caught:
+        upstream_origin("https://[invalid/v1")
+    assert (
+        str(caught.value)
+        == f"upstream: 'https://[invalid/v1' is not a valid URL (bad IPv6 address in brackets); {HINT}"
+    )
 
 
 def test_parse_origin_compares_default_ports_and_case() -> None:

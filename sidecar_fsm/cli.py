@@ -289,7 +289,9 @@ def _raise_interrupt(signum: int, frame: FrameType | None) -> None:
 
 def cmd_start(args: argparse.Namespace) -> int:
     from omegaconf import OmegaConf, open_dict
+    from pydantic import ValidationError
 
+    from sidecar_fsm.config import describe_error
     from sidecar_fsm.launcher import start_h2_ping_sidecar
 
     config = _load_config(args.configs)
@@ -308,6 +310,9 @@ def cmd_start(args: argparse.Namespace) -> int:
     previous = signal.signal(signal.SIGTERM, _raise_interrupt)
     try:
         manager = start_h2_ping_sidecar(config)
+    except ValidationError as error:
+        # The schema raises pydantic's error, as NeMo Gym's does; here it is bad config: exit 2.
+        raise ConfigError(describe_error(error)) from None
     except KeyboardInterrupt:
         _err(f"{PROG} start: interrupted before the sidecars were ready; everything started was stopped")
         return 130

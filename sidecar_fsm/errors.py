@@ -1,8 +1,10 @@
-"""The exceptions a caller of sidecar-fsm can catch; every module raises these, none defines its own.
+"""The exceptions a caller of sidecar-fsm can catch; every module raises these.
 
 ``SidecarError`` keeps NeMo Gym's name and base (``RuntimeError``) so existing ``except`` clauses
-keep working. ``ConfigError`` is the bad-input case (the CLI exits 2 for it, 1 for the rest): its
-message is one line naming the field and the value.
+keep working. A bad ``sidecar:`` block raises pydantic's ``ValidationError``, as Gym's schema
+does (``configerrors`` words it); ``ConfigError`` is bad input outside that schema (an argument,
+an environment variable, a model's base URL, a file the config names): the CLI exits 2 for both,
+1 for the rest, and the message is one line naming the field and the value.
 """
 
 

@@ -25,9 +25,10 @@ import psutil
 import pytest
 from helpers import ProcessRegistry, http11_request
 from omegaconf import DictConfig, OmegaConf
+from pydantic import ValidationError
 
 from sidecar_fsm import procs
-from sidecar_fsm.errors import ConfigError, SidecarError
+from sidecar_fsm.errors import SidecarError
 from sidecar_fsm.lab import IdleRelay, TlsH2Origin
 from sidecar_fsm.launcher import H2PingSidecarManager, NodeSidecars, start_h2_ping_sidecar
 from sidecar_fsm.store import InstanceRecord, Store, open_all_hosts
@@ -389,7 +390,7 @@ def test_invalid_config_starts_nothing(
 ) -> None:
     config = gym_config(tls_origin.url, tls_origin.ca_file, log_dir, cache_dir, ping_interval="6m")
     before = snapshot(config)
-    with pytest.raises(ConfigError, match=r"sidecar\.ping_interval: '6m'"):
+    with pytest.raises(ValidationError, match=r"sidecar\.ping_interval: '6m'"):
         start_h2_ping_sidecar(config)
     assert snapshot(config) == before
     assert run_records(log_dir) == []

@@ -2,24 +2,28 @@
 
 from __future__ import annotations
 
+import pickle
 from typing import Any
 
 import pytest
 import yaml
 from omegaconf import OmegaConf
+from pydantic import ValidationError
 
 from sidecar_fsm.config import (
     SIDECAR_KEY,
     H2PingSidecarConfig,
     RestartPolicy,
     SidecarInstanceConfig,
+    describe_error,
     format_go_duration,
     h2_ping_sidecar_config_from_global_config,
     is_loopback_host,
     parse_duration_seconds,
     split_listen,
+    upstream_origin,
 )
-from sidecar_fsm.errors import ConfigError, SidecarError
+from sidecar_fsm.errors import ConfigError
 
 UP = "https://api.example.com"
 DURATION_HINT = "use Go syntax like '60s', '1m30s', '250ms' or a number of seconds"
@@ -30,7 +34,7 @@ BODY = "try 16777216, or 0 to disable buffering"
 PROCS = "try 2, or null to leave it to the go runtime"
 NAME = "is not a valid name; use letters, digits, '_' and '-', starting with a letter or digit"
 HTTPS = "must be https:// (HTTP/2 is chosen by ALPN); use https://HOST[:PORT]"
-CLASH = "give each instance its own port, or 0 for any free port"
+CLASH = "instances must listen on different addresses: a unique port each, or 0 for any free port"
 NOT_LOOPBACK = "is not loopback; use 127.0.0.1:PORT or allow_non_loopback"
 LIST_HINT = "write a list of {name, upstream, listen} entries"
 MEM_HINT = "use bytes or a KiB, MiB, GiB or TiB count like '1GiB', or 'off'"
@@ -44,6 +48,14 @@ def inst(
 
 def load(block: Any) -> H2PingSidecarConfig:
     return h2_ping_sidecar_config_from_global_config({SIDECAR_KEY: block})
+
+
+def refusal(block: Any) -> str:
+    """The text the CLI prints for ``block``, which must be refused with a ``ValidationError``."""
+    with pytest.raises(ValidationError) as caught:
+        load(block)
+    assert caught.value.__cause__ is None  # no pydantic traceback chained behind ours
+    return describe_error(caught.value)
 
 
 # --- defaults --------------------------------------------------------------------------------
@@ -108,7 +120,6 @@ GOOD = [
     # (block, attribute, expected)
     ({"ping_interval": 90}, "ping_interval", "1m30s"),
     ({"ping_interval": 90}, "ping_interval_seconds", 90.0),
-    ({"ping_interval": "90"}, "ping_interval", "1m30s"),
     ({"ping_interval": 0.25}, "ping_interval", "250ms"),
     ({"ping_interval": "1m30s"}, "ping_interval", "1m30s"),
     ({"ping_interval": " 45s "}, "ping_interval", "45s"),
@@ -120,7 +131,7 @@ GOOD = [
     ({"shutdown_grace": "15m"}, "shutdown_grace_seconds", 900.0),
     ({"shutdown_grace": "1h2m3.5s"}, "shutdown_grace_seconds", 3723.5),
     ({"max_conn_age": 0}, "max_conn_age", "0s"),
-    ({"max_conn_age": "0"}, "max_conn_age", "0s"),
+    ({"max_conn_age": "0"}, "max_conn_age", "0"),  # Go reads a bare 0 as a duration
     ({"max_conn_age": "0s"}, "max_conn_age_seconds", 0.0),
     ({"max_conn_age": "59m59s"}, "max_conn_age_seconds", 3599.0),
     ({"retry_body_limit": 0}, "retry_body_limit", 0),
@@ -207,6 +218,16 @@ BAD = [
     ({"ping_interval": "60S"}, f"sidecar.ping_interval: '60S' is not a duration; {DURATION_HINT}"),
     ({"ping_interval": "1m 30s"}, f"sidecar.ping_interval: '1m 30s' is not a duration; {DURATION_HINT}"),
     ({"ping_interval": ""}, f"sidecar.ping_interval: '' is not a duration; {DURATION_HINT}"),
+    # a string needs its unit, as Go (and NeMo Gym) read it; the number 90 is seconds
+    (
+        {"ping_interval": "90"},
+        "sidecar.ping_interval: '90' has no unit; write '90s', or the number 90 unquoted for seconds",
+    ),
+    (
+        {"shutdown_grace": "1e3"},
+        "sidecar.shutdown_grace: '1e3' has no unit; write '16m40s', or the number 1e3 unquoted for seconds",
+    ),
+    ({"ping_timeout": "-5"}, "sidecar.ping_timeout: '-5' must not be negative; use a duration like '15s'"),
     ({"ping_interval": None}, f"sidecar.ping_interval: 'null' is not a duration; {DURATION_HINT}"),
     (
         {"ping_interval": "-5s"},
@@ -307,7 +328,8 @@ BAD = [
     ({"instances": [inst(name="")]}, f"sidecar.instances[0].name: '' {NAME}"),
     (
         {"instances": [inst("a", "127.0.0.1:1"), inst("b", "127.0.0.1:2"), inst("a", "127.0.0.1:3")]},
-        "sidecar.instances[2].name: 'a' is also the name of instances[0]; give each instance its own name",
+        "sidecar.instances[2].name: 'a' is also the name of instances[0]; names must be unique, "
+        "so give each instance its own",
     ),
     # upstreams
     (
@@ -327,8 +349,13 @@ BAD = [
         "sidecar.instances[0].upstream: 'api.example.com' is not an absolute URL (scheme://host); use https://HOST[:PORT]",
     ),
     (
+        {"instances": [inst(upstream="https://[::1/v1")]},
+        "sidecar.instances[0].upstream: 'https://[::1/v1' is not a valid URL (bad IPv6 address in brackets); "
+        "use https://HOST[:PORT]",
+    ),
+    (
         {"instances": [{"name": "x"}]},
-        "sidecar.instances[0].upstream: is required; set it to the https:// url to forward to, like https://api.example.com",
+        "sidecar.instances[0].upstream is required; set it to the https:// url to forward to, like https://api.example.com",
     ),
     # listens
     (
@@ -400,18 +427,14 @@ BAD = [
 
 @pytest.mark.parametrize(("block", "message"), BAD)
 def test_refused_with_exact_message(block: dict[str, Any], message: str) -> None:
-    with pytest.raises(ConfigError) as caught:
-        load(block)
-    assert str(caught.value) == message
-    assert caught.value.__cause__ is None  # no pydantic traceback chained behind it
+    assert refusal(block) == message
 
 
 def test_instances_required_when_enabled_shows_a_yaml_example() -> None:
-    with pytest.raises(ConfigError) as caught:
-        load({"enabled": True})
-    first, *example = str(caught.value).splitlines()
+    first, *example = refusal({"enabled": True}).splitlines()
     assert first == (
-        "sidecar.instances: is empty but sidecar.enabled is true; add one instance per upstream, for example:"
+        "sidecar.instances is required when sidecar.enabled is true; "
+        "add one instance per upstream, for example:"
     )
     # the lines after the first are a working block
     shown = yaml.safe_load("\n".join(example))
@@ -419,9 +442,7 @@ def test_instances_required_when_enabled_shows_a_yaml_example() -> None:
 
 
 def test_several_problems_are_all_reported_first_on_line_one() -> None:
-    with pytest.raises(ConfigError) as caught:
-        load({"ping_timeout": "0s", "gomaxprocs": 0})
-    assert str(caught.value).splitlines() == [
+    assert refusal({"ping_timeout": "0s", "gomaxprocs": 0}).splitlines() == [
         "sidecar.ping_timeout: '0s' must be above 0; try '15s'",
         f"  also sidecar.gomaxprocs: '0' must be a positive whole number; {PROCS}",
     ]
@@ -438,18 +459,110 @@ def test_several_problems_are_all_reported_first_on_line_one() -> None:
     ],
     ids=["init", "model_validate", "model_validate_json", "instance", "restart"],
 )
-def test_no_pydantic_error_escapes_any_constructor(build: Any) -> None:
-    with pytest.raises(ConfigError) as caught:
+def test_every_constructor_raises_a_worded_validation_error(build: Any) -> None:
+    # pydantic's own type, as NeMo Gym's schema raises: Gym's `except ValidationError` catches it
+    with pytest.raises(ValidationError) as caught:
         build()
-    assert isinstance(caught.value, SidecarError) and isinstance(caught.value, ValueError)
-    assert type(caught.value) is ConfigError
+    assert caught.value.__cause__ is None
+    (error,) = caught.value.errors()
+    assert error["msg"].startswith("sidecar.") and error["msg"] in str(caught.value)
 
 
 def test_direct_construction_messages_name_the_model() -> None:
-    with pytest.raises(ConfigError, match=r"^sidecar\.instance\.upstream: 'http://x' must be https://"):
+    with pytest.raises(ValidationError) as caught:
         SidecarInstanceConfig(upstream="http://x")
-    with pytest.raises(ConfigError, match=r"^sidecar\.restart\.max_restarts: '-1' must be 0 or more"):
+    assert describe_error(caught.value).startswith("sidecar.instance.upstream: 'http://x' must be https://")
+    with pytest.raises(ValidationError) as caught:
         RestartPolicy(max_restarts=-1)
+    assert describe_error(caught.value).startswith("sidecar.restart.max_restarts: '-1' must be 0 or more")
+
+
+def test_errors_keep_pydantic_type_and_location() -> None:
+    with pytest.raises(ValidationError) as caught:
+        load({"instances": [inst(), inst("b", listen="x")], "zzz": 1})
+    assert [(e["type"], e["loc"]) for e in caught.value.errors()] == [
+        ("value_error", ("instances", 1, "listen")),
+        ("extra_forbidden", ("zzz",)),
+    ]
+    assert caught.value.title == "H2PingSidecarConfig"
+
+
+def test_credentials_in_a_bad_value_never_reach_the_error() -> None:
+    # pydantic would print the input (input_value=...) with the token in it; ours masks it
+    with pytest.raises(ValidationError) as caught:
+        load({"instances": [inst(upstream="http://user:TOKEN@api.example.com/v1")]})
+    assert "TOKEN" not in str(caught.value)
+    assert "TOKEN" not in repr(caught.value.errors())
+    assert "'http://***@api.example.com/v1' must be https://" in str(caught.value)
+
+
+def test_describe_error_of_a_config_error_is_its_text() -> None:
+    assert describe_error(ConfigError("sidecar.ca_file: '/x' is not a readable file")) == (
+        "sidecar.ca_file: '/x' is not a readable file"
+    )
+
+
+def test_describe_error_of_another_models_error_names_its_location() -> None:
+    from pydantic import BaseModel  # only this test needs a model of its own
+
+    class Other(BaseModel):
+        port: int
+
+    with pytest.raises(ValidationError) as caught:
+        Other.model_validate({"port": "x"})
+    assert describe_error(caught.value).startswith("port: input should be a valid integer")
+
+
+# --- NeMo Gym's own expectations (tests/unit_tests/h2_ping_sidecar/test_launcher.py) -----------
+
+GYM_INSTANCE = {"name": "nvcf", "upstream": "https://abc123.invocation.api.nvcf.nvidia.com"}
+
+GYM_REFUSALS = [
+    # (extra keys of an enabled block with one instance, a fragment Gym's tests match)
+    ({"ping_interval": "340s"}, "ping_interval"),
+    ({"ping_interval": "6m"}, "ping_interval"),
+    ({"ping_interval": "1h"}, "ping_interval"),
+    ({"ping_interval": "0s"}, "ping_interval"),
+    ({"memory": "1GiB"}, "memory"),
+    ({"nodes": "all"}, "nodes"),
+    ({"instances": [{"upstream": "http://example.com"}]}, "https"),
+    *(
+        ({"instances": [{"upstream": GYM_INSTANCE["upstream"], "listen": listen}]}, "listen")
+        for listen in ("1250", "127.0.0.1", "127.0.0.1:99999", "127.0.0.1:x")
+    ),
+    *(({"gomemlimit": value}, "gomemlimit") for value in ("1GB", "lots", "-1", "1 GiB")),
+    ({"retry_body_limit": -1}, "retry_body_limit"),
+    *(({"max_conn_age": value}, "max_conn_age") for value in ("60m", "1h", "2h", 3600, "soon")),
+    ({"gomaxprocs": 0}, "gomaxprocs"),
+    (
+        {
+            "instances": [
+                {**GYM_INSTANCE, "name": "a"},
+                {**GYM_INSTANCE, "name": "a", "listen": "127.0.0.1:1251"},
+            ]
+        },
+        "unique",
+    ),
+    ({"instances": [{**GYM_INSTANCE, "name": "a"}, {**GYM_INSTANCE, "name": "b"}]}, "different addresses"),
+]
+
+
+@pytest.mark.parametrize(("extra", "fragment"), GYM_REFUSALS)
+def test_gym_refusals_raise_validation_error_with_gyms_words(extra: dict[str, Any], fragment: str) -> None:
+    with pytest.raises(ValidationError, match=fragment):
+        H2PingSidecarConfig.model_validate({"enabled": True, "instances": [GYM_INSTANCE], **extra})
+
+
+def test_gym_instances_required_wording() -> None:
+    with pytest.raises(ValidationError, match="instances is required"):
+        H2PingSidecarConfig.model_validate({"enabled": True})
+    assert H2PingSidecarConfig.model_validate({"enabled": False}).instances == []
+
+
+def test_gym_upstream_origin_takes_just_the_url() -> None:
+    assert upstream_origin("https://API.example.com/v1") == "https://api.example.com"
+    with pytest.raises(ValueError, match="https"):
+        upstream_origin("http://api.example.com")
 
 
 # --- reading from a NeMo Gym global config ----------------------------------------------------
@@ -520,18 +633,18 @@ def test_unresolvable_interpolation_names_the_field(monkeypatch: pytest.MonkeyPa
     global_config = OmegaConf.create(
         {"sidecar": {"enabled": True, "instances": [{"upstream": "${oc.env:SIDECAR_FSM_TEST_UNSET}"}]}}
     )
-    with pytest.raises(ConfigError) as caught:
+    with pytest.raises(ValidationError) as caught:
         h2_ping_sidecar_config_from_global_config(global_config)
-    assert str(caught.value) == (
+    assert describe_error(caught.value) == (
         "sidecar.instances[0].upstream: '${oc.env:SIDECAR_FSM_TEST_UNSET}' cannot be resolved "
         "(environment variable 'SIDECAR_FSM_TEST_UNSET' not found); set what it refers to, or write the value"
     )
 
 
 def test_missing_mandatory_value_names_the_field() -> None:
-    with pytest.raises(ConfigError) as caught:
+    with pytest.raises(ValidationError) as caught:
         h2_ping_sidecar_config_from_global_config(OmegaConf.create({"sidecar": {"enabled": "???"}}))
-    assert str(caught.value) == (
+    assert describe_error(caught.value) == (
         "sidecar.enabled: '???' is a mandatory value that was never set; "
         "set it in the config or on the command line"
     )
@@ -539,8 +652,10 @@ def test_missing_mandatory_value_names_the_field() -> None:
 
 @pytest.mark.parametrize("block", [True, "on", [1, 2]])
 def test_block_that_is_not_a_mapping(block: Any) -> None:
-    with pytest.raises(ConfigError, match=r"^sidecar: '.*' is not a mapping of settings; "):
+    with pytest.raises(ValidationError) as caught:
         h2_ping_sidecar_config_from_global_config(OmegaConf.create({"sidecar": block}))
+    assert describe_error(caught.value).startswith("sidecar: '")
+    assert "' is not a mapping of settings; " in describe_error(caught.value)
 
 
 # --- durations and addresses on their own ------------------------------------------------------
@@ -561,7 +676,6 @@ DURATIONS = [
     ("+5s", 5.0),
     (90, 90.0),
     (2.5, 2.5),
-    ("90", 90.0),
 ]
 
 
@@ -576,6 +690,10 @@ def test_parse_duration_seconds(value: str | int | float, seconds: float) -> Non
         ("1d", f"f: '1d' is not a duration; {DURATION_HINT}"),
         ("s", f"f: 's' is not a duration; {DURATION_HINT}"),
         ("1m-30s", f"f: '1m-30s' is not a duration; {DURATION_HINT}"),
+        ("90", "f: '90' has no unit; write '90s', or the number 90 unquoted for seconds"),
+        ("", f"f: '' is not a duration; {DURATION_HINT}"),
+        ("1m 30s", f"f: '1m 30s' is not a duration; {DURATION_HINT}"),
+        (True, f"f: 'true' is not a duration; {DURATION_HINT}"),
         ("-1m", "f: '-1m' must not be negative; use a duration like '60s'"),
         (-0.5, "f: '-0.5' must not be negative; use a duration like '60s'"),
     ],
@@ -636,8 +754,6 @@ def test_split_listen() -> None:
 
 def test_config_survives_pickle_and_json() -> None:
     # Ray ships the config to every node's launcher
-    import pickle
-
     config = load(
         {"enabled": True, "instances": [inst()], "ping_interval": 90, "restart": {"max_restarts": 1}}
     )

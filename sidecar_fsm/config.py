@@ -13,13 +13,15 @@ Also the public home of the names Gym's ``config`` module has (``parse_duration_
 ``gosyntax`` (durations, GOMEMLIMIT), ``addresses`` (listens), ``urls`` (upstreams).
 
 Must not do I/O: whether ``binary``, ``ca_file`` or ``log_dir`` exist, and whether a port is free,
-is the launcher's business.
+is the launcher's business. The one side effect is a ``ConfigWarning`` for an upstream whose path
+is dropped.
 """
 
 from __future__ import annotations
 
 import math
 import re
+import warnings
 from collections.abc import Mapping
 from typing import Any, ClassVar
 
@@ -29,6 +31,7 @@ from pydantic import (
     BaseModel,
     ConfigDict,
     Field,
+    ModelWrapValidatorHandler,
     ValidationError,
     ValidationInfo,
     field_validator,
@@ -46,14 +49,14 @@ from sidecar_fsm.configerrors import (
     show_value,
     translate,
 )
-from sidecar_fsm.errors import ConfigError
+from sidecar_fsm.errors import ConfigError, ConfigWarning
 from sidecar_fsm.gosyntax import (
     duration_seconds,
     format_go_duration,
     normalize_duration,
     normalize_memory_limit,
 )
-from sidecar_fsm.urls import normalize_upstream, upstream_origin
+from sidecar_fsm.urls import normalize_upstream, redact_url, split_url, upstream_origin
 
 __all__ = [
     "DEFAULT_LISTEN",
@@ -195,7 +198,7 @@ class SidecarInstanceConfig(_Model):
 
     upstream: str
     """The https:// origin to forward to, kept as ``https://host[:port]``: host lower-cased,
-    port 443 dropped, path dropped (clients keep sending their path on
+    port 443 dropped, path dropped with a ``ConfigWarning`` (clients keep sending their path on
     every request)."""
 
     listen: str = DEFAULT_LISTEN
@@ -423,6 +426,20 @@ class H2PingSidecarConfig(_Model):
             seen_listens.append((index, address))
         return self
 
+    @model_validator(mode="wrap")
+    @classmethod
+    def _warn_dropped_paths(cls, data: Any, handler: ModelWrapValidatorHandler[Self]) -> Self:
+        # After every check passed: a block that is refused warns about nothing. The raw value is
+        # needed (the field keeps only the origin) and the index (the field cannot know it).
+        config = handler(data)
+        raw_instances = data.get("instances") if isinstance(data, Mapping) else None
+        if isinstance(raw_instances, list):
+            for index, raw in enumerate(raw_instances):
+                upstream = raw.get("upstream") if isinstance(raw, Mapping) else None
+                if isinstance(upstream, str):
+                    _warn_if_path_dropped(f"{cls._where}.instances[{index}].upstream", upstream)
+        return config
+
     @property
     def ping_interval_seconds(self) -> float:
         return duration_seconds(self.ping_interval)
@@ -441,6 +458,27 @@ class H2PingSidecarConfig(_Model):
         return duration_seconds(self.max_conn_age)
 
 
+def _warn_if_path_dropped(where: str, upstream: str) -> None:
+    """A ``ConfigWarning`` when ``upstream`` (valid) carries a path or query the config drops.
+
+    The proxy forwards each client's own path, so ``https://host/v1`` upstream plus a base URL
+    ending in ``/v1`` would otherwise look like it sends ``/v1/v1``: say which part is unused.
+    """
+    parts = split_url(upstream.strip())
+    dropped = [f"a path ('{parts.path}')"] if parts.path not in {"", "/"} else []
+    if parts.query or parts.fragment:
+        dropped.append("a query")
+    if not dropped:
+        return
+    verb = "are" if len(dropped) > 1 else "is"
+    warnings.warn(
+        f"{where}: '{show_value(redact_url(upstream.strip()))}' has {' and '.join(dropped)}, which {verb} "
+        f"dropped: each client's own path is forwarded; write '{normalize_upstream(upstream)}'",
+        ConfigWarning,
+        stacklevel=2,
+    )
+
+
 def h2_ping_sidecar_config_from_global_config(global_config_dict: Any) -> H2PingSidecarConfig:
     """The validated ``sidecar:`` block of a NeMo Gym global config; absent or null means disabled.
 
@@ -448,7 +486,7 @@ def h2_ping_sidecar_config_from_global_config(global_config_dict: Any) -> H2Ping
     first, against the whole config) or a plain mapping. Read-only: the config is not changed.
     Raises ``pydantic.ValidationError``, its first problem naming the field and value, for an
     interpolation that cannot be resolved, a block that is not a mapping, and every rule of the
-    schema.
+    schema. Warns (``ConfigWarning``) for each upstream path it drops.
     """
     block = _resolved_block(global_config_dict)
     if block is None:

@@ -1,4 +1,4 @@
-"""The exceptions a caller of sidecar-fsm can catch; every module raises these.
+"""The exceptions and warnings a caller of sidecar-fsm can catch; every module raises these.
 
 ``SidecarError`` keeps NeMo Gym's name and base (``RuntimeError``) so existing ``except`` clauses
 keep working. A bad ``sidecar:`` block raises pydantic's ``ValidationError``, as Gym's schema
@@ -18,3 +18,7 @@ class ConfigError(SidecarError, ValueError):
 
 class SchemaTooNewError(SidecarError):
     """The state database was written by a newer sidecar-fsm; it is refused and left untouched."""
+
+
+class ConfigWarning(UserWarning):
+    """A config value was accepted but changed (an upstream's path dropped); one line, field and value."""

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import pickle
+import warnings
 from typing import Any
 
 import pytest
@@ -23,7 +24,7 @@ from sidecar_fsm.config import (
     split_listen,
     upstream_origin,
 )
-from sidecar_fsm.errors import ConfigError
+from sidecar_fsm.errors import ConfigError, ConfigWarning
 
 UP = "https://api.example.com"
 DURATION_HINT = "use Go syntax like '60s', '1m30s', '250ms' or a number of seconds"
@@ -194,6 +195,7 @@ def _attr(config: Any, dotted: str) -> Any:
     return config
 
 
+@pytest.mark.filterwarnings("ignore::sidecar_fsm.errors.ConfigWarning")  # dropped paths: tested below
 @pytest.mark.parametrize(("block", "attribute", "expected"), GOOD)
 def test_accepted(block: dict[str, Any], attribute: str, expected: Any) -> None:
     assert _attr(load(block), attribute) == expected
@@ -565,6 +567,50 @@ def test_gym_upstream_origin_takes_just_the_url() -> None:
         upstream_origin("http://api.example.com")
 
 
+# --- an upstream's dropped path: one warning naming the field and the value --------------------
+
+
+def _warnings_of(block: Any) -> list[str]:
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        load(block)
+    assert all(w.category is ConfigWarning for w in caught)
+    return [str(w.message) for w in caught]
+
+
+def test_an_upstream_path_is_dropped_with_a_warning() -> None:
+    block = {
+        "instances": [inst("a", upstream=UP), inst("b", "127.0.0.1:0", "https://u:pw@API.example.com/v1")]
+    }
+    assert _warnings_of(block) == [
+        "sidecar.instances[1].upstream: 'https://API.example.com/v1' has a path ('/v1'), which is "
+        "dropped: each client's own path is forwarded; write 'https://api.example.com'"
+    ]
+    with pytest.warns(ConfigWarning):
+        assert load(block).instances[1].upstream == UP
+
+
+def test_a_query_is_dropped_with_a_warning_that_does_not_show_it() -> None:
+    (message,) = _warnings_of({"instances": [inst(upstream=f"{UP}/v1?api-key=SECRET")]})
+    assert message == (
+        f"sidecar.instances[0].upstream: '{UP}/v1' has a path ('/v1') and a query, which are dropped: "
+        f"each client's own path is forwarded; write '{UP}'"
+    )
+
+
+@pytest.mark.parametrize("upstream", [UP, f"{UP}/", "https://api.example.com:443", "https://API.example.com"])
+def test_nothing_dropped_no_warning(upstream: str) -> None:
+    assert _warnings_of({"instances": [inst(upstream=upstream)]}) == []
+
+
+def test_a_refused_block_warns_about_nothing() -> None:
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        with pytest.raises(ValidationError):
+            load({"instances": [inst("a", upstream=f"{UP}/v1"), inst("a", "127.0.0.1:1")]})
+    assert caught == []
+
+
 # --- reading from a NeMo Gym global config ----------------------------------------------------
 
 
@@ -596,7 +642,8 @@ def test_gym_block_unchanged_is_accepted(monkeypatch: pytest.MonkeyPatch) -> Non
             },
         }
     )
-    config = h2_ping_sidecar_config_from_global_config(global_config)
+    with pytest.warns(ConfigWarning, match=r"has a path \('/v1'\), which is dropped"):
+        config = h2_ping_sidecar_config_from_global_config(global_config)
     assert [(i.name, i.upstream, i.listen) for i in config.instances] == [
         ("nvcf", "https://nvcf.example.com", "127.0.0.1:1250"),
         ("judge", "https://judge.example.com", "127.0.0.1:1251"),
@@ -609,12 +656,15 @@ def test_gym_block_unchanged_is_accepted(monkeypatch: pytest.MonkeyPatch) -> Non
 
 
 def test_plain_dict_interpolations_are_resolved_like_omegaconf() -> None:
-    config = h2_ping_sidecar_config_from_global_config(
-        {
-            "judge_url": "https://judge.example.com/v1",
-            "sidecar": {"instances": [{"upstream": "${judge_url}"}]},
-        }
-    )
+    with pytest.warns(
+        ConfigWarning, match=r"^sidecar\.instances\[0\]\.upstream: 'https://judge\.example\.com/v1'"
+    ):
+        config = h2_ping_sidecar_config_from_global_config(
+            {
+                "judge_url": "https://judge.example.com/v1",
+                "sidecar": {"instances": [{"upstream": "${judge_url}"}]},
+            }
+        )
     assert config.instances[0].upstream == "https://judge.example.com"
 
 

@@ -4,8 +4,8 @@ Owns the pydantic models of the block and ``h2_ping_sidecar_config_from_global_c
 turns the block (an OmegaConf ``DictConfig`` or a plain mapping, ``${...}`` resolved first) into a
 validated ``H2PingSidecarConfig``. Every key of NeMo Gym's block is accepted with its name,
 default and meaning (durations stay Go duration strings, as Gym passed them straight to the
-proxy's flags); ``ca_file``, ``allow_non_loopback``, ``exit_with_owner`` and ``restart`` are
-ours. A bad block raises ``pydantic.ValidationError`` whichever way a model is
+proxy's flags); ``ca_file``, ``allow_non_loopback``, ``exit_with_owner``, ``restart`` and
+``metrics`` are ours. A bad block raises ``pydantic.ValidationError`` whichever way a model is
 built, as Gym's does, with our one-line messages (``configerrors`` words them).
 
 Also the public home of the names Gym's ``config`` module has (``parse_duration_seconds``,
@@ -320,6 +320,11 @@ class H2PingSidecarConfig(_Model):
 
     restart: RestartPolicy = Field(default_factory=RestartPolicy)
     """New: restart policy for a sidecar that dies while ready; default fails fast, as Gym does."""
+
+    metrics: bool = True
+    """New: start each proxy with ``-metrics-listen 127.0.0.1:0`` and record the address, so
+    ``status`` and ``top`` show its live figures. The endpoint is loopback only and carries no
+    request data; false starts the proxies without it."""
 
     @field_validator("ping_interval", "ping_timeout", "shutdown_grace", "max_conn_age", mode="before")
     @classmethod

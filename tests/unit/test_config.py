@@ -81,6 +81,7 @@ DEFAULTS = {
     "allow_non_loopback": False,
     "exit_with_owner": True,
     "restart": {"max_restarts": 0, "backoff": "1s"},
+    "metrics": True,
 }
 
 
@@ -148,6 +149,8 @@ GOOD = [
     ({"enabled": "false"}, "enabled", False),  # booleans as YAML and dotlist overrides write them
     ({"insecure_skip_verify": "yes"}, "insecure_skip_verify", True),
     ({"exit_with_owner": 0}, "exit_with_owner", False),
+    ({"metrics": False}, "metrics", False),
+    ({"metrics": "off"}, "metrics", False),
     ({"binary": ""}, "binary", None),
     ({"log_dir": "  "}, "log_dir", None),
     ({"ca_file": "/etc/ca.pem"}, "ca_file", "/etc/ca.pem"),
@@ -298,6 +301,7 @@ BAD = [
     # booleans and types
     ({"enabled": "maybe"}, "sidecar.enabled: 'maybe' is not a boolean; use true or false"),
     ({"allow_non_loopback": 2}, "sidecar.allow_non_loopback: '2' is not a boolean; use true or false"),
+    ({"metrics": "sometimes"}, "sidecar.metrics: 'sometimes' is not a boolean; use true or false"),
     ({"binary": 5}, "sidecar.binary: '5' is not a string; quote it"),
     ({"restart": 3}, "sidecar.restart: '3' is not a mapping of keys; write {max_restarts: N, backoff: 1s}"),
     ({"instances": "x"}, f"sidecar.instances: 'x' is not a list; {LIST_HINT}"),
@@ -313,7 +317,7 @@ BAD = [
         {"zzz": 1},
         "sidecar.zzz: unknown key; known keys are allow_non_loopback, binary, build_if_missing, ca_file, "
         "enabled, exit_with_owner, gomaxprocs, gomemlimit, insecure_skip_verify, instances, log_dir, "
-        "max_conn_age, ping_interval, ping_timeout, restart, retry_body_limit, rewrite_base_urls, "
+        "max_conn_age, metrics, ping_interval, ping_timeout, restart, retry_body_limit, rewrite_base_urls, "
         "shutdown_grace, startup_timeout_seconds",
     ),
     (

@@ -14,7 +14,9 @@ Also the public home of the names Gym's ``config`` module has (``parse_duration_
 
 Must not do I/O: whether ``binary``, ``ca_file`` or ``log_dir`` exist, and whether a port is free,
 is the launcher's business. The one side effect is a ``ConfigWarning`` for an upstream whose path
-is dropped.
+is dropped. Longer than most modules because it is the block's reference: one documented field
+per key (about 25) beside the validator that checks it; the values, addresses and messages
+already live in their own modules.
 """
 
 from __future__ import annotations

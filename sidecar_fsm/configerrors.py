@@ -26,7 +26,7 @@ from pydantic_core import ErrorDetails, InitErrorDetails, PydanticCustomError
 
 from sidecar_fsm.urls import without_userinfo
 
-NODES_REMOVED = (
+_NODES_REMOVED = (
     "is not supported: the sidecar always runs next to the servers that call it "
     "(one per node, started by gym env start there); remove it"
 )
@@ -55,7 +55,6 @@ class Problem(ValueError):
 
     def __init__(self, what: str, *, path: tuple[str | int, ...] = (), value: object = None) -> None:
         super().__init__(what)
-        self.what = what
         self.path = path
         self.value = value
 
@@ -201,7 +200,7 @@ def _describe(
     if kind == "extra_forbidden":
         key = str(loc[-1]) if loc else "?"
         if path == "sidecar.nodes":
-            return kind, loc, f"{path}: NeMo Gym's old 'nodes' key {NODES_REMOVED}"
+            return kind, loc, f"{path}: NeMo Gym's old 'nodes' key {_NODES_REMOVED}"
         known = sorted(_model_at(root, loc).model_fields)
         close = difflib.get_close_matches(key, known, n=1)
         hint = f"did you mean '{close[0]}'?" if close else "known keys are " + ", ".join(known)

@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 import yaml
 from omegaconf import OmegaConf
-from pydantic import ValidationError
+from pydantic import BaseModel, ValidationError
 
 from sidecar_fsm.config import (
     SIDECAR_KEY,
@@ -509,8 +509,6 @@ def test_describe_error_of_a_config_error_is_its_text() -> None:
 
 
 def test_describe_error_of_another_models_error_names_its_location() -> None:
-    from pydantic import BaseModel  # only this test needs a model of its own
-
     class Other(BaseModel):
         port: int
 

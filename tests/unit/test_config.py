@@ -670,8 +670,8 @@ def test_plain_dict_interpolations_are_resolved_like_omegaconf() -> None:
     assert config.instances[0].upstream == "https://judge.example.com"
 
 
-def test_dotlist_overrides_are_strings_and_still_validate() -> None:
-    # `sidecar-fsm start cfg.yaml sidecar.ping_interval=90` style overrides
+def test_dotlist_overrides_validate() -> None:
+    # `sidecar-fsm start cfg.yaml sidecar.ping_interval=90`: OmegaConf reads 90 as a number (seconds)
     base = OmegaConf.create({"sidecar": {"enabled": True, "instances": [inst()]}})
     merged = OmegaConf.merge(
         base, OmegaConf.from_dotlist(["sidecar.ping_interval=90", "sidecar.enabled=false"])

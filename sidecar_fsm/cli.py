@@ -265,9 +265,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
     from sidecar_fsm.demo import run_demo
 
     chosen, explicit = _log_dir(args)
-    return run_demo(
-        log_dir=chosen if explicit else None, cache_dir=str(_cli_cache_dir(args.cache_dir)), color=_color()
-    )
+    return run_demo(log_dir=chosen if explicit else None, cache_dir=args.cache_dir, color=_color())
 
 
 # ------------------------------------------------------------------------------------- start

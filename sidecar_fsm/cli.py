@@ -91,8 +91,9 @@ def _all_stores(log_dir: str, where: str) -> Iterator[list[Store]]:
     recorded where you looked", most often a mistyped ``--log-dir``. Opening creates nothing.
     """
     if not os.path.isdir(log_dir):
+        what = "is not a directory" if os.path.exists(log_dir) else "does not exist"
         raise LookupError(
-            f"{PROG} {where}: log dir '{log_dir}' does not exist; "
+            f"{PROG} {where}: log dir '{log_dir}' {what}; "
             f"give the --log-dir (or {LOG_DIR_ENV}) the run was started with"
         )
     stores = open_all_hosts(log_dir)
@@ -252,7 +253,14 @@ def _cli_cache_dir(configured: Any) -> Path:
 
 
 def cmd_build(args: argparse.Namespace) -> int:
-    binary = ensure_binary(_cli_cache_dir(args.cache_dir), progress=_err)
+    cache_dir = _cli_cache_dir(args.cache_dir)
+    try:
+        binary = ensure_binary(cache_dir, progress=_err)
+    except OSError as error:
+        raise UsageError(
+            f"{PROG} build: cache dir '{cache_dir}' cannot be used ({_os_reason(error)}); "
+            "give a --cache-dir you can write"
+        ) from error
     _out(str(binary))
     return 0
 
@@ -596,9 +604,19 @@ def main(argv: Sequence[str] | None = None) -> int:
     except SidecarError as error:
         _err(str(error))
         return 1
+    except OSError as error:
+        # A filesystem fault no command foresaw (full disk, permissions): one line, not a trace.
+        _err(f"{PROG}: {_os_reason(error)}")
+        return 1
     except KeyboardInterrupt:
         _err(f"{PROG}: interrupted")
         return 130
+
+
+def _os_reason(error: OSError) -> str:
+    """``Not a directory: '/a/b'``: the reason and the path the system named, one line."""
+    reason = error.strerror or type(error).__name__
+    return f"{reason}: '{error.filename}'" if error.filename else reason
 
 
 def _one_line(error: BaseException) -> str:

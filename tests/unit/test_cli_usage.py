@@ -189,3 +189,31 @@ def test_json_where_it_does_not_apply_is_bad_usage(
     assert capsys.readouterr().err == "sidecar-fsm build: --json does not apply to build; drop it\n"
     assert main(["build", "--json"]) == 2
     assert capsys.readouterr().err == "sidecar-fsm: unrecognized arguments: --json; see sidecar-fsm --help\n"
+
+
+def test_a_log_dir_that_is_a_file_is_named_as_such(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    a_file = tmp_path / "notes.txt"
+    a_file.write_text("mine\n")
+    assert main(["status", "--log-dir", str(a_file)]) == 1
+    assert capsys.readouterr().err == (
+        f"sidecar-fsm status: log dir '{a_file}' is not a directory; "
+        "give the --log-dir (or SIDECAR_FSM_LOG_DIR) the run was started with\n"
+    )
+    assert a_file.read_text() == "mine\n"
+
+
+def test_build_into_a_cache_through_a_file_is_bad_usage_in_one_line(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    a_file = tmp_path / "notes.txt"
+    a_file.write_text("mine\n")
+    assert main(["build", "--cache-dir", str(a_file / "cache")]) == 2
+    out, err = capsys.readouterr()
+    assert out == ""
+    assert err.startswith(
+        f"sidecar-fsm build: cache dir '{a_file / 'cache'}' cannot be used (Not a directory: "
+    )
+    assert err.endswith("; give a --cache-dir you can write\n") and err.count("\n") == 1
+    assert a_file.read_text() == "mine\n"

@@ -5,6 +5,8 @@ Owns the presentation of runs, instances, transition histories and reap plans: c
 ``-`` for an unknown value, colour on a terminal, and the stable JSON shapes (ISO-8601 UTC
 times). Must not read the database, inspect processes or print: it turns records the caller
 already holds into strings, so the CLI decides where they go and the tests can compare them.
+Longer than the usual module on purpose: one file holds every output shape, so the tables and
+JSON documents of all commands stay consistent with each other.
 """
 
 from __future__ import annotations

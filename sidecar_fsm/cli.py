@@ -394,7 +394,7 @@ def cmd_start(args: argparse.Namespace) -> int:
     config = _load_config(args.configs)
     chosen, explicit = _log_dir(args)
     sidecar_block = config.get("sidecar")
-    if not isinstance(sidecar_block, DictConfig) or sidecar_block.get("enabled", False) is not True:
+    if not isinstance(sidecar_block, DictConfig) or not sidecar_block.get("enabled", False):
         raise UsageError(f"{PROG} start: sidecar.enabled is not true in the config; set sidecar.enabled=true")
     if args.write_config and not Path(args.write_config).resolve().parent.is_dir():
         raise UsageError(f"{PROG} start: --write-config '{args.write_config}': its directory does not exist")

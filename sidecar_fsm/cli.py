@@ -1,11 +1,16 @@
 """The ``sidecar-fsm`` command: arguments, subcommands and exit codes.
 
-Owns parsing the command line, choosing the log dir, opening the right databases, calling the
-module that does the work (launcher, store, reap, buildcache, demo) and mapping the outcome to
-an exit code: 0 success, 1 a failure, 2 bad usage or config (``ConfigError``,
-``SchemaTooNewError``, a bad argument), always with a one-line message on stderr. Must not
-format output (``render`` does), speak SQL (``store``), change state (``fsm``) or signal a
-process (``procs``).
+Owns parsing the command line (global options before or after the command), choosing the log
+dir and the build cache, opening the right databases, judging what runs now at a recorded pid
+(through ``procs``, read-only), calling the module that does the work (launcher, store, reap,
+buildcache, demo) and mapping the outcome to an exit code: 0 success, 1 a failure (a missing
+log dir or run included), 2 bad usage or config (``ConfigError``, ``SchemaTooNewError``, a bad
+argument), always with a one-line message on stderr, never a traceback. Must not format output
+(``render`` does), speak SQL (``store``), change state (``fsm``) or signal a process (``procs``).
+
+A new subcommand is a ``cmd_<name>(args) -> exit code`` function and one ``add_command`` line
+in ``build_parser``. Longer than the usual module: every command's path from argv to exit code
+reads here in one place, while the work itself lives in the modules it calls.
 """
 
 from __future__ import annotations
@@ -17,15 +22,23 @@ import select
 import signal
 import sys
 import tempfile
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from types import FrameType
 from typing import TYPE_CHECKING, Any, NoReturn
 
-from sidecar_fsm import render
+from omegaconf import DictConfig, OmegaConf, open_dict
+from omegaconf.errors import OmegaConfBaseException
+from yaml import MarkedYAMLError, YAMLError
+
+from sidecar_fsm import procs, render
+from sidecar_fsm.buildcache import CACHE_DIR_KEY, ensure_binary, user_cache_dir
+from sidecar_fsm.cluster import DEFAULT_ADDRESS, ClusterUnavailableError, reap_cluster
 from sidecar_fsm.errors import ConfigError, SchemaTooNewError, SidecarError
 from sidecar_fsm.hostname import host_name
+from sidecar_fsm.reap import ReapReport, owner_status, reap
 from sidecar_fsm.resources import default_log_dir
+from sidecar_fsm.store import InstanceRecord, RunRecord, Store, database_path, open_all_hosts
 
 if TYPE_CHECKING:
     from sidecar_fsm.launcher import H2PingSidecarManager
@@ -36,6 +49,10 @@ LOG_DIR_ENV = "SIDECAR_FSM_LOG_DIR"
 # How often ``start`` asks the supervisor whether a sidecar stopped. A signal wakes the loop at
 # once (self-pipe), so this bounds only how late a crashed sidecar is noticed.
 CHECK_INTERVAL_SECONDS = 0.5
+
+# Recorded states in which an instance may have a process (configured/building never spawned
+# one, stopped/failed recorded its end).
+_LIVE_STATES = frozenset({"spawned", "ready", "draining"})
 
 
 class UsageError(Exception):
@@ -51,7 +68,7 @@ class _Parser(argparse.ArgumentParser):
 
 def _log_dir(args: argparse.Namespace) -> tuple[str, bool]:
     """The log dir and whether the user chose it (flag or environment) rather than the default."""
-    chosen = args.log_dir or os.environ.get(LOG_DIR_ENV)
+    chosen = getattr(args, "log_dir", None) or os.environ.get(LOG_DIR_ENV)
     return (chosen, True) if chosen else (default_log_dir(), False)
 
 
@@ -71,10 +88,40 @@ def _err(message: str) -> None:
 # ------------------------------------------------------------------------------ read commands
 
 
-@contextlib.contextmanager
-def _all_stores(log_dir: str) -> Iterator[list[Any]]:
-    from sidecar_fsm.store import open_all_hosts
+def _file_in_the_way(path: str) -> str | None:
+    """The file that ``path`` is or runs through (``/notes.txt`` of ``/notes.txt/logs``); None if none."""
+    current = os.path.abspath(path)
+    while not os.path.exists(current):
+        parent = os.path.dirname(current)
+        if parent == current:
+            return None
+        current = parent
+    return None if os.path.isdir(current) else current
 
+
+@contextlib.contextmanager
+def _all_stores(log_dir: str, where: str) -> Iterator[list[Store]]:
+    """Every host's database under ``log_dir``, read side; a missing log dir is a lookup failure.
+
+    A missing log dir and a missing run answer alike (exit 1, one line): both mean "nothing was
+    recorded where you looked", most often a mistyped ``--log-dir``. A log dir that is, or runs
+    through, a file cannot be used at all: exit 2, as for an unusable database. Opening creates
+    nothing.
+    """
+    if not os.path.isdir(log_dir):
+        blocker = _file_in_the_way(log_dir)
+        if blocker is None:
+            raise LookupError(
+                f"{PROG} {where}: log dir '{log_dir}' does not exist; "
+                f"give the --log-dir (or {LOG_DIR_ENV}) the run was started with"
+            )
+        # The store may name it first (UnusableStateError, exit 2); if it finds nothing, we do.
+        for store in open_all_hosts(log_dir):
+            store.close()
+        raise UsageError(
+            f"{PROG} {where}: log dir '{log_dir}': '{blocker}' is a file, not a directory; "
+            "use another --log-dir"
+        )
     stores = open_all_hosts(log_dir)
     try:
         yield stores
@@ -83,40 +130,53 @@ def _all_stores(log_dir: str) -> Iterator[list[Any]]:
             store.close()
 
 
-def _no_state(log_dir: str, as_json: bool, kind: str) -> int:
-    if as_json:
-        _out(render.empty_json(kind))
-    else:
-        _out(f"no runs recorded in {log_dir}")
-    return 0
-
-
-def _owner(run: Any) -> str:
-    from sidecar_fsm.reap import owner_status
-
+def _owner(run: RunRecord) -> str:
     # Another host's pids mean nothing here: its owner can only be judged on that host.
     if run.host != host_name():
         return "other host"
     return owner_status(run)
 
 
+def _process(run: RunRecord, inst: InstanceRecord) -> str | None:
+    """What runs at an instance's recorded pid now, for ``render.PROCESS_*``; None: no process.
+
+    Read-only. ``running`` only when ``procs.is_ours`` proves pid, start time and executable;
+    ``reused`` when another process holds the pid; ``gone`` when nothing does. A record with no
+    start time cannot prove a reuse, so a live process there counts as ours, as reap judges it.
+    """
+    if inst.state not in _LIVE_STATES or inst.pid is None:
+        return None
+    if run.host != host_name():
+        return render.PROCESS_OTHER_HOST
+    if inst.pid_start_time is not None:
+        identity = procs.ProcessIdentity(inst.pid, inst.pid_start_time, inst.binary or None)
+        if procs.is_ours(identity):
+            return render.PROCESS_RUNNING
+        return render.PROCESS_REUSED if procs.identity_of(inst.pid) is not None else render.PROCESS_GONE
+    return render.PROCESS_RUNNING if procs.identity_of(inst.pid) is not None else render.PROCESS_GONE
+
+
+def _observed(store: Store, run: RunRecord) -> render.RunStatus:
+    instances = store.instances_of(run.run_id)
+    processes = {inst.id: p for inst in instances if (p := _process(run, inst)) is not None}
+    return render.RunStatus(run=run, owner=_owner(run), instances=instances, processes=processes)
+
+
 def cmd_status(args: argparse.Namespace) -> int:
     log_dir, _ = _log_dir(args)
-    with _all_stores(log_dir) as stores:
+    with _all_stores(log_dir, "status") as stores:
         runs = [(store, run) for store in stores for run in store.list_runs("all")]
-        if not runs:
-            return _no_state(log_dir, args.json, "runs")
         runs.sort(key=lambda pair: pair[1].started_at, reverse=True)
         if args.run:
-            runs = [_find_run(runs, args.run, "status --run")]
+            runs = [_find_run(runs, args.run, "status --run", log_dir)]
+        elif not runs:
+            _out(render.empty_json("runs") if args.json else f"no runs recorded in {log_dir}")
+            return 0
         elif not args.all:
             live = [pair for pair in runs if pair[1].ended_at is None]
             finished = [pair for pair in runs if pair[1].ended_at is not None]
             runs = live + finished[:1]
-        statuses = [
-            render.RunStatus(run=run, owner=_owner(run), instances=store.instances_of(run.run_id))
-            for store, run in runs
-        ]
+        statuses = [_observed(store, run) for store, run in runs]
     if args.json:
         _out(render.status_json(statuses))
     else:
@@ -124,11 +184,15 @@ def cmd_status(args: argparse.Namespace) -> int:
     return 0
 
 
-def _find_run(runs: list[tuple[Any, Any]], prefix: str, where: str) -> tuple[Any, Any]:
+def _find_run(
+    runs: list[tuple[Store, RunRecord]], prefix: str, where: str, log_dir: str
+) -> tuple[Store, RunRecord]:
     exact = [pair for pair in runs if pair[1].run_id == prefix]
     matches = exact or [pair for pair in runs if pair[1].run_id.startswith(prefix)]
     if not matches:
-        raise LookupError(f"{PROG} {where}: run '{prefix}' is not recorded; see {PROG} status --all")
+        raise LookupError(
+            f"{PROG} {where}: run '{prefix}' is not recorded in {log_dir}; see {PROG} status --all"
+        )
     if len(matches) > 1:
         names = ", ".join(render.short_run_id(pair[1].run_id) for pair in matches[:5])
         raise UsageError(
@@ -139,12 +203,11 @@ def _find_run(runs: list[tuple[Any, Any]], prefix: str, where: str) -> tuple[Any
 
 def cmd_history(args: argparse.Namespace) -> int:
     log_dir, _ = _log_dir(args)
-    with _all_stores(log_dir) as stores:
+    with _all_stores(log_dir, "history") as stores:
         runs = [(store, run) for store in stores for run in store.list_runs("all")]
-        if not runs:
-            return _no_state(log_dir, args.json, "transitions")
-        store, run = _find_run(runs, args.run, "history")
-        instances = store.instances_of(run.run_id)
+        store, run = _find_run(runs, args.run, "history", log_dir)
+        status = _observed(store, run)
+        instances = list(status.instances)
         if args.instance is not None:
             chosen = [inst for inst in instances if inst.name == args.instance]
             if not chosen:
@@ -154,19 +217,17 @@ def cmd_history(args: argparse.Namespace) -> int:
                     f"{render.short_run_id(run.run_id)}; its instances: {names}"
                 )
             instances = chosen
+            status = render.RunStatus(run, status.owner, chosen, status.processes)
         rows = [(inst.name, t) for inst in instances for t in store.history(inst.id)]
     rows.sort(key=lambda row: (row[1].at, row[1].id))
     if args.json:
-        _out(render.history_json(run, rows))
+        _out(render.history_json(run, rows, status=status))
     else:
-        _out(render.history_lines(run, rows, color=_color()))
+        _out(render.history_lines(run, rows, color=_color(), status=status))
     return 0
 
 
 def cmd_reap(args: argparse.Namespace) -> int:
-    from sidecar_fsm.reap import ReapReport, reap
-    from sidecar_fsm.store import Store, database_path
-
     log_dir, _ = _log_dir(args)
     if args.ray or args.ray_address:
         return _reap_ray(args, log_dir)
@@ -189,8 +250,6 @@ def cmd_reap(args: argparse.Namespace) -> int:
 
 def _reap_ray(args: argparse.Namespace, log_dir: str) -> int:
     """``reap --ray``: the reap on every alive node of the Ray cluster; 1 if any node failed."""
-    from sidecar_fsm.cluster import DEFAULT_ADDRESS, ClusterUnavailableError, reap_cluster
-
     try:
         result = reap_cluster(log_dir, address=args.ray_address or DEFAULT_ADDRESS, dry_run=args.dry_run)
     except ClusterUnavailableError as error:
@@ -208,11 +267,26 @@ def _reap_ray(args: argparse.Namespace, log_dir: str) -> int:
 # ------------------------------------------------------------------------------------- build
 
 
-def cmd_build(args: argparse.Namespace) -> int:
-    from sidecar_fsm.buildcache import cache_dir_of, ensure_binary
+def _cli_cache_dir(configured: Any) -> Path:
+    """The build cache of ``start``, ``build`` and ``demo``: the one named, else the user's cache.
 
-    cache_dir = cache_dir_of({"cache_dir": args.cache_dir} if args.cache_dir else {})
-    binary = ensure_binary(Path(cache_dir), progress=_err)
+    Not ``./cache`` (the Python API's default, NeMo Gym's): a command run from another folder
+    would otherwise build the proxy again there.
+    """
+    if configured:
+        return Path(os.path.abspath(os.path.expanduser(str(configured))))
+    return user_cache_dir()
+
+
+def cmd_build(args: argparse.Namespace) -> int:
+    cache_dir = _cli_cache_dir(args.cache_dir)
+    try:
+        binary = ensure_binary(cache_dir, progress=_err)
+    except OSError as error:
+        raise UsageError(
+            f"{PROG} build: cache dir '{cache_dir}' cannot be used ({_os_reason(error)}); "
+            "give a --cache-dir you can write"
+        ) from error
     _out(str(binary))
     return 0
 
@@ -221,6 +295,7 @@ def cmd_build(args: argparse.Namespace) -> int:
 
 
 def cmd_demo(args: argparse.Namespace) -> int:
+    # Imported here: the demo's lab (a TLS HTTP/2 origin) pulls cryptography and h2.
     from sidecar_fsm.demo import run_demo
 
     chosen, explicit = _log_dir(args)
@@ -230,12 +305,26 @@ def cmd_demo(args: argparse.Namespace) -> int:
 # ------------------------------------------------------------------------------------- start
 
 
-def _load_config(items: Sequence[str]) -> Any:
-    """Merge the YAML files and ``key=value`` overrides in order, as ``gym env start`` does."""
-    from omegaconf import OmegaConf
-    from omegaconf.errors import OmegaConfBaseException
-    from yaml import YAMLError
+def _yaml_error_line(name: str, error: YAMLError) -> str:
+    """``FILE:LINE:COLUMN: not valid YAML: problem (context at line L column C)``, one line.
 
+    PyYAML's marks are 0-based; editors and compilers count from 1, so do we.
+    """
+    if isinstance(error, MarkedYAMLError):
+        mark = error.problem_mark or error.context_mark
+        where = f"{name}:{mark.line + 1}:{mark.column + 1}" if mark is not None else name
+        problem = error.problem or error.context or type(error).__name__
+        context = ""
+        at = error.context_mark
+        if error.context and error.problem and at is not None:
+            context = f" ({error.context} at line {at.line + 1} column {at.column + 1})"
+        return f"{where}: not valid YAML: {problem}{context}"
+    first = str(error).strip().splitlines()
+    return f"{name}: not valid YAML: {first[0] if first else type(error).__name__}"
+
+
+def _load_config(items: Sequence[str]) -> DictConfig:
+    """Merge the YAML files and ``key=value`` overrides in order, as ``gym env start`` does."""
     files = [item for item in items if "=" not in item]
     overrides = [item for item in items if "=" in item]
     if not files:
@@ -245,18 +334,33 @@ def _load_config(items: Sequence[str]) -> Any:
         if not os.path.isfile(name):
             raise UsageError(f"{PROG} start: '{name}' is not a file; give a YAML config file")
         try:
-            configs.append(OmegaConf.load(name))
-        except (YAMLError, OmegaConfBaseException) as error:
+            loaded = OmegaConf.load(name)
+        except YAMLError as error:
+            raise UsageError(f"{PROG} start: {_yaml_error_line(name, error)}; fix the file") from error
+        except OmegaConfBaseException as error:
             first = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
-            raise UsageError(f"{PROG} start: '{name}' is not valid YAML ({first}); fix the file") from error
+            raise UsageError(f"{PROG} start: {name}: {first}; fix the file") from error
+        except UnicodeDecodeError as error:
+            raise UsageError(
+                f"{PROG} start: {name}: not UTF-8 text (byte {error.start}); save it as UTF-8"
+            ) from error
+        except OSError as error:
+            raise UsageError(
+                f"{PROG} start: '{name}' cannot be read ({error.strerror or error}); check its permissions"
+            ) from error
+        if not isinstance(loaded, DictConfig):
+            raise UsageError(f"{PROG} start: {name}: the top level is a list, not a mapping; fix the file")
+        configs.append(loaded)
     try:
         configs.append(OmegaConf.from_dotlist(overrides))
-        return OmegaConf.merge(*configs)
+        merged = OmegaConf.merge(*configs)
     except OmegaConfBaseException as error:
         first = str(error).strip().splitlines()[0]
         raise UsageError(
             f"{PROG} start: overrides {overrides} cannot be merged ({first}); use key=value"
         ) from error
+    assert isinstance(merged, DictConfig)  # a merge of mappings is a mapping
+    return merged
 
 
 def _write_atomically(path: str, text: str) -> None:
@@ -287,8 +391,25 @@ def _raise_interrupt(signum: int, frame: FrameType | None) -> None:
     raise _Interrupted(signal.Signals(signum).name)
 
 
+def _config_to_write(config: DictConfig, injected_cache_dir: bool) -> str:
+    """The rewritten config as YAML for ``--write-config``, with ``sidecar.enabled: false``.
+
+    Its sidecars already run (this command supervises them), so ``gym env start --config
+    OUT.yaml`` must use them through the rewritten base URLs, not start a second set. A
+    ``cache_dir`` this command chose is left out: the user did not write it, and Gym reads
+    that key for its own caches.
+    """
+    written = OmegaConf.create(OmegaConf.to_container(config, resolve=False))
+    assert isinstance(written, DictConfig)
+    with open_dict(written):
+        written.sidecar.enabled = False
+        if injected_cache_dir:
+            del written[CACHE_DIR_KEY]
+    return OmegaConf.to_yaml(written)
+
+
 def cmd_start(args: argparse.Namespace) -> int:
-    from omegaconf import OmegaConf, open_dict
+    # Imported here: the launcher pulls pydantic and the supervisor, which read commands never need.
     from pydantic import ValidationError
 
     from sidecar_fsm.config import describe_error
@@ -296,14 +417,17 @@ def cmd_start(args: argparse.Namespace) -> int:
 
     config = _load_config(args.configs)
     chosen, explicit = _log_dir(args)
-    sidecar_block = config.get("sidecar") if hasattr(config, "get") else None
-    if sidecar_block is None or not sidecar_block.get("enabled", False):
+    sidecar_block = config.get("sidecar")
+    if not isinstance(sidecar_block, DictConfig) or not sidecar_block.get("enabled", False):
         raise UsageError(f"{PROG} start: sidecar.enabled is not true in the config; set sidecar.enabled=true")
-    if explicit and sidecar_block.get("log_dir") is None:
-        with open_dict(config):
-            config.sidecar.log_dir = chosen
     if args.write_config and not Path(args.write_config).resolve().parent.is_dir():
         raise UsageError(f"{PROG} start: --write-config '{args.write_config}': its directory does not exist")
+    with open_dict(config):
+        if explicit and sidecar_block.get("log_dir") is None:
+            config.sidecar.log_dir = chosen
+        inject_cache_dir = config.get(CACHE_DIR_KEY) is None
+        if inject_cache_dir:
+            config[CACHE_DIR_KEY] = str(_cli_cache_dir(None))
 
     # Until the supervision loop owns the signals, SIGTERM interrupts startup like Ctrl-C, so
     # start_h2_ping_sidecar stops whatever it already spawned before the error propagates.
@@ -320,7 +444,7 @@ def cmd_start(args: argparse.Namespace) -> int:
         signal.signal(signal.SIGTERM, previous)
     if manager is None:  # pragma: no cover - enabled was checked above
         raise UsageError(f"{PROG} start: sidecar.enabled is not true in the config; set sidecar.enabled=true")
-    return _supervise(manager, config, args.write_config, OmegaConf.to_yaml)
+    return _supervise(manager, args.write_config, lambda: _config_to_write(config, inject_cache_dir))
 
 
 def _started_summary(manager: H2PingSidecarManager) -> tuple[str | None, str, list[tuple[str, str, str]]]:
@@ -329,7 +453,9 @@ def _started_summary(manager: H2PingSidecarManager) -> tuple[str | None, str, li
     return manager.run_id, manager.log_dir, [(inst.name, inst.listen, inst.upstream) for inst in instances]
 
 
-def _supervise(manager: H2PingSidecarManager, config: Any, write_config: str | None, to_yaml: Any) -> int:
+def _supervise(
+    manager: H2PingSidecarManager, write_config: str | None, config_text: Callable[[], str]
+) -> int:
     """Watch the sidecars until SIGINT/SIGTERM or a failure, then drain them; the exit code.
 
     A self-pipe wakes the wait the moment a signal arrives (the handler only writes a byte), so
@@ -348,7 +474,7 @@ def _supervise(manager: H2PingSidecarManager, config: Any, write_config: str | N
     failed = False
     try:
         if write_config:
-            _write_atomically(write_config, to_yaml(config))
+            _write_atomically(write_config, config_text())
         _out(render.started_lines(*_started_summary(manager)))
         if write_config:
             _out(f"wrote the rewritten config to {write_config}")
@@ -381,48 +507,82 @@ def _supervise(manager: H2PingSidecarManager, config: Any, write_config: str | N
 # -------------------------------------------------------------------------------------- main
 
 
+def _global_options(json_option: bool, json_help: str = "machine-readable output") -> argparse.ArgumentParser:
+    """The options every command takes before or after its name (``status --log-dir X`` works).
+
+    ``default=SUPPRESS``: a subcommand that does not see the option must not overwrite the value
+    the main parser took before the command name with its own default.
+    """
+    options = argparse.ArgumentParser(add_help=False)
+    options.add_argument(
+        "--log-dir",
+        metavar="DIR",
+        default=argparse.SUPPRESS,
+        help=f"where state lives (env {LOG_DIR_ENV}; default {default_log_dir()})",
+    )
+    if json_option:
+        options.add_argument("--json", action="store_true", default=argparse.SUPPRESS, help=json_help)
+    return options
+
+
+def add_command(
+    sub: Any, name: str, func: Callable[[argparse.Namespace], int], help: str, *, json_option: bool = False
+) -> argparse.ArgumentParser:
+    """Add subcommand ``name`` run by ``func(args) -> exit code``; its parser, to add arguments to.
+
+    Every command takes the global options (``--log-dir``, and ``--json`` when ``json_option``)
+    before or after its name; ``args.json`` is then always set. One line per new command in
+    ``build_parser``, and a ``cmd_<name>`` function, is all a subcommand needs.
+    """
+    command: argparse.ArgumentParser = sub.add_parser(name, help=help, parents=[_global_options(json_option)])
+    command.set_defaults(func=func, accepts_json=json_option)
+    return command
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = _Parser(
         prog=PROG,
         description="Launch, inspect and reap h2-ping-sidecar proxies, each a persisted state machine.",
+        parents=[_global_options(True, "machine-readable output (status, history, reap)")],
     )
-    parser.add_argument(
-        "--log-dir",
-        metavar="DIR",
-        help=f"where state lives (env {LOG_DIR_ENV}; default {default_log_dir()})",
-    )
-    sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True, parser_class=_Parser)
 
-    start = sub.add_parser(
-        "start", help="start the sidecars of a Gym config and supervise them until a signal"
+    start = add_command(
+        sub, "start", cmd_start, "start the sidecars of a Gym config and supervise them until a signal"
     )
     start.add_argument(
         "configs", nargs="+", metavar="CONFIG.yaml|key=value", help="YAML files, then overrides"
     )
     start.add_argument(
-        "--write-config", metavar="OUT.yaml", help="write the rewritten config here (atomically)"
+        "--write-config",
+        metavar="OUT.yaml",
+        help="write the rewritten config here (atomically), with sidecar.enabled: false",
     )
-    start.set_defaults(func=cmd_start)
 
-    status = sub.add_parser(
-        "status", help="runs and their instances (default: live runs and the latest finished)"
+    status = add_command(
+        sub,
+        "status",
+        cmd_status,
+        "runs and their instances (default: live runs and the latest finished)",
+        json_option=True,
     )
     status.add_argument("--run", metavar="ID", help="only this run (a unique prefix is enough)")
     status.add_argument("--all", action="store_true", help="every recorded run")
-    status.add_argument("--json", action="store_true", help="machine-readable output")
-    status.set_defaults(func=cmd_status)
 
-    history = sub.add_parser("history", help="a run's state transitions, oldest first")
+    history = add_command(
+        sub, "history", cmd_history, "a run's state transitions, oldest first", json_option=True
+    )
     history.add_argument("run", metavar="RUN", help="run id or a unique prefix of it")
     history.add_argument("instance", metavar="INSTANCE", nargs="?", help="only this instance")
-    history.add_argument("--json", action="store_true", help="machine-readable output")
-    history.set_defaults(func=cmd_history)
 
-    reap = sub.add_parser(
-        "reap", help="end the sidecars of runs whose launcher is gone, and close those runs"
+    reap = add_command(
+        sub,
+        "reap",
+        cmd_reap,
+        "end the sidecars of runs whose launcher is gone, and close those runs",
+        json_option=True,
     )
     reap.add_argument("--dry-run", action="store_true", help="print the plan, change nothing")
-    reap.add_argument("--json", action="store_true", help="machine-readable output")
     reap.add_argument(
         "--ray",
         action="store_true",
@@ -433,24 +593,34 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="ADDR",
         help="the Ray cluster to join (implies --ray; default 'auto': $RAY_ADDRESS or the local cluster)",
     )
-    reap.set_defaults(func=cmd_reap)
 
-    build = sub.add_parser("build", help="build (or find) the h2-ping-sidecar binary and print its path")
-    build.add_argument("--cache-dir", metavar="DIR", help="build cache root (default: ./cache)")
-    build.set_defaults(func=cmd_build)
-
-    demo = sub.add_parser(
-        "demo", help="show a long request failing directly and succeeding through a sidecar"
+    cache_help = "build cache root (default: $XDG_CACHE_HOME/sidecar-fsm, else ~/.cache/sidecar-fsm)"
+    build = add_command(
+        sub, "build", cmd_build, "build (or find) the h2-ping-sidecar binary and print its path"
     )
-    demo.add_argument("--cache-dir", metavar="DIR", help="build cache root (default: ./cache)")
-    demo.set_defaults(func=cmd_demo)
+    build.add_argument("--cache-dir", metavar="DIR", help=cache_help)
+
+    demo = add_command(
+        sub, "demo", cmd_demo, "show a long request failing directly and succeeding through a sidecar"
+    )
+    demo.add_argument("--cache-dir", metavar="DIR", help=cache_help)
     return parser
+
+
+def _parse(argv: Sequence[str] | None) -> argparse.Namespace:
+    args = build_parser().parse_args(argv)
+    if getattr(args, "json", False) and not args.accepts_json:
+        raise UsageError(f"{PROG} {args.command}: --json does not apply to {args.command}; drop it")
+    args.json = getattr(args, "json", False)
+    return args
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Run one command; the exit code (0 ok, 1 failure, 2 bad usage or config)."""
+    where = PROG
     try:
-        args = build_parser().parse_args(argv)
+        args = _parse(argv)
+        where = f"{PROG} {args.command}"
         return int(args.func(args))
     except UsageError as error:
         _err(_one_line(error))
@@ -466,9 +636,19 @@ def main(argv: Sequence[str] | None = None) -> int:
     except SidecarError as error:
         _err(str(error))
         return 1
+    except OSError as error:
+        # A filesystem fault no command foresaw (full disk, permissions): one line, not a trace.
+        _err(f"{where}: {_os_reason(error)}")
+        return 1
     except KeyboardInterrupt:
         _err(f"{PROG}: interrupted")
         return 130
+
+
+def _os_reason(error: OSError) -> str:
+    """``Not a directory: '/a/b'``: the reason and the path the system named, one line."""
+    reason = error.strerror or type(error).__name__
+    return f"{reason}: '{error.filename}'" if error.filename else reason
 
 
 def _one_line(error: BaseException) -> str:

@@ -4,9 +4,10 @@ Owns the demo's story and its narration: build (or find) the proxy, run the lab'
 origin behind an idle-dropping relay (Global Accelerator's 340 s scaled down to 2 s), send a
 request whose first byte takes 3x the idle limit directly (it fails) and through a sidecar the
 launcher starts from a Gym-shaped config (it succeeds), then print the instance's persisted
-state history. Must leave nothing running, whatever fails (everything is stopped in
-``finally``), and must not touch state outside its own log dir (a temporary one unless
-``--log-dir`` is given).
+state history. On a failure it says, in the same voice, which step failed and why, and keeps
+its scratch folder (the sidecar's log and the state database) and names it. Must leave nothing
+running, whatever fails (everything is stopped in ``finally``), and must not touch state outside
+its own log dir (a scratch folder unless ``--log-dir`` is given).
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ from __future__ import annotations
 import contextlib
 import http.client
 import io
+import os
 import shutil
 import sys
 import tempfile
@@ -21,11 +23,19 @@ import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
-from typing import TYPE_CHECKING, TextIO
+from typing import TextIO
 from urllib.parse import urlsplit
 
-if TYPE_CHECKING:
-    from sidecar_fsm.launcher import H2PingSidecarManager
+from omegaconf import DictConfig, OmegaConf
+
+from sidecar_fsm import render
+from sidecar_fsm.buildcache import ensure_binary, user_cache_dir
+from sidecar_fsm.errors import SidecarError
+from sidecar_fsm.lab.h2client import H2ClientError, h2_request
+from sidecar_fsm.lab.origin import TlsH2Origin
+from sidecar_fsm.lab.relay import IdleRelay
+from sidecar_fsm.launcher import H2PingSidecarManager, start_h2_ping_sidecar
+from sidecar_fsm.store import Store, database_path
 
 IDLE_SECONDS = 2.0
 FIRST_BYTE_SECONDS = 3 * IDLE_SECONDS
@@ -35,6 +45,13 @@ MODEL_SERVER = "demo_model"
 
 # How often the build narration says it is still compiling (a cold build takes ~15 s).
 _TICK_SECONDS = 3.0
+# How long a failed request through the sidecar waits for the launcher to see the sidecar's
+# exit: the kernel closes a dying process's sockets a moment before its exit can be collected.
+_EXIT_VISIBLE_SECONDS = 3.0
+
+
+class DemoFailed(Exception):
+    """A step did not show what it should; the message says why, in the demo's words."""
 
 
 class _Narrator:
@@ -43,6 +60,7 @@ class _Narrator:
     def __init__(self, stream: TextIO, color: bool) -> None:
         self.stream = stream
         self.color = color
+        self.current_step = "getting ready"
 
     def _paint(self, text: str, code: str) -> str:
         return f"\x1b[{code}m{text}\x1b[0m" if self.color else text
@@ -51,6 +69,7 @@ class _Narrator:
         print(text, file=self.stream, flush=True)
 
     def step(self, text: str) -> None:
+        self.current_step = text
         self.line()
         self.line(self._paint(text, "1"))
 
@@ -85,10 +104,7 @@ def _build_ticker(say: _Narrator) -> Iterator[list[float]]:
         thread.join()
 
 
-def _ensure_binary(say: _Narrator, cache_dir: str | None) -> Path:
-    from sidecar_fsm.buildcache import cache_dir_of, ensure_binary
-
-    cache = cache_dir_of({"cache_dir": cache_dir} if cache_dir else {})
+def _ensure_binary(say: _Narrator, cache: Path) -> Path:
     say.step("[1/4] the proxy binary (built from go/ into the shared cache on first use)")
     with _build_ticker(say) as started:
 
@@ -105,10 +121,8 @@ def _ensure_binary(say: _Narrator, cache_dir: str | None) -> Path:
     return binary
 
 
-def _demo_config(upstream: str, ca_file: str, log_dir: str, cache_dir: Path) -> object:
+def _demo_config(upstream: str, ca_file: str, log_dir: str, cache_dir: Path) -> DictConfig:
     """A Gym-shaped global config: a model server whose base_url is the (slow) upstream."""
-    from omegaconf import OmegaConf
-
     return OmegaConf.create(
         {
             "cache_dir": str(cache_dir),
@@ -128,8 +142,6 @@ def _demo_config(upstream: str, ca_file: str, log_dir: str, cache_dir: Path) -> 
 
 def _direct_request(say: _Narrator, relay_port: int, ca_file: str, path: str) -> bool:
     """The request as an HTTP/2 client without PINGs sends it; True if it failed as expected."""
-    from sidecar_fsm.lab.h2client import H2ClientError, h2_request
-
     say.step("[3/4] the request sent directly: HTTP/2 through the relay, no PINGs")
     say.line(f"  GET https://localhost:{relay_port}{path}")
     begin = time.monotonic()
@@ -150,15 +162,34 @@ def _direct_request(say: _Narrator, relay_port: int, ca_file: str, path: str) ->
     return False
 
 
+def _first_reason(error: BaseException) -> str:
+    """The first line of an error that says something (``check()`` opens with a heading line)."""
+    lines = [line.strip() for line in str(error).splitlines() if line.strip()]
+    telling = [line for line in lines if not line.endswith(":")]
+    return (telling or lines or [type(error).__name__])[0]
+
+
+def _why_the_sidecar_failed(manager: H2PingSidecarManager) -> str:
+    """What the launcher knows about a sidecar behind a failed request: how it exited, if it did."""
+    deadline = time.monotonic() + _EXIT_VISIBLE_SECONDS
+    while True:
+        try:
+            manager.check()
+        except SidecarError as error:
+            return _first_reason(error)
+        if time.monotonic() >= deadline:
+            return "the sidecar still runs; its log says why"
+        threading.Event().wait(0.05)
+
+
 def _through_sidecar(
-    say: _Narrator, config: object, path: str, origin_pings: int
-) -> tuple[H2PingSidecarManager | None, bool]:
-    """Start the sidecar with the launcher and send the request as Gym's aiohttp would."""
-    from omegaconf import DictConfig
+    say: _Narrator, config: DictConfig, path: str, started: list[H2PingSidecarManager]
+) -> None:
+    """Start the sidecar with the launcher and send the request as Gym's aiohttp would.
 
-    from sidecar_fsm.launcher import start_h2_ping_sidecar
-
-    assert isinstance(config, DictConfig)
+    The manager goes into ``started`` as soon as it exists, so the caller stops it whatever
+    happens next. Raises ``DemoFailed`` when the request does not succeed, saying why.
+    """
     say.step(
         f"[4/4] the same request through a sidecar (HTTP/1.1 in; HTTP/2, PING every {PING_INTERVAL}, out)"
     )
@@ -171,8 +202,8 @@ def _through_sidecar(
         for text in printed.getvalue().splitlines():
             say.line(f"    {text}")
     if manager is None:  # pragma: no cover - the demo config enables it
-        say.failed("the launcher started nothing")
-        return None, False
+        raise DemoFailed("the launcher started nothing")
+    started.append(manager)
     base_url = str(config.policy_model.responses_api_models[MODEL_SERVER].base_url)
     target = urlsplit(base_url)
     say.line(f"  GET {base_url}{path}   (the rewritten base_url, plain HTTP/1.1)")
@@ -186,23 +217,25 @@ def _through_sidecar(
         body = response.read()
         status = response.status
     except (OSError, http.client.HTTPException) as error:
-        say.failed(f"after {time.monotonic() - begin:.1f}s: {error}")
-        return manager, False
+        elapsed = time.monotonic() - begin
+        say.failed(f"after {elapsed:.1f}s: {error or type(error).__name__}")
+        raise DemoFailed(
+            f"the request through the sidecar failed after {elapsed:.1f}s: {_why_the_sidecar_failed(manager)}"
+        ) from error
     finally:
         connection.close()
     elapsed = time.monotonic() - begin
     if status != 200:
-        say.failed(f"status {status} after {elapsed:.1f}s: {body[:200].decode(errors='replace')}")
-        return manager, False
+        text = body[:200].decode(errors="replace").strip()
+        say.failed(f"status {status} after {elapsed:.1f}s: {text}")
+        raise DemoFailed(
+            f"the sidecar answered {status} after {elapsed:.1f}s: {text.splitlines()[0] if text else '-'}"
+        )
     say.ok(f"status 200, {len(body)} bytes after {elapsed:.1f}s")
-    return manager, True
 
 
 def _print_history(say: _Narrator, log_dir: str, run_id: str | None) -> None:
-    from sidecar_fsm import render
-    from sidecar_fsm.store import Store, database_path
-
-    if run_id is None:
+    if run_id is None or not database_path(log_dir).exists():
         return
     say.step(f"the instance's persisted state history ({database_path(log_dir)})")
     with Store.open_existing(database_path(log_dir)) as store:
@@ -216,6 +249,32 @@ def _print_history(say: _Narrator, log_dir: str, run_id: str | None) -> None:
         say.line("  " + text)
 
 
+def _step_name(step: str) -> str:
+    """``[4/4] the same request through a sidecar``: a step's heading without its aside."""
+    return step.split(" (", 1)[0]
+
+
+def _tell_failure(say: _Narrator, step: str, why: str, scratch: str, run_id: str | None) -> bool:
+    """The failure's ending, in the voice of the success story: which step, why, what was kept.
+
+    True if the scratch folder holds something worth keeping (a log, the state database); an
+    empty one (a failure before the sidecar started) is not worth a line or a folder.
+    """
+    say.line()
+    say.line(say._paint("result:", "1") + f" the demo failed at step {_step_name(step)}:")
+    say.line(f"        {why}")
+    logs = sorted(p.name for p in Path(scratch).glob("h2ping-*.log"))
+    databases = sorted(str(p.relative_to(scratch)) for p in Path(scratch).glob("sidecar-fsm/*.db"))
+    kept = [f"the sidecar's log {name}" for name in logs] + [f"the state database {db}" for db in databases]
+    if kept:
+        say.line(f"kept its scratch folder for a look: {scratch}")
+        say.line(f"  it holds {'; '.join(kept)}")
+        if run_id is not None:
+            say.line(f"  try: sidecar-fsm --log-dir {scratch} history {render.short_run_id(run_id)}")
+    say.line("nothing left running")
+    return bool(kept)
+
+
 def run_demo(
     *,
     log_dir: str | None = None,
@@ -225,13 +284,10 @@ def run_demo(
 ) -> int:
     """Run the demo; 0 when the direct request failed and the sidecar's succeeded, else 1.
 
-    ``log_dir`` None means a temporary directory, removed at the end; a given one is kept so
-    ``sidecar-fsm status`` and ``history`` can be tried on it afterwards.
+    ``log_dir`` None means a scratch folder, removed after a success and kept (and named) after
+    a failure; a given one is always kept so ``sidecar-fsm status`` and ``history`` can be tried
+    on it. ``cache_dir`` None means the user's cache, as ``sidecar-fsm build`` uses.
     """
-    from sidecar_fsm.buildcache import cache_dir_of
-    from sidecar_fsm.lab.origin import TlsH2Origin
-    from sidecar_fsm.lab.relay import IdleRelay
-
     say = _Narrator(stream or sys.stdout, color)
     say.line(
         say._paint(
@@ -248,63 +304,78 @@ def run_demo(
     state_dir = (
         tempfile.mkdtemp(prefix="sidecar-fsm-demo-") if log_dir is None else str(Path(log_dir).resolve())
     )
+    cache = Path(os.path.abspath(os.path.expanduser(cache_dir))) if cache_dir else user_cache_dir()
     origin = TlsH2Origin()
     relay: IdleRelay | None = None
-    manager: H2PingSidecarManager | None = None
+    started: list[H2PingSidecarManager] = []
+    keep = not own_log_dir
     try:
-        _ensure_binary(say, cache_dir)
+        _ensure_binary(say, cache)
+        say.step("[2/4] the lab: a TLS HTTP/2 origin behind an idle-dropping relay")
         origin.start()
         relay = IdleRelay("127.0.0.1", origin.port, idle=IDLE_SECONDS).start()
-        say.step("[2/4] the lab: a TLS HTTP/2 origin behind an idle-dropping relay")
         say.line(f"  origin  {origin.url}  (its own throwaway CA: {origin.ca_file})")
         say.line(
             f"  relay   127.0.0.1:{relay.port} -> {origin.port}, drops connections idle {IDLE_SECONDS:g}s"
         )
         path = f"/slow?first_byte={FIRST_BYTE_SECONDS:g}"
-        direct_failed = _direct_request(say, relay.port, str(origin.ca_file), path)
+        if not _direct_request(say, relay.port, str(origin.ca_file), path):
+            raise DemoFailed(
+                f"the direct request did not fail: the relay should have dropped its connection "
+                f"after {IDLE_SECONDS:g}s of silence"
+            )
         drops_before = relay.drops
         pings_before = origin.pings
         upstream = f"https://localhost:{relay.port}"
-        config = _demo_config(
-            upstream,
-            str(origin.ca_file),
-            state_dir,
-            cache_dir_of({"cache_dir": cache_dir} if cache_dir else {}),
-        )
-        manager, sidecar_ok = _through_sidecar(say, config, path, pings_before)
-        if sidecar_ok:
-            say.line(
-                f"          the origin received {origin.pings - pings_before} PINGs while it waited; "
-                f"the relay dropped {relay.drops - drops_before} connections"
-            )
-        if manager is not None:
-            manager.check()
-            manager.stop()
-            _print_history(say, state_dir, manager.run_id)
-        say.line()
-        if direct_failed and sidecar_ok:
-            say.line(
-                say._paint("result:", "1")
-                + f" the direct request failed at the {IDLE_SECONDS:g}s idle limit; through the sidecar"
-            )
-            say.line(
-                f"        the same request waited {FIRST_BYTE_SECONDS:g}s and succeeded; nothing left running"
-            )
-            if not own_log_dir:
-                say.line(f"try: sidecar-fsm --log-dir {state_dir} status --all")
-            return 0
+        config = _demo_config(upstream, str(origin.ca_file), state_dir, cache)
+        _through_sidecar(say, config, path, started)
         say.line(
-            say._paint("result:", "1") + " the demo did not show the expected failure and success (see above)"
+            f"          the origin received {origin.pings - pings_before} PINGs while it waited; "
+            f"the relay dropped {relay.drops - drops_before} connections"
         )
+        started[0].check()
+        started[0].stop()
+        _print_history(say, state_dir, started[0].run_id)
+        say.line()
+        say.line(
+            say._paint("result:", "1")
+            + f" the direct request failed at the {IDLE_SECONDS:g}s idle limit; through the sidecar"
+        )
+        say.line(
+            f"        the same request waited {FIRST_BYTE_SECONDS:g}s and succeeded; nothing left running"
+        )
+        if not own_log_dir:
+            say.line(f"try: sidecar-fsm --log-dir {state_dir} status --all")
+        return 0
+    except KeyboardInterrupt:
+        say.line()
+        say.line(f"interrupted at step {_step_name(say.current_step)}; kept its scratch folder: {state_dir}")
+        keep = True
+        raise
+    except Exception as error:
+        # Any failure, ours or the machine's, ends in words, never a traceback: a first-time
+        # user reads which step failed and why, and finds the logs where the last line says.
+        why = str(error) if isinstance(error, DemoFailed) else _first_reason(error)
+        failed_step = say.current_step
+        _stop_all(started, relay, origin)
+        if started:
+            with contextlib.suppress(Exception):
+                _print_history(say, state_dir, started[0].run_id)
+        run_id = started[0].run_id if started else None
+        keep = _tell_failure(say, failed_step, why, state_dir, run_id) or keep
         return 1
     finally:
-        # Whatever failed above, nothing outlives the demo: the sidecar first (it holds a
-        # connection through the relay), then the relay, then the origin.
-        if manager is not None:
-            with contextlib.suppress(Exception):
-                manager.stop()
-        if relay is not None:
-            relay.stop()
-        origin.stop()
-        if own_log_dir:
+        _stop_all(started, relay, origin)
+        if not keep:
             shutil.rmtree(state_dir, ignore_errors=True)
+
+
+def _stop_all(started: list[H2PingSidecarManager], relay: IdleRelay | None, origin: TlsH2Origin) -> None:
+    """Stop everything the demo started; idempotent. The sidecar first (it holds a connection
+    through the relay), then the relay, then the origin."""
+    for manager in started:
+        with contextlib.suppress(Exception):
+            manager.stop()
+    if relay is not None:
+        relay.stop()
+    origin.stop()

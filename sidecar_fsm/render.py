@@ -5,6 +5,8 @@ Owns the presentation of runs, instances, transition histories and reap plans: c
 ``-`` for an unknown value, colour on a terminal, and the stable JSON shapes (ISO-8601 UTC
 times). Must not read the database, inspect processes or print: it turns records the caller
 already holds into strings, so the CLI decides where they go and the tests can compare them.
+Longer than the usual module on purpose: one file holds every output shape, so the tables and
+JSON documents of all commands stay consistent with each other.
 """
 
 from __future__ import annotations
@@ -12,7 +14,7 @@ from __future__ import annotations
 import json
 import time
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from typing import TYPE_CHECKING, Any
 
@@ -44,6 +46,15 @@ _STATE_STYLES = {
 }
 _OWNER_STYLES = {"alive": "green", "dead": "red", "reused": "red"}
 
+# What runs at an instance's recorded pid now (``RunStatus.processes``). The caller decides it
+# with ``procs`` (pid, start time and executable), never from the pid alone.
+PROCESS_RUNNING = "running"
+PROCESS_GONE = "gone"
+PROCESS_REUSED = "reused"
+PROCESS_OTHER_HOST = "other host"
+_OWNER_GONE = frozenset({"dead", "reused"})
+REAP_HINT = "run sidecar-fsm reap"
+
 
 @dataclass(frozen=True)
 class RunStatus:
@@ -51,12 +62,49 @@ class RunStatus:
 
     ``owner`` is ``"alive"``, ``"dead"`` (no such process), ``"reused"`` (the pid now belongs
     to another process) or ``"other host"`` (not judged here); the caller decides it with
-    ``procs``, never from the pid alone.
+    ``procs``, never from the pid alone. ``processes`` maps the id of each instance recorded
+    live (spawned, ready, draining) with a pid to what runs there now (``PROCESS_*``); an
+    instance absent from it has no process.
     """
 
     run: RunRecord
     owner: str
     instances: Sequence[InstanceRecord]
+    processes: Mapping[int, str] = field(default_factory=dict)
+
+    def process_of(self, inst: InstanceRecord) -> str | None:
+        return self.processes.get(inst.id)
+
+
+def process_alive(process: str | None) -> bool | None:
+    """The ``"alive"`` of ``--json``: True when our process runs, False when it is gone or its
+    pid reused, None when there is no process or it cannot be judged here (another host)."""
+    if process == PROCESS_RUNNING:
+        return True
+    if process in (PROCESS_GONE, PROCESS_REUSED):
+        return False
+    return None
+
+
+def process_note(status: RunStatus, inst: InstanceRecord) -> str | None:
+    """Why a recorded-live instance is not what its row says, and what to do; None if it is.
+
+    The database keeps the state its launcher last recorded; a launcher killed with -9 records
+    nothing more, and with ``exit_with_owner`` its sidecars drain and exit by themselves. Only
+    ``reap`` (or the launcher, while it lives) records that, so the hint depends on the owner.
+    """
+    process = status.process_of(inst)
+    if process == PROCESS_GONE:
+        what = f"recorded {inst.state} but pid {inst.pid} has exited"
+    elif process == PROCESS_REUSED:
+        what = f"recorded {inst.state} but pid {inst.pid} now belongs to another process"
+    else:
+        return None
+    if status.owner in _OWNER_GONE:
+        return f"{what}; {REAP_HINT}"
+    if status.owner == "alive":
+        return f"{what}; its launcher (pid {status.run.owner_pid}) has not recorded it yet"
+    return what
 
 
 # --------------------------------------------------------------------------------- formatting
@@ -191,6 +239,24 @@ def _run_result(run: RunRecord, owner: str, now: float) -> Cell:
     return (f"{outcome} {format_age(now - run.ended_at)} ago", style)
 
 
+def _pid_cell(status: RunStatus, inst: InstanceRecord) -> Cell:
+    """The pid, with what became of it when the recorded process is not running: ``41030 (gone)``."""
+    if inst.pid is None:
+        return (UNKNOWN, None)
+    process = status.process_of(inst)
+    if process in (PROCESS_GONE, PROCESS_REUSED):
+        return (f"{inst.pid} ({process})", "red")
+    return (str(inst.pid), None)
+
+
+def _detail_cell(status: RunStatus, inst: InstanceRecord) -> Cell:
+    note = process_note(status, inst)
+    if note is None:
+        return (instance_detail(inst), None)
+    detail = instance_detail(inst)
+    return (note if detail == UNKNOWN else f"{note}; {detail}", "red")
+
+
 def status_lines(runs: Sequence[RunStatus], *, now: float | None = None, color: bool = False) -> list[str]:
     """The ``status`` table: a line per run, its instances indented under it.
 
@@ -224,10 +290,10 @@ def status_lines(runs: Sequence[RunStatus], *, now: float | None = None, color: 
                 [
                     inst.name,
                     (inst.state, _STATE_STYLES.get(inst.state)),
-                    str(inst.pid) if inst.pid is not None else UNKNOWN,
+                    _pid_cell(status, inst),
                     f"{inst.listen or UNKNOWN} → {inst.upstream or UNKNOWN}",
                     format_age(now - inst.state_since) if inst.state_since is not None else UNKNOWN,
-                    instance_detail(inst),
+                    _detail_cell(status, inst),
                 ]
                 for inst in status.instances
             ],
@@ -237,21 +303,39 @@ def status_lines(runs: Sequence[RunStatus], *, now: float | None = None, color: 
     return lines
 
 
+def _owner_words(run: RunRecord, owner: str | None) -> str:
+    """``owner pid 41022 (alive)``; for a live run whose owner is gone, with the reap hint."""
+    if owner is None:
+        return f"owner pid {run.owner_pid}"
+    if run.ended_at is None and owner in _OWNER_GONE:
+        return f"owner pid {run.owner_pid} ({owner}: {REAP_HINT})"
+    return f"owner pid {run.owner_pid} ({owner})"
+
+
 def history_lines(
     run: RunRecord,
     transitions: Sequence[tuple[str, TransitionRecord]],
     *,
     color: bool = False,
+    status: RunStatus | None = None,
 ) -> list[str]:
     """The ``history`` table: every transition of the run (or one instance), oldest first.
 
     ``transitions`` pairs each record with its instance's name. TIME is local wall-clock time
     with milliseconds; AFTER is the offset from the first row, which is what a reader compares.
+    With ``status`` (what runs now), the header says whether the owner lives, and a line per
+    instance whose recorded-live process is gone says so, as ``status`` does.
     """
     started = format_local_time(run.started_at)
-    head = f"run {run.run_id} on {run.host}, owner pid {run.owner_pid}, started {started}"
+    owner = status.owner if status is not None else None
+    head = [f"run {run.run_id} on {run.host}, {_owner_words(run, owner)}, started {started}"]
+    if status is not None:
+        for inst in status.instances:
+            note = process_note(status, inst)
+            if note is not None:
+                head.append(_style(f"{inst.name}: {note}", "red", color))
     if not transitions:
-        return [head, "no transitions recorded"]
+        return [*head, "no transitions recorded"]
     first = transitions[0][1].at
     rows: list[list[str | Cell]] = [
         [
@@ -265,7 +349,7 @@ def history_lines(
         ]
         for name, t in transitions
     ]
-    return [head, *table(["TIME", "AFTER", "INSTANCE", "FROM", "TO", "EVENT", "DETAIL"], rows, color=color)]
+    return [*head, *table(["TIME", "AFTER", "INSTANCE", "FROM", "TO", "EVENT", "DETAIL"], rows, color=color)]
 
 
 def reap_lines(report: ReapReport, *, color: bool = False) -> list[str]:
@@ -339,8 +423,12 @@ def run_json(run: RunRecord, owner: str | None = None) -> dict[str, Any]:
     }
 
 
-def instance_json(inst: InstanceRecord) -> dict[str, Any]:
+def instance_json(inst: InstanceRecord, process: str | None = None) -> dict[str, Any]:
+    """An instance's record plus what runs at its pid now: ``alive`` (true, false or null, see
+    ``process_alive``) and ``process`` (``running``, ``gone``, ``reused``, ``other host`` or null)."""
     return {
+        "alive": process_alive(process),
+        "process": process,
         "id": inst.id,
         "name": inst.name,
         "state": inst.state,
@@ -362,17 +450,39 @@ def status_json(runs: Sequence[RunStatus]) -> str:
     return dumps(
         {
             "runs": [
-                {**run_json(s.run, s.owner), "instances": [instance_json(i) for i in s.instances]}
+                {
+                    **run_json(s.run, s.owner),
+                    "instances": [instance_json(i, s.process_of(i)) for i in s.instances],
+                }
                 for s in runs
             ]
         }
     )
 
 
-def history_json(run: RunRecord, transitions: Sequence[tuple[str, TransitionRecord]]) -> str:
+def history_json(
+    run: RunRecord,
+    transitions: Sequence[tuple[str, TransitionRecord]],
+    *,
+    status: RunStatus | None = None,
+) -> str:
+    """``{"run", "instances", "transitions"}``: the run with its owner's status, each instance's
+    state and ``alive`` as ``status --json`` gives them, and the transitions oldest first."""
     return dumps(
         {
-            "run": run_json(run),
+            "run": run_json(run, status.owner if status is not None else None),
+            "instances": [
+                {
+                    "name": inst.name,
+                    "state": inst.state,
+                    "pid": inst.pid,
+                    "alive": process_alive(status.process_of(inst)),
+                    "process": status.process_of(inst),
+                }
+                for inst in status.instances
+            ]
+            if status is not None
+            else [],
             "transitions": [
                 {
                     "instance": name,

@@ -147,7 +147,7 @@ def test_concurrent_cold_starts_build_once_and_never_see_a_partial_binary(
     assert {report["out"] for report in reports} == {"tiny ok\n"}
     assert {report["sha"] for report in reports} == {digest}
     assert seen and all(sighting == complete for sighting in seen)
-    assert sorted(p.name for p in final.parent.iterdir()) == ["h2-ping-sidecar", "h2-ping-sidecar.lock"]
+    assert [p.name for p in final.parent.iterdir()] == ["h2-ping-sidecar"]  # locks and temps elsewhere
     ratio = concurrent_seconds / single_seconds
     print(
         f"one cold build {single_seconds:.2f}s; {WORKERS} concurrent cold starts {concurrent_seconds:.2f}s "

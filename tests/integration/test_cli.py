@@ -21,6 +21,7 @@ import yaml
 from helpers import ProcessRegistry, http11_request, wait_until
 
 from sidecar_fsm import procs
+from sidecar_fsm.fsm import InstanceMachine
 from sidecar_fsm.lab import TlsH2Origin
 from sidecar_fsm.store import Store, database_path, schema_version
 
@@ -42,13 +43,16 @@ def cli_json(log_dir: Path, *args: str) -> Any:
     return json.loads(done.stdout)
 
 
-def write_gym_config(path: Path, origin: TlsH2Origin, binary: Path, **sidecar: Any) -> Path:
-    """A Gym-shaped config: two sidecar instances on free ports, a model server on the origin."""
+def write_gym_config(path: Path, origin: TlsH2Origin, binary: Path | None, **sidecar: Any) -> Path:
+    """A Gym-shaped config: two sidecar instances on free ports, a model server on the origin.
+
+    ``binary`` None leaves ``sidecar.binary`` out: the build cache provides it.
+    """
     config = {
         "policy_base_url": origin.url + "/v1",
         "sidecar": {
             "enabled": True,
-            "binary": str(binary),
+            **({"binary": str(binary)} if binary is not None else {}),
             "ca_file": str(origin.ca_file),
             "instances": [
                 {"name": "policy", "upstream": origin.url, "listen": "127.0.0.1:0"},
@@ -66,14 +70,24 @@ def write_gym_config(path: Path, origin: TlsH2Origin, binary: Path, **sidecar: A
 class StartedCli:
     """A ``sidecar-fsm start`` subprocess, its output file, and the sidecars it reported ready."""
 
-    def __init__(self, log_dir: Path, config: Path, registry: ProcessRegistry, *extra: str) -> None:
+    def __init__(
+        self,
+        log_dir: Path,
+        config: Path,
+        registry: ProcessRegistry,
+        *extra: str,
+        env: dict[str, str] | None = None,
+        cwd: Path | None = None,
+    ) -> None:
         self.output = log_dir.parent / "start.out"
         with open(self.output, "wb") as out:
             self.proc = subprocess.Popen(
-                [str(SCRIPT), "--log-dir", str(log_dir), "start", str(config), *extra],
+                [str(SCRIPT), "start", str(config), "--log-dir", str(log_dir), *extra],
                 stdout=out,
                 stderr=subprocess.STDOUT,
                 stdin=subprocess.DEVNULL,
+                env=env,
+                cwd=cwd,
             )
         registry.add(self.proc)
         wait_until(
@@ -87,6 +101,35 @@ class StartedCli:
 
     def text(self) -> str:
         return self.output.read_text(errors="replace")
+
+
+def load_through_the_launcher(config: Path) -> dict[str, Any]:
+    """What ``start_h2_ping_sidecar`` returns for ``config`` in a fresh process, as Gym would call it."""
+    code = (
+        "import json, sys\n"
+        "from omegaconf import OmegaConf\n"
+        "from sidecar_fsm.launcher import start_h2_ping_sidecar\n"
+        "config = OmegaConf.load(sys.argv[1])\n"
+        "manager = start_h2_ping_sidecar(config)\n"
+        "url = config.policy_model.responses_api_models.openai_model.base_url\n"
+        "print(json.dumps({'manager': None if manager is None else repr(manager), 'base_url': url}))\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", code, str(config)], capture_output=True, text=True, timeout=60
+    )
+    assert done.returncode == 0, done.stderr
+    result: dict[str, Any] = json.loads(done.stdout.splitlines()[-1])
+    return result
+
+
+def db_rows(path: Path) -> dict[str, list[tuple[Any, ...]]]:
+    """Every row of every table, through a read-only connection: what "the database" holds."""
+    conn = sqlite3.connect(f"file:{path}?mode=ro", uri=True)
+    try:
+        tables = [row[0] for row in conn.execute("SELECT name FROM sqlite_master WHERE type = 'table'")]
+        return {t: sorted(conn.execute(f"SELECT * FROM {t}").fetchall(), key=repr) for t in tables}
+    finally:
+        conn.close()
 
 
 def echo_through(inst: dict[str, Any]) -> int:
@@ -117,6 +160,13 @@ def test_start_supervises_until_sigterm_then_drains_and_exits_0(
     base_url = written["policy_model"]["responses_api_models"]["openai_model"]["base_url"]
     assert base_url in {f"http://{inst['listen']}/v1" for inst in started.instances}
     assert written["policy_base_url"].startswith("https://localhost:")  # top-level key untouched
+    # Its sidecars already run: `gym env start --config OUT.yaml` must not start a second set.
+    assert written["sidecar"]["enabled"] is False
+    assert "cache_dir" not in written  # the CLI's cache choice is not put into the user's config
+    second = load_through_the_launcher(rewritten)
+    assert second == {"manager": None, "base_url": base_url}
+    assert len(cli_json(log_dir, "status", "--all")["runs"]) == 1  # no second run recorded
+    assert [sidecar_identity(inst) for inst in started.instances]  # the first set still serves
 
     started.proc.send_signal(signal.SIGTERM)
     assert started.proc.wait(timeout=30) == 0, started.text()
@@ -167,6 +217,7 @@ def test_sigkilled_start_leaves_sidecars_serving_until_reap(
     (run,) = cli_json(log_dir, "status")["runs"]
     assert run["owner"]["status"] == "dead" and run["ended_at"] is None
     assert {inst["state"] for inst in run["instances"]} == {"ready"}
+    assert {inst["alive"] for inst in run["instances"]} == {True}  # ours, and still running
     human = cli(log_dir, "status")
     assert f"pid {started.proc.pid} (dead)" in human.stdout
     assert "owner gone: run sidecar-fsm reap" in human.stdout
@@ -205,9 +256,26 @@ def test_sigkilled_start_with_exit_with_owner_sidecars_exit_by_themselves(
     wait_until(
         lambda: not any(procs.is_ours(i) for i in identities), 2 + 10, "sidecars to exit with their owner"
     )
+    before = db_rows(database_path(log_dir))
     (run,) = cli_json(log_dir, "status")["runs"]
     assert run["owner"]["status"] == "dead"
     assert {inst["state"] for inst in run["instances"]} == {"ready"}  # nobody recorded the exit yet
+    # ...but status says what is true now: the processes are gone.
+    assert [(inst["alive"], inst["process"]) for inst in run["instances"]] == [(False, "gone")] * 2
+    human = cli(log_dir, "status")
+    for inst in run["instances"]:
+        line = next(line for line in human.stdout.splitlines() if line.strip().startswith(inst["name"] + " "))
+        assert f"{inst['pid']} (gone)" in line
+        assert line.endswith(f"recorded ready but pid {inst['pid']} has exited; run sidecar-fsm reap")
+    history = cli(log_dir, "history", run["run_id"], "policy")
+    assert history.returncode == 0
+    head = history.stdout.splitlines()[:2]
+    assert f"owner pid {started.proc.pid} (dead: run sidecar-fsm reap)" in head[0]
+    assert head[1].startswith("policy: recorded ready but pid ")
+    as_json = cli_json(log_dir, "history", run["run_id"])
+    assert {inst["alive"] for inst in as_json["instances"]} == {False}
+    assert as_json["run"]["owner"]["status"] == "dead"
+    assert db_rows(database_path(log_dir)) == before  # reading never changes the database
 
     (reaped,) = cli_json(log_dir, "reap")["runs"]
     assert {inst["result"] for inst in reaped["instances"]} == {"process had already exited"}
@@ -218,24 +286,60 @@ def test_sigkilled_start_with_exit_with_owner_sidecars_exit_by_themselves(
     assert cli_json(log_dir, "reap")["runs"] == []
 
 
-@pytest.mark.parametrize("command", [["status"], ["status", "--all"], ["history", "abc"], ["reap"]])
-def test_read_commands_on_a_missing_or_empty_log_dir(command: list[str], tmp_path: Path) -> None:
+@pytest.mark.parametrize("command", [["status"], ["status", "--all"], ["status", "--run", "abc"]])
+def test_status_on_a_missing_log_dir_or_run_fails_alike_and_on_an_empty_one_says_so(
+    command: list[str], tmp_path: Path
+) -> None:
     missing = tmp_path / "never-created"
-    done = cli(missing, *command)
-    assert done.returncode == 0, done.stderr
-    assert done.stdout.strip() in {
-        f"no runs recorded in {missing}",
-        "nothing to reap: every recorded run has a live owner or is already closed",
-    }
+    for argv in ([*command, "--log-dir", str(missing)], ["--log-dir", str(missing), *command, "--json"]):
+        done = subprocess.run(
+            [sys.executable, "-m", "sidecar_fsm", *argv], capture_output=True, text=True, timeout=60
+        )
+        assert (done.returncode, done.stdout) == (1, "")
+        assert done.stderr == (
+            f"sidecar-fsm status: log dir '{missing}' does not exist; "
+            "give the --log-dir (or SIDECAR_FSM_LOG_DIR) the run was started with\n"
+        )
     assert not missing.exists()
     empty = tmp_path / "empty"
     Store.open(empty).close()
     done = cli(empty, *command)
-    assert done.returncode == 0, done.stderr
-    assert done.stderr == ""
+    if "--run" in command:
+        assert (done.returncode, done.stdout) == (1, "")
+        assert done.stderr == (
+            f"sidecar-fsm status --run: run 'abc' is not recorded in {empty}; see sidecar-fsm status --all\n"
+        )
+        return
+    assert (done.returncode, done.stderr) == (0, "")
+    assert done.stdout == f"no runs recorded in {empty}\n"
     as_json = cli(empty, *command, "--json")
     assert as_json.returncode == 0
-    assert json.loads(as_json.stdout) in ({"runs": []}, {"transitions": []}, {"dry_run": False, "runs": []})
+    assert json.loads(as_json.stdout) == {"runs": []}
+
+
+def test_history_on_a_missing_log_dir_or_run_fails_alike(tmp_path: Path) -> None:
+    missing = tmp_path / "never-created"
+    done = cli(missing, "history", "abc")
+    assert (done.returncode, done.stdout) == (1, "")
+    assert done.stderr.startswith(f"sidecar-fsm history: log dir '{missing}' does not exist; ")
+    assert not missing.exists()
+    empty = tmp_path / "empty"
+    Store.open(empty).close()
+    for extra in ([], ["--json"]):
+        done = cli(empty, "history", "abc", *extra)
+        assert (done.returncode, done.stdout) == (1, "")
+        assert done.stderr == (
+            f"sidecar-fsm history: run 'abc' is not recorded in {empty}; see sidecar-fsm status --all\n"
+        )
+
+
+def test_reap_on_a_missing_log_dir_has_nothing_to_do_and_creates_nothing(tmp_path: Path) -> None:
+    missing = tmp_path / "never-created"
+    done = cli(missing, "reap")
+    assert (done.returncode, done.stderr) == (0, "")
+    assert done.stdout == "nothing to reap: every recorded run has a live owner or is already closed\n"
+    assert json.loads(cli(missing, "reap", "--json").stdout) == {"dry_run": False, "runs": []}
+    assert not missing.exists()
 
 
 @pytest.mark.parametrize("command", [["status"], ["history", "abc"], ["reap", "--dry-run"]])
@@ -267,7 +371,9 @@ def test_history_of_an_unknown_run_or_instance_fails_with_one_line(
     assert started.proc.wait(timeout=30) == 0
     unknown = cli(log_dir, "history", "zzzz")
     assert unknown.returncode == 1
-    assert unknown.stderr == "sidecar-fsm history: run 'zzzz' is not recorded; see sidecar-fsm status --all\n"
+    assert unknown.stderr == (
+        f"sidecar-fsm history: run 'zzzz' is not recorded in {log_dir}; see sidecar-fsm status --all\n"
+    )
     bad_instance = cli(log_dir, "history", started.run["run_id"], "nope")
     assert bad_instance.returncode == 1
     assert bad_instance.stderr.startswith("sidecar-fsm history: instance 'nope' is not in run ")
@@ -299,3 +405,114 @@ def test_start_exits_1_naming_the_sidecar_that_died(
     human = cli(log_dir, "status", "--run", started.run["run_id"])
     judge_line = next(line for line in human.stdout.splitlines() if line.strip().startswith("judge"))
     assert judge_line.split()[1] == "failed"
+
+
+SLEEP = "/bin/sleep" if os.path.exists("/bin/sleep") else "/usr/bin/sleep"
+
+
+def test_status_proves_identity_before_calling_a_process_alive(
+    log_dir: Path, process_registry: ProcessRegistry
+) -> None:
+    """Three instances recorded ready: one whose process runs, one whose pid another process now
+    holds (its start time differs), one whose process exited. Records go through the real store
+    and state machine; the processes are real (``sleep``)."""
+    ours = subprocess.Popen([SLEEP, "300"], stdin=subprocess.DEVNULL)
+    impostor = subprocess.Popen([SLEEP, "300"], stdin=subprocess.DEVNULL)
+    exited = subprocess.Popen([SLEEP, "300"], stdin=subprocess.DEVNULL)
+    owner = subprocess.Popen([SLEEP, "300"], stdin=subprocess.DEVNULL)
+    for proc in (ours, impostor, exited, owner):
+        process_registry.add(proc)
+    identities = {name: procs.identity_of(p.pid) for name, p in (("ours", ours), ("impostor", impostor))}
+    exited_identity = procs.identity_of(exited.pid)
+    owner_identity = procs.identity_of(owner.pid)
+    for gone in (exited, owner):  # identities read while they ran; now they end
+        gone.kill()
+        gone.wait()
+    assert owner_identity and exited_identity and identities["ours"] and identities["impostor"]
+    recorded = {
+        "policy": identities["ours"],
+        "judge": procs.ProcessIdentity(impostor.pid, identities["impostor"].start_time - 10, SLEEP),
+        "critic": exited_identity,
+    }
+    with Store.open(log_dir) as store:
+        run_id = "f00dfeed" * 4
+        store.create_run(run_id, owner.pid, owner_identity.start_time, {"shutdown_grace": "5s"})
+        for index, (name, identity) in enumerate(recorded.items()):
+            record = store.create_instance(
+                run_id,
+                name,
+                f"127.0.0.1:{20000 + index}",
+                "https://api.example.com",
+                identity.exe,
+                None,
+                None,
+            )
+            machine = InstanceMachine(store, record.id)
+            machine.fire("build")
+            machine.fire("spawn", pid=identity.pid, pid_start_time=identity.start_time)
+            machine.fire("ready")
+    before = db_rows(database_path(log_dir))
+
+    (run,) = cli_json(log_dir, "status")["runs"]
+    observed = {inst["name"]: (inst["state"], inst["alive"], inst["process"]) for inst in run["instances"]}
+    assert observed == {
+        "policy": ("ready", True, "running"),
+        "judge": ("ready", False, "reused"),
+        "critic": ("ready", False, "gone"),
+    }
+    human = cli(log_dir, "status").stdout
+    assert f"{impostor.pid} (reused)" in human
+    assert (
+        f"recorded ready but pid {impostor.pid} now belongs to another process; run sidecar-fsm reap" in human
+    )
+    assert f"{exited.pid} (gone)" in human
+    assert db_rows(database_path(log_dir)) == before  # reading never changes the database
+    assert ours.poll() is None and impostor.poll() is None  # and never signals
+
+
+def test_start_and_build_use_the_users_cache_not_the_working_directory(
+    tmp_path: Path,
+    tls_origin: TlsH2Origin,
+    cache_dir: Path,
+    sidecar_binary: Path,
+    process_registry: ProcessRegistry,
+) -> None:
+    # $XDG_CACHE_HOME/sidecar-fsm is the session's cache (already built), so nothing compiles.
+    xdg = tmp_path / "xdg"
+    xdg.mkdir()
+    (xdg / "sidecar-fsm").symlink_to(cache_dir)
+    env = {**os.environ, "XDG_CACHE_HOME": str(xdg)}
+    elsewhere = tmp_path / "some-other-folder"
+    elsewhere.mkdir()
+    log_dir = tmp_path / "logs"
+    config = write_gym_config(tmp_path / "gym.yaml", tls_origin, None)
+
+    built = subprocess.run(
+        [str(SCRIPT), "build"], capture_output=True, text=True, timeout=600, env=env, cwd=elsewhere
+    )
+    assert built.returncode == 0, built.stderr
+    assert Path(built.stdout.strip()) == xdg / "sidecar-fsm" / sidecar_binary.relative_to(cache_dir)
+
+    started = StartedCli(log_dir, config, process_registry, env=env, cwd=elsewhere)
+    assert {inst["binary"] for inst in started.instances} == {built.stdout.strip()}
+    assert "building" not in started.text()
+    started.proc.send_signal(signal.SIGINT)
+    assert started.proc.wait(timeout=30) == 0, started.text()
+    assert list(elsewhere.iterdir()) == []  # no ./cache
+
+
+def test_an_unforeseen_filesystem_fault_is_one_line_naming_the_command_and_path(tmp_path: Path) -> None:
+    """A config whose cache_dir runs through a file: the build cannot make its folder."""
+    a_file = tmp_path / "notes.txt"
+    a_file.write_text("mine\n")
+    config = tmp_path / "gym.yaml"
+    config.write_text(
+        f"cache_dir: {a_file / 'cache'}\n"
+        "sidecar:\n  enabled: true\n"
+        "  instances: [{name: nvcf, upstream: 'https://api.example.com', listen: '127.0.0.1:0'}]\n"
+    )
+    done = cli(tmp_path / "logs", "start", str(config))
+    assert done.returncode in (1, 2), done.stderr
+    assert done.stderr.count("\n") == 1 and "Traceback" not in done.stderr, done.stderr
+    assert done.stderr.startswith("sidecar-fsm start: ") and str(a_file) in done.stderr, done.stderr
+    assert a_file.read_text() == "mine\n"

@@ -254,7 +254,9 @@ def test_cold_then_warm_lookup(tmp_path: Path, fake_go: Path, src: Path) -> None
     assert path == cache / "h2-ping-sidecar" / sources / "go1.99.0" / "h2-ping-sidecar"
     assert messages == ["building h2-ping-sidecar (first run, ~15 s)…"]
     assert path.stat().st_mode & 0o777 == 0o755
-    assert sorted(p.name for p in path.parent.iterdir()) == ["h2-ping-sidecar", "h2-ping-sidecar.lock"]
+    assert [p.name for p in path.parent.iterdir()] == ["h2-ping-sidecar"]  # the binary only
+    build_dir = cache / "h2-ping-sidecar" / ".build"
+    assert [p.name for p in build_dir.iterdir()] == [f"{sources}-go1.99.0.lock"]  # no temp left
     builds = [call for call in _calls(fake_go) if call.startswith("build")]
     assert len(builds) == 1 and "-trimpath" in builds[0] and "-buildvcs=false" in builds[0]
 
@@ -285,17 +287,35 @@ def test_failed_build_raises_with_compiler_output_and_leaves_nothing(
     assert first == f"go build: '{src}' failed with exit code 1; fix the sources or set sidecar.binary"
     assert rest == ["./main.go:3:1: syntax error: unexpected }"]
     version_dir = cache / "h2-ping-sidecar" / buildcache.sources_hash(src) / "go1.99.0"
-    assert sorted(p.name for p in version_dir.iterdir()) == ["h2-ping-sidecar.lock"]  # no binary, no temp
+    assert list(version_dir.iterdir()) == []  # no binary, no temp
+    build_dir = cache / "h2-ping-sidecar" / ".build"
+    assert [p.name for p in build_dir.iterdir()] == [f"{buildcache.sources_hash(src)}-go1.99.0.lock"]
 
 
 def test_stale_temp_from_a_killed_build_is_removed(tmp_path: Path, fake_go: Path, src: Path) -> None:
     cache = tmp_path / "cache"
-    version_dir = cache / "h2-ping-sidecar" / buildcache.sources_hash(src) / "go1.99.0"
-    stale = version_dir / ".h2-ping-sidecar-build-dead"
-    stale.mkdir(parents=True)
-    (stale / "h2-ping-sidecar").write_bytes(b"\x7fELF half")
+    build_dir = cache / "h2-ping-sidecar" / ".build"
+    stale = build_dir / f"{buildcache.sources_hash(src)}-go1.99.0.tmp-dead"
+    other = build_dir / "0123456789abcdef-go1.99.0.tmp-busy"  # another build's, under another lock
+    for folder in (stale, other):
+        folder.mkdir(parents=True)
+        (folder / "h2-ping-sidecar").write_bytes(b"\x7fELF half")
     buildcache.ensure_binary(cache, source_dir=src)
     assert not stale.exists()
+    assert other.exists()
+
+
+def test_user_cache_dir_is_xdg_cache_home_else_dot_cache(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
+    assert buildcache.user_cache_dir() == tmp_path / "xdg" / "sidecar-fsm"
+    monkeypatch.setenv("XDG_CACHE_HOME", "relative/ignored")  # the XDG spec: only absolute paths
+    assert buildcache.user_cache_dir() == tmp_path / "home" / ".cache" / "sidecar-fsm"
+    monkeypatch.delenv("XDG_CACHE_HOME")
+    assert buildcache.user_cache_dir() == tmp_path / "home" / ".cache" / "sidecar-fsm"
+    assert not (tmp_path / "home").exists()  # naming it creates nothing
 
 
 def test_build_if_missing_false_refuses_to_build(tmp_path: Path, fake_go: Path, src: Path) -> None:
@@ -319,10 +339,13 @@ def test_build_if_missing_false_refuses_to_build(tmp_path: Path, fake_go: Path, 
 
 
 def test_build_sidecar_keeps_an_existing_binary_unless_forced(
-    tmp_path: Path, fake_go: Path, src: Path
+    tmp_path: Path, fake_go: Path, src: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))  # a path outside a cache: lock there
     output = tmp_path / "out" / "h2-ping-sidecar"
     buildcache.build_sidecar(output, src)
+    assert [p.name for p in output.parent.iterdir()] == ["h2-ping-sidecar"]  # no lock, no temp beside it
+    assert len(list((tmp_path / "xdg" / "sidecar-fsm" / "h2-ping-sidecar" / ".build").glob("*.lock"))) == 1
     output.write_text("#!/bin/sh\necho mine\n")
     buildcache.build_sidecar(output, src)
     assert output.read_text() == "#!/bin/sh\necho mine\n"

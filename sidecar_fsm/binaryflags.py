@@ -24,11 +24,12 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from sidecar_fsm.config import H2PingSidecarConfig, SidecarInstanceConfig, parse_duration_seconds
-from sidecar_fsm.errors import SidecarError
+from sidecar_fsm.errors import ConfigError, SidecarError
 
 __all__ = [
     "BinaryFlags",
     "binary_flags",
+    "check",
     "filter_command",
     "forget",
     "parse_usage",
@@ -246,3 +247,22 @@ def warnings(config: H2PingSidecarConfig, flags: BinaryFlags) -> list[str]:
             f"'{flags.path}' has no -max-conn-age, so upstream connections are never rotated"
         )
     return lines
+
+
+def check(
+    binary: str | os.PathLike[str], config: H2PingSidecarConfig, instances: Sequence[SidecarInstanceConfig]
+) -> tuple[BinaryFlags, list[str]]:
+    """Learn ``binary``'s flags and judge ``config`` against them: (flags, warnings to print).
+
+    The launcher's one call, before any process starts, for a ``sidecar.binary`` the user
+    named; each spawn then runs ``filter_command(sidecar_command(...), flags)``. The build
+    cache's binary needs no asking (which costs a process start): it is built from this
+    package's ``go/``, so it has every flag ``sidecar_command`` passes. Raises ``ConfigError``
+    with every refusal, one per line, the first being the one-line message; ``SidecarError``
+    when the binary cannot be asked. Read-only apart from the short ``-h`` run.
+    """
+    flags = binary_flags(binary)
+    refused = refusals(config, instances, flags)
+    if refused:
+        raise ConfigError("\n".join(refused))
+    return flags, warnings(config, flags)

@@ -23,7 +23,7 @@ from omegaconf import OmegaConf
 from sidecar_fsm import binaryflags, procs
 from sidecar_fsm.binaryflags import BinaryFlags, binary_flags, filter_command, refusals, warnings
 from sidecar_fsm.config import H2PingSidecarConfig
-from sidecar_fsm.errors import SidecarError
+from sidecar_fsm.errors import ConfigError, SidecarError
 from sidecar_fsm.lab import TlsH2Origin
 from sidecar_fsm.procs import ChildProcess
 from sidecar_fsm.supervise import sidecar_command
@@ -206,6 +206,20 @@ def test_warnings_say_what_is_lost(gym_binary: Path, sidecar_binary: Path) -> No
     (line,) = warnings(_config(exit_with_owner=False), old_gym)
     assert line.startswith("WARNING: sidecar.max_conn_age '50m' is ignored: ")
     assert warnings(_config(exit_with_owner=False, max_conn_age="0s"), old_gym) == []
+
+
+def test_check_refuses_with_every_line_or_returns_the_warnings(gym_binary: Path) -> None:
+    flags, notes = binaryflags.check(gym_binary, _config(), _config().instances)
+    assert flags.accepted == GYM_FLAGS
+    assert len(notes) == 1 and notes[0].endswith(ORPHAN_WARNING)
+    config = _config(
+        instances=[{"upstream": "https://a.example.com", "listen": "127.0.0.1:0"}], ca_file="/ca.pem"
+    )
+    with pytest.raises(ConfigError) as refused:
+        binaryflags.check(gym_binary, config, config.instances)
+    first, second = str(refused.value).split("\n")
+    assert first.startswith("sidecar.instances[0].listen: '127.0.0.1:0' ")
+    assert second.startswith("sidecar.ca_file: '/ca.pem' ")
 
 
 # --- Gym's binary running ---------------------------------------------------------------------

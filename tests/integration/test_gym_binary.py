@@ -25,7 +25,6 @@ from sidecar_fsm.binaryflags import BinaryFlags, binary_flags, filter_command, r
 from sidecar_fsm.config import H2PingSidecarConfig
 from sidecar_fsm.errors import ConfigError, SidecarError
 from sidecar_fsm.lab import TlsH2Origin
-from sidecar_fsm.procs import ChildProcess
 from sidecar_fsm.supervise import sidecar_command
 
 GYMPROXY_SOURCES = Path(__file__).resolve().parents[1] / "gymproxy"
@@ -225,15 +224,16 @@ def test_check_refuses_with_every_line_or_returns_the_warnings(gym_binary: Path)
 # --- Gym's binary running ---------------------------------------------------------------------
 
 
-def _run_until_ready(
-    argv_for: Callable[[str], list[str]], ready: Path, log: Path
-) -> tuple[ChildProcess, str]:
-    """Start Gym's proxy on a fixed port (it cannot report a ``:0`` one); another port if taken."""
+def _run_until_ready(argv_for: Callable[[str], list[str]], ready: Path, log: Path) -> tuple[Any, str]:
+    """Start Gym's proxy on a fixed port (it cannot report a ``:0`` one); another port if taken.
+
+    The child is whatever ``procs.spawn`` returns (it has ``poll``, ``wait``, ``send_signal``).
+    """
     for port in random.sample(range(20000, 60000), 5):
         listen = f"127.0.0.1:{port}"
         child = procs.spawn(argv_for(listen), dict(os.environ), str(log))
 
-        def settled(child: ChildProcess = child) -> bool:
+        def settled(child: Any = child) -> bool:
             return child.poll() is not None or (
                 ready.exists() and ready.read_text().strip() == str(child.pid)
             )

@@ -35,6 +35,7 @@ from sidecar_fsm import procs, render
 from sidecar_fsm.buildcache import CACHE_DIR_KEY, ensure_binary, user_cache_dir
 from sidecar_fsm.cluster import DEFAULT_ADDRESS, ClusterUnavailableError, reap_cluster
 from sidecar_fsm.errors import ConfigError, SchemaTooNewError, SidecarError
+from sidecar_fsm.gymexec import ExecFailed, exec_command
 from sidecar_fsm.hostname import host_name
 from sidecar_fsm.reap import ReapReport, owner_status, reap
 from sidecar_fsm.resources import default_log_dir
@@ -504,6 +505,24 @@ def _supervise(
     return 1 if failed else 0
 
 
+# -------------------------------------------------------------------------------------- exec
+
+
+def cmd_exec(args: argparse.Namespace) -> int:
+    """Become COMMAND with Gym's sidecar launcher redirected; returns only if it cannot be run.
+
+    127 when COMMAND is not found, 126 when it is found but cannot be run, as a shell reports.
+    """
+    command = args.argv[1:] if args.argv[:1] == ["--"] else args.argv
+    if not command:
+        raise UsageError(f"{PROG} exec: no COMMAND given; use {PROG} exec -- COMMAND [ARG...]")
+    try:
+        exec_command(command, where=f"{PROG} exec")
+    except ExecFailed as error:
+        _err(str(error))
+        return error.exit_code
+
+
 # -------------------------------------------------------------------------------------- main
 
 
@@ -604,6 +623,16 @@ def build_parser() -> argparse.ArgumentParser:
         sub, "demo", cmd_demo, "show a long request failing directly and succeeding through a sidecar"
     )
     demo.add_argument("--cache-dir", metavar="DIR", help=cache_help)
+
+    exec_ = add_command(
+        sub,
+        "exec",
+        cmd_exec,
+        "run COMMAND with NeMo Gym's sidecar launcher resolved to sidecar-fsm's (becomes COMMAND)",
+    )
+    exec_.add_argument(
+        "argv", nargs=argparse.REMAINDER, metavar="[--] COMMAND [ARG...]", help="the command to become"
+    )
     return parser
 
 

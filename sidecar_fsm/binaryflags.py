@@ -1,0 +1,268 @@
+"""Which flags a proxy binary accepts, and what follows for the argv and the config.
+
+A ``sidecar.binary`` built from NeMo Gym's sources knows only Gym's flags (no ``-exit-with-pid``,
+``-ca-file``, ``-metrics-listen``) and writes a bare PID into its ready file, which never says
+which port a ``:0`` listen bound. Passing it one of our flags makes it exit 2 before it binds;
+this module lets the launcher pass only what the binary knows and refuse, before anything
+starts, the settings it cannot honour.
+
+Owns asking a binary once (``<binary> -h``, Go's flag usage, under a timeout) and remembering the
+answer in memory per file identity (path, device, inode, size, mtime), and the pure functions
+the launcher calls with that answer: :func:`filter_command`, :func:`refusals`, :func:`warnings`.
+Must not start a sidecar, signal a process (the only child is the short-lived ``-h`` run, ended
+by ``subprocess`` on timeout, as ``buildcache`` does for ``go env``), change state or read the
+config file.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import threading
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from sidecar_fsm.config import H2PingSidecarConfig, SidecarInstanceConfig, parse_duration_seconds
+from sidecar_fsm.errors import ConfigError, SidecarError
+
+__all__ = [
+    "BinaryFlags",
+    "binary_flags",
+    "check",
+    "filter_command",
+    "forget",
+    "parse_usage",
+    "refusals",
+    "warnings",
+]
+
+# A Go binary prints its usage in milliseconds; a slow disk or a loaded node can take seconds.
+# Longer than this and the "binary" is not a flag-parsing proxy (or it is hung): say so.
+HELP_TIMEOUT_SECONDS = 10.0
+
+# Flags of our proxy (go/config.go) that take no value. Needed to drop an unknown flag together
+# with its value: the binary that lacks a flag cannot tell us its arity.
+_NO_VALUE_FLAGS = frozenset({"insecure-skip-verify"})
+
+# Without these the binary cannot be started, supervised or awaited at all.
+_REQUIRED_FLAGS = ("listen", "upstream", "ready-file")
+
+# Go's flag.PrintDefaults: "  -name" or "  -name type", then usage lines indented by a tab
+# (a one-letter name keeps its usage on the same line, after a tab).
+_FLAG_LINE = re.compile(r"^  -(?P<name>[A-Za-z0-9][A-Za-z0-9_.-]*)(?P<type> [^\t]*)?(?:\t(?P<usage>.*))?$")
+_USAGE_LINE = re.compile(r"^\s*\t(?P<usage>.*)$")
+
+_USE_OURS = "or leave sidecar.binary unset to use sidecar-fsm's proxy"
+
+
+@dataclass(frozen=True)
+class BinaryFlags:
+    """What ``<binary> -h`` said: the flags it accepts and whether its ready file names its port.
+
+    ``accepted`` holds flag names without the dash; ``takes_value`` the subset that is not
+    boolean. ``reports_listen`` is true when ``-ready-file``'s usage promises the bound address
+    (sidecar-fsm's JSON ``{"pid", "listen"}``); Gym's proxy writes only its PID there.
+    """
+
+    path: str
+    accepted: frozenset[str]
+    takes_value: frozenset[str]
+    reports_listen: bool
+
+
+def parse_usage(path: str, text: str) -> BinaryFlags:
+    """The flags named in Go's ``PrintDefaults`` output ``text``. Pure; unknown lines are skipped."""
+    accepted: set[str] = set()
+    takes_value: set[str] = set()
+    usage: dict[str, list[str]] = {}
+    current: str | None = None
+    for line in text.splitlines():
+        flag = _FLAG_LINE.match(line)
+        if flag is not None:
+            current = flag["name"]
+            accepted.add(current)
+            if flag["type"]:
+                takes_value.add(current)
+            usage[current] = [flag["usage"] or ""]
+            continue
+        more = _USAGE_LINE.match(line)
+        if more is not None and current is not None:
+            usage[current].append(more["usage"])
+        else:
+            current = None
+    ready_usage = " ".join(usage.get("ready-file", [])).lower()
+    return BinaryFlags(
+        path=path,
+        accepted=frozenset(accepted),
+        takes_value=frozenset(takes_value),
+        reports_listen="listen" in ready_usage and "json" in ready_usage,
+    )
+
+
+_lock = threading.Lock()
+_cache: dict[tuple[str, int, int, int, int], BinaryFlags] = {}
+
+
+def _identity(path: str) -> tuple[str, int, int, int, int]:
+    st = os.stat(path)
+    return (path, st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns)
+
+
+def binary_flags(binary: str | os.PathLike[str]) -> BinaryFlags:
+    """The flags ``binary`` accepts: asked once with ``-h``, then remembered while the file is unchanged.
+
+    The cache key is the path plus the file's device, inode, size and mtime, so a binary rebuilt
+    or replaced in place (a rename gives a new inode) is asked again, never judged by its
+    predecessor's answer. Failures are not remembered: a timeout on a loaded node may pass.
+    Thread-safe; two threads asking at once may both run ``-h`` (harmless, same answer).
+    Raises ``SidecarError`` (one line naming the path) when the binary cannot be run, does not
+    answer within ``HELP_TIMEOUT_SECONDS``, or prints no Go flag usage.
+    """
+    path = os.path.abspath(os.fspath(binary))
+    try:
+        key = _identity(path)
+    except OSError as error:
+        raise SidecarError(
+            f"'{path}': cannot read it ({error.strerror}); point sidecar.binary at a built h2-ping-sidecar"
+        ) from None
+    with _lock:
+        known = _cache.get(key)
+    if known is not None:
+        return known
+    flags = _ask(path)
+    with _lock:
+        _cache[key] = flags
+    return flags
+
+
+def forget() -> None:
+    """Drop every remembered answer (tests; a long-lived process that wants to re-ask)."""
+    with _lock:
+        _cache.clear()
+
+
+def _ask(path: str) -> BinaryFlags:
+    try:
+        # Own session: a terminal's Ctrl-C during the ask goes to the launcher, which decides.
+        result = subprocess.run(
+            [path, "-h"],
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            timeout=HELP_TIMEOUT_SECONDS,
+            start_new_session=True,
+            check=False,
+        )
+    except subprocess.TimeoutExpired:
+        raise SidecarError(
+            f"'{path}': no answer to -h within {HELP_TIMEOUT_SECONDS:g}s, so its flags are unknown; "
+            "point sidecar.binary at a built h2-ping-sidecar"
+        ) from None
+    except OSError as error:
+        raise SidecarError(
+            f"'{path}': cannot be run ({error.strerror}); point sidecar.binary at a built h2-ping-sidecar"
+        ) from None
+    text = result.stdout.decode("utf-8", errors="replace")
+    flags = parse_usage(path, text)
+    if not flags.accepted:
+        first = next((line.strip() for line in text.splitlines() if line.strip()), "no output")
+        raise SidecarError(
+            f"'{path}': -h printed no Go flag usage (exit {result.returncode}: {first[:120]}); "
+            "point sidecar.binary at a built h2-ping-sidecar"
+        )
+    return flags
+
+
+def filter_command(command: Sequence[str], flags: BinaryFlags) -> list[str]:
+    """``command`` (``sidecar_command``'s argv) without the flags ``flags`` does not accept.
+
+    Pure. ``command[0]`` is the binary and is kept; a dropped flag takes its value with it
+    (``-flag value`` or ``-flag=value``). Which settings may be dropped silently is decided by
+    :func:`refusals` and :func:`warnings`, which the caller checks first.
+    """
+    kept = [command[0]]
+    index = 1
+    while index < len(command):
+        token = command[index]
+        index += 1
+        if not token.startswith("-"):
+            kept.append(token)  # not ours to judge: positional arguments pass through
+            continue
+        name, has_inline_value = token.lstrip("-").split("=", 1)[0], "=" in token
+        value: list[str] = []
+        known = name in flags.accepted
+        takes_value = name not in _NO_VALUE_FLAGS and (not known or name in flags.takes_value)
+        if takes_value and not has_inline_value and index < len(command):
+            value = [command[index]]
+            index += 1
+        if known:
+            kept += [token, *value]
+    return kept
+
+
+def refusals(
+    config: H2PingSidecarConfig, instances: Sequence[SidecarInstanceConfig], flags: BinaryFlags
+) -> list[str]:
+    """One line per setting ``flags``' binary cannot honour; empty when it can run this config.
+
+    Pure. The caller raises these before anything starts (a refusal is bad config: exit 2):
+    a binary without ``-listen``/``-upstream``/``-ready-file`` is not a sidecar; a listen with
+    port 0 needs a ready file that names the bound port; ``ca_file`` needs ``-ca-file`` (passing
+    nothing would make every request fail certificate verification hours later, at the upstream).
+    """
+    lines = [
+        f"sidecar.binary: '{flags.path}' has no -{name} flag, so it is not an h2-ping-sidecar; "
+        f"point it at a built h2-ping-sidecar {_USE_OURS}"
+        for name in _REQUIRED_FLAGS
+        if name not in flags.accepted
+    ]
+    if not flags.reports_listen:
+        for index, instance in enumerate(instances):
+            if instance.listen_port == 0:
+                lines.append(
+                    f"sidecar.instances[{index}].listen: '{instance.listen}' picks a free port, but "
+                    f"'{flags.path}' writes only its pid to the ready file, so the port it bound "
+                    f"cannot be learned; give a fixed port {_USE_OURS}"
+                )
+    if config.ca_file and "ca-file" not in flags.accepted:
+        lines.append(
+            f"sidecar.ca_file: '{config.ca_file}' cannot be passed to '{flags.path}', which has no "
+            f"-ca-file flag; add the CA to the system roots and drop ca_file, {_USE_OURS}"
+        )
+    return lines
+
+
+def warnings(config: H2PingSidecarConfig, flags: BinaryFlags) -> list[str]:
+    """One line per setting that will be dropped with a visible cost; pure, print them and go on."""
+    lines = []
+    if config.exit_with_owner and "exit-with-pid" not in flags.accepted:
+        lines.append(
+            f"WARNING: sidecar.binary '{flags.path}' has no -exit-with-pid, so a sidecar whose "
+            "launcher is killed keeps running: only `sidecar-fsm reap` ends an orphan"
+        )
+    if "max-conn-age" not in flags.accepted and parse_duration_seconds(config.max_conn_age) > 0:
+        lines.append(
+            f"WARNING: sidecar.max_conn_age '{config.max_conn_age}' is ignored: sidecar.binary "
+            f"'{flags.path}' has no -max-conn-age, so upstream connections are never rotated"
+        )
+    return lines
+
+
+def check(
+    binary: str | os.PathLike[str], config: H2PingSidecarConfig, instances: Sequence[SidecarInstanceConfig]
+) -> tuple[BinaryFlags, list[str]]:
+    """Learn ``binary``'s flags and judge ``config`` against them: (flags, warnings to print).
+
+    The launcher's one call, before any process starts, for a ``sidecar.binary`` the user
+    named; each spawn then runs ``filter_command(sidecar_command(...), flags)``. The build
+    cache's binary needs no asking (which costs a process start): it is built from this
+    package's ``go/``, so it has every flag ``sidecar_command`` passes. Raises ``ConfigError``
+    with every refusal, one per line, the first being the one-line message; ``SidecarError``
+    when the binary cannot be asked. Read-only apart from the short ``-h`` run.
+    """
+    flags = binary_flags(binary)
+    refused = refusals(config, instances, flags)
+    if refused:
+        raise ConfigError("\n".join(refused))
+    return flags, warnings(config, flags)

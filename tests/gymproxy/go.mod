@@ -1,0 +1,3 @@
+module gymproxy
+
+go 1.24

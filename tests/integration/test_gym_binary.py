@@ -1,0 +1,331 @@
+"""A ``sidecar.binary`` built from NeMo Gym's sources: flags learned once, filtered, refused.
+
+Gym's proxy is stood in for by tests/gymproxy (Go, built here once per session): Gym's flags
+only, ``-h`` usage on stderr, a bare PID written in place into ``-ready-file``. Our own proxy is
+the real one from the build cache. Everything ``binaryflags`` learns it learns by running them.
+"""
+
+from __future__ import annotations
+
+import os
+import random
+import shutil
+import signal
+import subprocess
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from helpers import ProcessRegistry, http11_request, wait_until
+from omegaconf import OmegaConf
+
+from sidecar_fsm import binaryflags, procs
+from sidecar_fsm.binaryflags import BinaryFlags, binary_flags, filter_command, refusals, warnings
+from sidecar_fsm.config import H2PingSidecarConfig
+from sidecar_fsm.errors import ConfigError, SidecarError
+from sidecar_fsm.lab import TlsH2Origin
+from sidecar_fsm.supervise import sidecar_command
+
+GYMPROXY_SOURCES = Path(__file__).resolve().parents[1] / "gymproxy"
+GYM_FLAGS = frozenset(
+    {
+        "listen",
+        "upstream",
+        "ping-interval",
+        "ping-timeout",
+        "shutdown-grace",
+        "insecure-skip-verify",
+        "retry-body-limit",
+        "max-conn-age",
+        "ready-file",
+    }
+)
+ORPHAN_WARNING = "only `sidecar-fsm reap` ends an orphan"
+
+
+@pytest.fixture(scope="session")
+def gym_binary(go_tool: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """tests/gymproxy built once per session, as Gym builds its proxy (CGO off, -trimpath)."""
+    out = tmp_path_factory.mktemp("gymproxy") / "h2-ping-sidecar"
+    env = {**os.environ, "CGO_ENABLED": "0", "GOFLAGS": "-buildvcs=false", "GOTOOLCHAIN": "local"}
+    done = subprocess.run(
+        [str(go_tool), "build", "-trimpath", "-o", str(out), "."],
+        cwd=GYMPROXY_SOURCES,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+    return out
+
+
+@pytest.fixture(autouse=True)
+def _fresh_cache() -> Iterator[None]:
+    binaryflags.forget()
+    yield
+    binaryflags.forget()
+
+
+def _config(**sidecar: Any) -> H2PingSidecarConfig:
+    block = {
+        "enabled": True,
+        "instances": [{"name": "nvcf", "upstream": "https://localhost:8443"}],
+        **sidecar,
+    }
+    return H2PingSidecarConfig.model_validate(block)
+
+
+# --- learning the flags -----------------------------------------------------------------------
+
+
+def test_gyms_flags_are_learned_from_its_help(gym_binary: Path) -> None:
+    flags = binary_flags(gym_binary)
+    assert flags.accepted == GYM_FLAGS
+    assert flags.takes_value == GYM_FLAGS - {"insecure-skip-verify"}
+    assert flags.reports_listen is False
+
+
+def test_our_flags_are_learned_from_its_help(sidecar_binary: Path) -> None:
+    flags = binary_flags(sidecar_binary)
+    assert flags.accepted >= GYM_FLAGS | {"exit-with-pid", "ca-file"}
+    assert "insecure-skip-verify" not in flags.takes_value
+    assert flags.reports_listen is True
+
+
+def test_the_answer_is_remembered_until_the_file_changes(gym_binary: Path, tmp_path: Path) -> None:
+    binary = tmp_path / "h2-ping-sidecar"
+    shutil.copy2(gym_binary, binary)
+    first = binary_flags(binary)
+    assert binary_flags(binary) is first  # asked once
+    stat = binary.stat()
+    os.utime(binary, ns=(stat.st_atime_ns, stat.st_mtime_ns + 1_000_000_000))
+    touched = binary_flags(binary)
+    assert touched is not first and touched == first  # asked again, same answer
+    # Replaced in place by a rename (a rebuild): a new inode, asked again, the new answer.
+    replacement = tmp_path / "new"
+    shutil.copy2(gym_binary, replacement)
+    os.replace(replacement, binary)
+    assert binary_flags(binary) is not touched
+
+
+def test_a_binary_that_cannot_be_asked_is_one_line(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    missing = tmp_path / "missing"
+    with pytest.raises(SidecarError, match=rf"^'{missing}': cannot read it \(No such file or directory\)"):
+        binary_flags(missing)
+
+    not_executable = tmp_path / "not-executable"
+    not_executable.write_text("#!/bin/sh\n")
+    with pytest.raises(SidecarError, match=r"cannot be run \(Permission denied\)"):
+        binary_flags(not_executable)
+
+    silent = tmp_path / "silent"
+    silent.write_text("#!/bin/sh\necho 'not a flag parser'\nexit 1\n")
+    silent.chmod(0o755)
+    with pytest.raises(SidecarError, match=r"-h printed no Go flag usage \(exit 1: not a flag parser\)"):
+        binary_flags(silent)
+
+    hung = tmp_path / "hung"
+    hung.write_text("#!/bin/sh\nexec sleep 60\n")
+    hung.chmod(0o755)
+    monkeypatch.setattr(binaryflags, "HELP_TIMEOUT_SECONDS", 0.5)
+    with pytest.raises(SidecarError, match=r"no answer to -h within 0.5s"):
+        binary_flags(hung)
+    for error_text in (str(_raised(binary_flags, path)) for path in (missing, not_executable, silent, hung)):
+        assert "\n" not in error_text and error_text.endswith(
+            "point sidecar.binary at a built h2-ping-sidecar"
+        )
+
+
+def _raised(function: Callable[..., Any], *args: Any) -> BaseException:
+    try:
+        function(*args)
+    except BaseException as error:  # noqa: BLE001 - the point is to return it
+        return error
+    raise AssertionError(f"{function.__name__}{args} did not raise")
+
+
+# --- what follows for the argv and the config -------------------------------------------------
+
+
+def test_filter_drops_what_the_binary_lacks_and_keeps_the_rest_in_order(gym_binary: Path) -> None:
+    flags = binary_flags(gym_binary)
+    config = _config(ca_file="/ca.pem", insecure_skip_verify=True)
+    command = sidecar_command(str(gym_binary), config, config.instances[0], "/tmp/x.ready")
+    filtered = filter_command(command, flags)
+    assert filtered[0] == str(gym_binary)
+    names = [token.lstrip("-") for token in filtered[1:] if token.startswith("-")]
+    assert set(names) <= GYM_FLAGS and "ready-file" in names and "insecure-skip-verify" in names
+    # The kept tokens are the command's own, in its order, each value still after its flag.
+    kept = iter(command)
+    assert all(any(token == other for other in kept) for token in filtered)
+    assert filtered[filtered.index("-ready-file") + 1] == "/tmp/x.ready"
+    # Both spellings of a dropped flag go with their value; a dropped boolean takes nothing.
+    no_bool = BinaryFlags("b", GYM_FLAGS - {"insecure-skip-verify"}, GYM_FLAGS, False)
+    assert filter_command(["b", "-exit-with-pid=7", "-insecure-skip-verify", "-listen", "x"], no_bool) == [
+        "b",
+        "-listen",
+        "x",
+    ]
+
+
+def test_refusals_name_the_field_and_the_value(gym_binary: Path, sidecar_binary: Path) -> None:
+    gym, ours = binary_flags(gym_binary), binary_flags(sidecar_binary)
+    config = _config(
+        instances=[
+            {"name": "a", "upstream": "https://a.example.com", "listen": "127.0.0.1:1250"},
+            {"name": "b", "upstream": "https://b.example.com", "listen": "127.0.0.1:0"},
+        ],
+        ca_file="/etc/ca.pem",
+    )
+    lines = refusals(config, config.instances, gym)
+    assert len(lines) == 2
+    assert lines[0].startswith("sidecar.instances[1].listen: '127.0.0.1:0' picks a free port, but ")
+    assert lines[1].startswith(f"sidecar.ca_file: '/etc/ca.pem' cannot be passed to '{gym_binary}'")
+    assert all("\n" not in line and not line.endswith(".") for line in lines)
+    assert refusals(config, config.instances, ours) == []
+    assert refusals(_config(), _config().instances, gym) == []
+    # Something that is no sidecar at all.
+    other = BinaryFlags("/bin/other", frozenset({"v"}), frozenset(), False)
+    assert [line.split(" flag")[0] for line in refusals(_config(), [], other)] == [
+        "sidecar.binary: '/bin/other' has no -listen",
+        "sidecar.binary: '/bin/other' has no -upstream",
+        "sidecar.binary: '/bin/other' has no -ready-file",
+    ]
+
+
+def test_warnings_say_what_is_lost(gym_binary: Path, sidecar_binary: Path) -> None:
+    gym, ours = binary_flags(gym_binary), binary_flags(sidecar_binary)
+    (line,) = warnings(_config(), gym)
+    assert line.startswith("WARNING: ") and line.endswith(ORPHAN_WARNING)
+    assert warnings(_config(exit_with_owner=False), gym) == []
+    assert warnings(_config(), ours) == []
+    old_gym = BinaryFlags("/old", GYM_FLAGS - {"max-conn-age"}, GYM_FLAGS, False)
+    (line,) = warnings(_config(exit_with_owner=False), old_gym)
+    assert line.startswith("WARNING: sidecar.max_conn_age '50m' is ignored: ")
+    assert warnings(_config(exit_with_owner=False, max_conn_age="0s"), old_gym) == []
+
+
+def test_check_refuses_with_every_line_or_returns_the_warnings(gym_binary: Path) -> None:
+    flags, notes = binaryflags.check(gym_binary, _config(), _config().instances)
+    assert flags.accepted == GYM_FLAGS
+    assert len(notes) == 1 and notes[0].endswith(ORPHAN_WARNING)
+    config = _config(
+        instances=[{"upstream": "https://a.example.com", "listen": "127.0.0.1:0"}], ca_file="/ca.pem"
+    )
+    with pytest.raises(ConfigError) as refused:
+        binaryflags.check(gym_binary, config, config.instances)
+    first, second = str(refused.value).split("\n")
+    assert first.startswith("sidecar.instances[0].listen: '127.0.0.1:0' ")
+    assert second.startswith("sidecar.ca_file: '/ca.pem' ")
+
+
+# --- Gym's binary running ---------------------------------------------------------------------
+
+
+def _run_until_ready(argv_for: Callable[[str], list[str]], ready: Path, log: Path) -> tuple[Any, str]:
+    """Start Gym's proxy on a fixed port (it cannot report a ``:0`` one); another port if taken.
+
+    The child is whatever ``procs.spawn`` returns (it has ``poll``, ``wait``, ``send_signal``).
+    """
+    for port in random.sample(range(20000, 60000), 5):
+        listen = f"127.0.0.1:{port}"
+        child = procs.spawn(argv_for(listen), dict(os.environ), str(log))
+
+        def settled(child: Any = child) -> bool:
+            return child.poll() is not None or (
+                ready.exists() and ready.read_text().strip() == str(child.pid)
+            )
+
+        wait_until(settled, 20, "Gym's proxy to write its pid or exit")
+        if child.poll() is None:
+            return child, listen
+        assert "address already in use" in log.read_text(), log.read_text()
+    raise AssertionError("no free port in 5 tries")
+
+
+def test_gyms_binary_runs_the_filtered_command(
+    gym_binary: Path, tls_origin: TlsH2Origin, tmp_path: Path, process_registry: ProcessRegistry
+) -> None:
+    ready, log = tmp_path / "gym.ready", tmp_path / "gym.log"
+    config = _config(instances=[{"name": "lab", "upstream": tls_origin.url}], insecure_skip_verify=True)
+
+    # Unfiltered, our flags stop it before it binds: the reason filter_command exists.
+    unfiltered = sidecar_command(str(gym_binary), config, config.instances[0], str(ready))
+    done = subprocess.run(unfiltered, capture_output=True, text=True, timeout=30)
+    assert done.returncode == 2 and "flag provided but not defined: -exit-with-pid" in done.stderr
+    assert not ready.exists()
+
+    flags = binary_flags(gym_binary)
+
+    def argv_for(listen: str) -> list[str]:
+        instance = config.instances[0].model_copy(update={"listen": listen})
+        return filter_command(sidecar_command(str(gym_binary), config, instance, str(ready)), flags)
+
+    child, listen = _run_until_ready(argv_for, ready, log)
+    process_registry.add(child)
+    assert ready.read_text() == f"{child.pid}\n"  # Gym's ready file: a bare pid, no address
+    host, port = listen.rsplit(":", 1)
+    response = http11_request(host, int(port), "/echo", timeout=20)
+    assert response.status == 200
+    child.send_signal(signal.SIGTERM)
+    assert child.wait(20) == 0
+    assert not ready.exists()
+
+
+@pytest.mark.xfail(
+    strict=False,
+    reason="needs binaryflags wired into supervise.sidecar_command (lead, after py-core) and "
+    "py-core's bare-PID readiness",
+)
+def test_the_launcher_starts_gyms_binary(
+    gym_binary: Path, tls_origin: TlsH2Origin, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from sidecar_fsm.launcher import start_h2_ping_sidecar
+
+    port = random.randrange(20000, 60000)
+    gcd = OmegaConf.create(
+        {
+            "policy_model": {"responses_api_models": {"m": {"base_url": f"{tls_origin.url}/v1"}}},
+            "sidecar": {
+                "enabled": True,
+                "binary": str(gym_binary),
+                "instances": [{"name": "lab", "upstream": tls_origin.url, "listen": f"127.0.0.1:{port}"}],
+                "insecure_skip_verify": True,
+                "log_dir": str(tmp_path / "logs"),
+                "shutdown_grace": "5s",
+            },
+        }
+    )
+    manager = start_h2_ping_sidecar(gcd)
+    assert manager is not None
+    try:
+        assert ORPHAN_WARNING in capsys.readouterr().out
+        assert gcd.policy_model.responses_api_models.m.base_url == f"http://127.0.0.1:{port}/v1"
+        assert http11_request("127.0.0.1", port, "/echo", timeout=20).status == 200
+        manager.check()
+    finally:
+        manager.stop()
+    assert list((tmp_path / "logs").glob("*.ready")) == []
+
+
+@pytest.mark.xfail(strict=False, reason="needs binaryflags.refusals wired into the launcher (lead)")
+def test_the_launcher_refuses_port_0_for_gyms_binary_before_starting(
+    gym_binary: Path, tmp_path: Path
+) -> None:
+    from sidecar_fsm.launcher import start_h2_ping_sidecar
+
+    gcd = OmegaConf.create(
+        {
+            "sidecar": {
+                "enabled": True,
+                "binary": str(gym_binary),
+                "instances": [{"upstream": "https://localhost:8443", "listen": "127.0.0.1:0"}],
+                "log_dir": str(tmp_path / "logs"),
+            },
+        }
+    )
+    with pytest.raises(ValueError, match=r"sidecar.instances\[0\].listen: '127.0.0.1:0'"):
+        start_h2_ping_sidecar(gcd)
+    assert not (tmp_path / "logs").exists()

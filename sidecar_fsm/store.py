@@ -72,7 +72,9 @@ CHECKPOINT_EVERY_COMMITS = 200
 MIGRATION_LOCK_TIMEOUT_SECONDS = 120.0
 
 # The columns an event may set alongside the state (``fsm`` passes them as event arguments).
-FACT_COLUMNS = frozenset({"pid", "pid_start_time", "exit_code", "error", "restart_count", "listen", "binary"})
+FACT_COLUMNS = frozenset(
+    {"pid", "pid_start_time", "exit_code", "error", "restart_count", "listen", "binary", "metrics"}
+)
 
 RUN_OUTCOMES = frozenset({"ended", "failed", "reaped"})
 
@@ -115,6 +117,10 @@ class InstanceRecord:
     exit_code: int | None
     error: str | None
     restart_count: int
+    # The proxy's /metrics listener (host:port), recorded by the ``ready`` event; None when the
+    # instance runs without metrics or has not been ready yet. Defaulted, so a record built by
+    # hand (a test, another tool) from the columns of schema 2 still type-checks.
+    metrics: str | None = None
 
 
 class NewInstance(NamedTuple):

@@ -172,6 +172,8 @@ def test_migrating_an_older_database_to_the_latest_loses_nothing(tmp_path: Path,
         assert migrated.get_run("old-run") is not None
         policy = migrated.get_instance(1)
         assert policy is not None and policy.state == "ready" and policy.restart_count == 0
+        # Columns added after ``step`` read as "not recorded" for the old rows.
+        assert policy.metrics is None
         assert [h.event for h in migrated.history(1)] == ["build", "spawn", "ready"]
         # An instance from the old database carries on under the new code.
         InstanceMachine(migrated, 1, state=policy.state).fire("restart", restart_count=1)
@@ -313,6 +315,27 @@ def test_record_transition_checks_the_source_and_the_facts(store: Store) -> None
 
     assert store.get_instance(instance.id) == instance
     assert store.history(instance.id) == []
+
+
+def test_ready_records_the_listen_and_metrics_addresses(store: Store) -> None:
+    store.create_run("r", owner_pid=1, owner_start_time=None, config_summary={})
+    with_metrics = store.create_instance("r", "a", "127.0.0.1:0", "https://x.example.com", None, None, None)
+    without = store.create_instance("r", "b", "127.0.0.1:0", "https://x.example.com", None, None, None)
+    for record, facts in ((with_metrics, {"metrics": "127.0.0.1:40001"}), (without, {})):
+        machine = InstanceMachine(store, record.id)
+        machine.fire("build")
+        machine.fire("spawn", pid=41, pid_start_time=1.5)
+        machine.fire("ready", listen="127.0.0.1:40000", **facts)
+
+    ready = store.get_instance(with_metrics.id)
+    assert ready is not None
+    assert (ready.state, ready.listen, ready.metrics) == ("ready", "127.0.0.1:40000", "127.0.0.1:40001")
+    assert store.instances_of("r")[1].metrics is None
+    # A restarted proxy binds a new metrics port: the next ready event overwrites the address.
+    machine = InstanceMachine(store, with_metrics.id, state="ready")
+    machine.fire("restart", restart_count=1)
+    machine.fire("ready", listen="127.0.0.1:40000", metrics="127.0.0.1:40002")
+    assert store.get_instance(with_metrics.id).metrics == "127.0.0.1:40002"  # type: ignore[union-attr]
 
 
 def test_transaction_commits_the_group_at_once_or_not_at_all(store: Store) -> None:

@@ -12,8 +12,7 @@ from typing import Any
 
 import pytest
 
-from sidecar_fsm import resources
-from sidecar_fsm import store as store_module
+from sidecar_fsm import dbfile, resources
 from sidecar_fsm.errors import SchemaTooNewError, SidecarError
 from sidecar_fsm.fsm import InstanceMachine
 from sidecar_fsm.store import (
@@ -196,8 +195,8 @@ def copy_migrations(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, extra: dict
     for name, text in extra.items():
         (directory / name).write_text(text)
     monkeypatch.setattr(resources, "MIGRATIONS_DIR", directory)
-    store_module.schema_version.cache_clear()
-    monkeypatch.setattr(store_module, "schema_version", lambda: len(load_migrations()))
+    # Not cache_clear(): the cache would keep this test's version after the directory is restored.
+    monkeypatch.setattr(dbfile, "schema_version", lambda: len(load_migrations()))
 
 
 def test_a_failing_step_rolls_back_and_keeps_the_version(
@@ -431,7 +430,7 @@ def test_open_all_hosts_reads_every_host(tmp_path: Path) -> None:
 
 
 def test_the_wal_is_checkpointed_while_writing(store: Store) -> None:
-    # Auto-checkpoint is off (it would run inside the writers' turn); Store checkpoints itself.
+    # SQLite's auto-checkpoint (after a commit, outside the write lock) keeps the WAL bounded.
     store.create_run("r", owner_pid=1, owner_start_time=None, config_summary={})
     machines = [
         InstanceMachine(
@@ -447,3 +446,24 @@ def test_the_wal_is_checkpointed_while_writing(store: Store) -> None:
     assert wal.stat().st_size < 8 * 1024 * 1024
     store.close()
     assert not wal.exists()  # the last connection to close folds the WAL into the file
+
+
+def test_opening_the_database_again_keeps_this_process_locks_on_it(tmp_path: Path) -> None:
+    # Closing any descriptor of a file drops every POSIX lock this process holds on it, SQLite's
+    # too. Its shared lock on the database keeps another process's last close from folding and
+    # deleting the WAL this connection still writes to (lost commits). A second open in the same
+    # process (the CLI, another run) must not read the file behind SQLite's back.
+    with Store.open(tmp_path, host="node1") as first:
+        first.list_runs()
+        inode = os.stat(first.path).st_ino
+
+        def our_locks() -> list[str]:
+            with open("/proc/locks", encoding="ascii") as table:
+                return [line for line in table if f":{inode} " in line and f" {os.getpid()} " in line]
+
+        held = our_locks()
+        assert held, "SQLite holds no lock on the database: nothing to check"
+        Store.open(tmp_path, host="node1").close()
+        for reader in open_all_hosts(tmp_path):
+            reader.close()
+        assert our_locks() == held

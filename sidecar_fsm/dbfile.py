@@ -122,7 +122,7 @@ def open_for_writing(log_dir: str | Path, host: str) -> tuple[Path, sqlite3.Conn
         _check_writable(path)
         if not os.path.lexists(path):
             _create(path)
-        return path, _connect(path, migrate=True)
+        return path, _connect(path)
     except BaseException:
         for directory in reversed(made):
             try:
@@ -135,13 +135,17 @@ def open_for_writing(log_dir: str | Path, host: str) -> tuple[Path, sqlite3.Conn
 def open_for_reading(path: Path) -> sqlite3.Connection:
     """A connection to an existing database (any host's), migrated if older; raises like writing.
 
-    Migrations only add, so an older launcher still writing the file keeps working.
+    Migrations only add, so an older launcher still writing the file keeps working. On a
+    read-only filesystem (a log dir mounted read-only to inspect a crashed job) a database at
+    the current schema is read as it is: nothing there can change it.
     """
     if not path.is_file():
         if os.path.lexists(path):
             raise UnusableStateError(f"{path}: not a regular file; move it away or use another --log-dir")
         raise UnusableStateError(f"{path}: no such state database; check --log-dir")
-    return _connect(path, migrate=True)
+    if _not_writable_reason(path) == "read-only filesystem":
+        return _connect(path, immutable=True)
+    return _connect(path)
 
 
 def database_files(log_dir: str | Path) -> list[Path]:
@@ -278,15 +282,26 @@ def _create(path: Path) -> None:
                 os.unlink(f"{temp}{suffix}")
 
 
-def _connect(path: Path, migrate: bool) -> sqlite3.Connection:
-    """Open ``path`` after checking it is a database of ours no newer than this code; migrate it."""
+def _connect(path: Path, immutable: bool = False) -> sqlite3.Connection:
+    """Open ``path`` after checking it is a database of ours no newer than this code; migrate it.
+
+    ``immutable``: read a file on a read-only filesystem without the WAL index SQLite cannot
+    create there; refused when a WAL with commits not yet in the file lies beside it (they
+    would be missed) or when the schema is older (it cannot be migrated there).
+    """
     latest = schema_version()
     # The header check needs no SQLite handle: a refused database gets no -wal/-shm files and
     # no checkpoint, so it stays byte-for-byte what was there.
     _refuse_if_newer(path, _header_schema_version(path), latest)
+    if immutable and os.path.exists(f"{path}-wal") and os.path.getsize(f"{path}-wal") > 0:
+        raise UnusableStateError(
+            f"{path}: read-only filesystem with a WAL still beside the database; mount it "
+            "read-write once so SQLite can fold it in"
+        )
+    target, uri = (f"{path.resolve().as_uri()}?immutable=1", True) if immutable else (str(path), False)
     try:
         conn = sqlite3.connect(
-            str(path), timeout=BUSY_TIMEOUT_SECONDS, isolation_level=None, check_same_thread=False
+            target, timeout=BUSY_TIMEOUT_SECONDS, isolation_level=None, check_same_thread=False, uri=uri
         )
     except sqlite3.Error as exc:
         raise storage_error(path, exc, UnusableStateError) from None
@@ -305,7 +320,12 @@ def _connect(path: Path, migrate: bool) -> sqlite3.Connection:
                 f"{path}: not a sidecar-fsm database (it has tables {', '.join(sorted(tables)[:5])}); "
                 "move it away or use another --log-dir"
             )
-        if migrate and (version < latest or _journal_mode(conn) != "wal"):
+        if immutable and version < latest:
+            raise UnusableStateError(
+                f"{path}: schema {version} is older than this sidecar-fsm ({latest}) and the "
+                "filesystem is read-only; read it with the sidecar-fsm that wrote it"
+            )
+        if not immutable and (version < latest or _journal_mode(conn) != "wal"):
             _set_wal(conn, path)
             _migrate(conn, path)
         conn.execute("PRAGMA synchronous=NORMAL")

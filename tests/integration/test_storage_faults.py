@@ -236,12 +236,32 @@ def test_a_read_only_filesystem(make_tmpfs: Callable[..., Path]) -> None:
 
     point = make_tmpfs("4m")
     db = made_db(point)
+    # A copy taken while a writer had commits in its WAL, as a crash leaves it.
+    stale = point / "stale" / "sidecar-fsm"
+    stale.mkdir(parents=True)
+    writer = sqlite3.connect(db)
+    try:
+        writer.execute("PRAGMA wal_autocheckpoint = 0")
+        writer.execute("UPDATE runs SET outcome = 'ended', ended_at = 2.0")
+        writer.commit()
+        for suffix in ("", "-wal"):
+            shutil.copyfile(f"{db}{suffix}", f"{stale / db.name}{suffix}")
+    finally:
+        writer.close()
     remount(point, "ro")
     before = snapshot(point)
     with pytest.raises(UnusableStateError) as refused:
         Store.open(point, host=HOST)
     assert_one_line(refused.value, db, "read-only filesystem; use another --log-dir")
-    assert_refused_by_cli(point, str(db))
+    # Reading needs no write: a log dir mounted read-only after a job can still be inspected.
+    result = cli_status(point)
+    assert result.returncode == 0 and "r1" in result.stdout, (result.stdout, result.stderr)
+    with Store.open_existing(db) as reader:
+        assert [run.run_id for run in reader.list_runs()] == ["r1"]
+    # Unless commits wait in a WAL that only a writable mount lets SQLite read: refused, not missed.
+    with pytest.raises(UnusableStateError) as refused:
+        Store.open_existing(stale / db.name)
+    assert_one_line(refused.value, stale / db.name, "read-only filesystem with a WAL still beside")
     assert snapshot(point) == before
 
 

@@ -15,6 +15,8 @@ once never see a half-made file: the link of the second fails, and it opens the 
 Migrations of an existing database run in one ``BEGIN IMMEDIATE`` transaction: SQLite's write
 lock (a lock on the database's files) serializes the processes that open an old database at
 once, and the version is read again inside the transaction, so a step is never applied twice.
+
+Past 400 lines because each way a file can be unusable needs its own check and its own line.
 """
 
 from __future__ import annotations

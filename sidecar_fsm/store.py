@@ -2,7 +2,8 @@
 
 Owns every write (runs, instances, transitions) and every query of ``<log_dir>/sidecar-fsm/<host>.db``;
 ``dbfile`` owns the file itself (where it lives, refusing one that cannot be used, creating and
-migrating it), split off so each reads in one sitting. Must not decide state changes: ``fsm``
+migrating it), split off so each reads in one sitting (this one runs past 400 lines because the
+record types sit beside the queries that return them). Must not decide state changes: ``fsm``
 decides, and ``record_transition`` only checks the expected source state and stores what it was
 told. Must not inspect or signal processes (whether a run's owner is alive is ``procs``' call,
 from the pid and start time stored here), and never stores a URL with userinfo or a query string.
@@ -499,7 +500,7 @@ def _insert(db: sqlite_utils.Database, table: str, row: Mapping[str, Any]) -> in
     """INSERT ``row`` into ``table`` (names from this module only); returns the new rowid.
 
     Plain SQL rather than ``Table.insert``: sqlite-utils introspects the table's schema on every
-    insert (0.28 ms of a launcher's warm start per instance, inside the writers' lock).
+    insert (0.28 ms of a launcher's warm start per instance, inside the write lock).
     """
     names = ", ".join(row)
     marks = ", ".join("?" for _ in row)

@@ -2,10 +2,15 @@
 and the inspection queries against a database holding 100,000 history rows.
 
     .venv/bin/python bench/store.py [--transitions N] [--writers 8] [--history-rows 100000]
-                                    [--repeat 200] [--out bench/results/store.md] [--no-readme]
+                                    [--repeat 200] [--baseline DIR] [--out bench/results/store.md]
+                                    [--no-readme]
 
-Targets (issue 3): >= 2,000 persisted transitions/s from one process; 8 concurrent processes
-together no slower than one; listing live runs and one instance's history < 10 ms each.
+Targets (issues 3, 14): >= 2,000 persisted transitions/s from one process; 8 concurrent processes
+together >= 0.7x the throughput of one; listing live runs and one instance's history < 10 ms each.
+
+``--baseline DIR`` (a checkout of another revision, e.g. ``git archive REV | tar -x -C DIR``) runs
+that revision's store in the same rounds, interleaved with this one's, so a before/after ratio
+is measured under the same load.
 
 Every transition goes through ``InstanceMachine.fire`` -> ``Store.record_transition`` (one
 ``BEGIN IMMEDIATE`` transaction each, as in production). Writers are this file run as
@@ -31,8 +36,11 @@ from pathlib import Path
 from typing import Any
 
 REPO = Path(__file__).resolve().parents[1]
-if str(REPO) not in sys.path:
-    sys.path.insert(0, str(REPO))
+# A writer of the --baseline revision imports that checkout's sidecar_fsm instead of this one's.
+CODE = Path(os.environ.get("BENCH_STORE_CODE", REPO))
+for entry in (str(REPO), str(CODE)):
+    if entry not in sys.path:
+        sys.path.insert(0, entry)
 
 from bench.readme import results_path, update_readme  # noqa: E402
 from sidecar_fsm.fsm import InstanceMachine  # noqa: E402
@@ -55,29 +63,32 @@ def writer(log_dir: str, tag: str, transitions: int) -> None:
     ]
     print("ready", flush=True)
     sys.stdin.readline()
-    started = time.perf_counter()
+    started, cpu = time.perf_counter(), time.process_time()
     for event in LIFECYCLE:
         facts: dict[str, Any] = {"pid": os.getpid()} if event == "spawn" else {}
         for machine in machines:
             machine.fire(event, **facts)
-    print(f"{time.perf_counter() - started:.6f}", flush=True)
+    print(f"{time.perf_counter() - started:.6f} {time.process_time() - cpu:.6f}", flush=True)
     store.close()
 
 
-def run_writers(count: int, transitions: int) -> tuple[float, list[float]]:
-    """Wall time from the barrier to the last writer's end, and each writer's own time.
+def run_writers(count: int, transitions: int, code: Path = REPO) -> tuple[float, float]:
+    """Wall time from the barrier to the last writer's end, and the CPU time all writers used.
 
-    ``count`` writers, each ``transitions`` transitions, on one fresh database.
+    ``count`` writers, each ``transitions`` transitions, on one fresh database, running the store
+    of the checkout at ``code``.
     """
     with tempfile.TemporaryDirectory(prefix="bench-store-") as log_dir:
+        env = {**os.environ, "BENCH_STORE_CODE": str(code)}
         # The database exists before the writers start: their shared open is not what is timed.
-        Store.open(log_dir, host=HOST).close()
+        subprocess.run([sys.executable, __file__, "create", log_dir], env=env, check=True)
         procs = [
             subprocess.Popen(
                 [sys.executable, __file__, "writer", log_dir, f"w{n}", str(transitions)],
                 stdin=subprocess.PIPE,
                 stdout=subprocess.PIPE,
                 text=True,
+                env=env,
             )
             for n in range(count)
         ]
@@ -91,10 +102,10 @@ def run_writers(count: int, transitions: int) -> tuple[float, list[float]]:
                 assert proc.stdin is not None
                 proc.stdin.write("go\n")
                 proc.stdin.flush()
-            own = []
+            cpu = 0.0
             for proc in procs:
                 assert proc.stdout is not None
-                own.append(float(proc.stdout.readline()))
+                cpu += float(proc.stdout.readline().split()[1])
             wall = time.perf_counter() - started
         finally:
             for proc in procs:
@@ -106,7 +117,7 @@ def run_writers(count: int, transitions: int) -> tuple[float, list[float]]:
             stored = conn.execute("SELECT count(*) FROM transitions").fetchone()[0]
         if stored != count * (transitions // len(LIFECYCLE)) * len(LIFECYCLE):
             raise SystemExit(f"bench: {stored} transitions stored; expected every one")
-        return wall, own
+        return wall, cpu
 
 
 def fill(log_dir: str, history_rows: int) -> tuple[Store, list[int]]:
@@ -189,15 +200,31 @@ def main() -> None:
         "--out", type=Path, default=results_path("store"), help="full report (default bench/results/store.md)"
     )
     parser.add_argument("--no-readme", action="store_true", help="do not write the figures into README.md")
+    parser.add_argument(
+        "--baseline", type=Path, help="a checkout of another revision, measured in the same rounds"
+    )
     args = parser.parse_args()
     command = shlex.join([".venv/bin/python", "bench/store.py", *sys.argv[1:]])
 
     # Alternating rounds, so a burst of load from elsewhere on the machine hits both sides.
     load_before = os.getloadavg()[0]
     singles, togethers = [], []
+    old_singles: list[float] = []
+    old_togethers: list[float] = []
+    # CPU microseconds per transition of the N-writer rounds: what waiting costs besides the work.
+    cpu_us: list[float] = []
+    old_cpu_us: list[float] = []
+    total = args.writers * args.transitions
     for _ in range(args.rounds):
         singles.append(args.transitions / run_writers(1, args.transitions)[0])
-        togethers.append(args.writers * args.transitions / run_writers(args.writers, args.transitions)[0])
+        wall, cpu = run_writers(args.writers, args.transitions)
+        togethers.append(total / wall)
+        cpu_us.append(cpu / total * 1e6)
+        if args.baseline is not None:
+            old_singles.append(args.transitions / run_writers(1, args.transitions, args.baseline)[0])
+            wall, cpu = run_writers(args.writers, args.transitions, args.baseline)
+            old_togethers.append(total / wall)
+            old_cpu_us.append(cpu / total * 1e6)
     single, together = statistics.median(singles), statistics.median(togethers)
     ratio = statistics.median(t / s for s, t in zip(singles, togethers, strict=True))
 
@@ -214,8 +241,14 @@ def main() -> None:
         (
             f"transitions/s, {args.writers} processes together",
             f"{together:,.0f} ({ratio:.2f}x of 1, median per-round ratio)",
-            ">= 1x of 1 process",
-            ratio >= 1,
+            ">= 0.7x of 1 process",
+            ratio >= 0.7,
+        ),
+        (
+            f"CPU us per transition, {args.writers} processes together",
+            f"{statistics.median(cpu_us):,.0f}",
+            "-",
+            True,
         ),
         (
             f"list live runs ({live} live) ms, median / p95",
@@ -240,6 +273,36 @@ def main() -> None:
         f"Python {platform.python_version()}, SQLite {sqlite3.sqlite_version}, "
         f"{time.strftime('%Y-%m-%d %H:%M', time.gmtime())} UTC"
     )
+    if args.baseline is not None:
+        old_ratio = statistics.median(t / s for s, t in zip(old_singles, old_togethers, strict=True))
+        baseline = f"baseline {args.baseline.name}"
+        rows += [
+            (
+                f"{baseline}: transitions/s, 1 process",
+                f"{statistics.median(old_singles):,.0f} (this one: "
+                f"{statistics.median(n / o for n, o in zip(singles, old_singles, strict=True)):.2f}x)",
+                "-",
+                True,
+            ),
+            (
+                f"{baseline}: transitions/s, {args.writers} processes together",
+                f"{statistics.median(old_togethers):,.0f} ({old_ratio:.2f}x of 1; this one: "
+                f"{statistics.median(n / o for n, o in zip(togethers, old_togethers, strict=True)):.2f}x)",
+                "-",
+                True,
+            ),
+            (
+                f"{baseline}: CPU us per transition, {args.writers} processes together",
+                f"{statistics.median(old_cpu_us):,.0f}",
+                "-",
+                True,
+            ),
+        ]
+        context += (
+            "; baseline rounds interleaved with these "
+            f"(1 process: {', '.join(f'{v:,.0f}' for v in old_singles)}; "
+            f"{args.writers} together: {', '.join(f'{v:,.0f}' for v in old_togethers)})"
+        )
     width = max(len(r[0]) for r in rows)
     value_width = max(len(r[1]) for r in rows)
     print(f"$ {command}")
@@ -265,5 +328,7 @@ def main() -> None:
 if __name__ == "__main__":
     if len(sys.argv) > 1 and sys.argv[1] == "writer":
         writer(sys.argv[2], sys.argv[3], int(sys.argv[4]))
+    elif len(sys.argv) > 1 and sys.argv[1] == "create":
+        Store.open(sys.argv[2], host=HOST).close()
     else:
         main()

@@ -16,7 +16,15 @@ class ConfigError(SidecarError, ValueError):
     """A config value, flag or argument is invalid; nothing was started or changed."""
 
 
-class SchemaTooNewError(SidecarError):
+class UnusableStateError(ConfigError):
+    """The log dir or state database cannot be used (a path through a file, no permission, a
+    read-only or full filesystem, a foreign or corrupt file); nothing was created or changed.
+
+    A ``ConfigError``: the remedy is another ``--log-dir`` / ``log_dir`` (the CLI exits 2).
+    """
+
+
+class SchemaTooNewError(UnusableStateError):
     """The state database was written by a newer sidecar-fsm; it is refused and left untouched."""
 
 

@@ -1,21 +1,23 @@
-"""The per-host state database: the only code that speaks SQL.
+"""The per-host state database's rows: with ``dbfile``, the only code that speaks SQL.
 
-Owns ``<log_dir>/sidecar-fsm/<host>.db``: opening it, applying ``migrations/`` in order under a
-file lock, refusing a database written by a newer sidecar-fsm, every write (runs, instances,
-transitions) and every query. Must not decide state changes: ``fsm`` decides, and
-``record_transition`` only checks the expected source state and stores what it was told. Must not
-inspect or signal processes (whether a run's owner is alive is ``procs``' call, from the pid and
-start time stored here), and never stores a URL with userinfo or a query string.
+Owns every write (runs, instances, transitions) and every query of ``<log_dir>/sidecar-fsm/<host>.db``;
+``dbfile`` owns the file itself (where it lives, refusing one that cannot be used, creating and
+migrating it), split off so each reads in one sitting (this one runs past 400 lines because the
+record types sit beside the queries that return them). Must not decide state changes: ``fsm``
+decides, and ``record_transition`` only checks the expected source state and stores what it was
+told. Must not inspect or signal processes (whether a run's owner is alive is ``procs``' call,
+from the pid and start time stored here), and never stores a URL with userinfo or a query string.
 
 Concurrency: several launchers, reapers and CLI readers on one host share the file. The journal
 is WAL (readers never block the writer). Every write is one ``BEGIN IMMEDIATE`` transaction: the
 write lock is taken up front, so a transaction never fails half-way with ``SQLITE_BUSY_SNAPSHOT``
-when it upgrades from reading to writing. A writer takes a free lock at once, retries a held one
-for a millisecond, then queues on a ``flock`` (``_WriterQueue``) where only the head retries,
-within a deadline (``Store._begin_immediate``); checkpoints run after the commit that released the lock
-(``Store._checkpoint``). ``synchronous=NORMAL``: a commit survives the process being killed at
-any instant; only an OS crash or power loss can lose the last commits, never corrupt the file,
-and then every process those commits describe is gone as well.
+when it upgrades from reading to writing, and a writer that finds the lock held waits in
+SQLite's own busy handler (``dbfile.BUSY_TIMEOUT_SECONDS``). ``synchronous=NORMAL``: a commit
+survives the process being killed at any instant; only an OS crash or power loss can lose the
+last commits, never corrupt the file, and then every process those commits describe is gone as
+well. Opening, creating, migrating and refusing the file is ``dbfile``'s; a write or read that
+fails because of the file or its filesystem (full, read-only, corrupt) raises ``SidecarError``
+with one line naming the database, and a failed write is rolled back whole.
 
 A ``Store`` is safe to share between threads (one connection behind a lock) but not across
 ``fork``: open a new one in the child.
@@ -23,11 +25,7 @@ A ``Store`` is safe to share between threads (one connection behind a lock) but 
 
 from __future__ import annotations
 
-import contextlib
-import errno
-import fcntl
 import json
-import os
 import re
 import sqlite3
 import threading
@@ -35,49 +33,46 @@ import time
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
-from functools import lru_cache
 from pathlib import Path
 from types import TracebackType
-from typing import Any, Literal, NamedTuple
+from typing import Any, Literal, NamedTuple, NoReturn
 
-import filelock
 import sqlite_utils
 
-from sidecar_fsm import resources
-from sidecar_fsm.errors import SchemaTooNewError, SidecarError
+from sidecar_fsm import dbfile
+from sidecar_fsm.dbfile import (  # re-exported: callers and tests know them as store's
+    DB_DIR_NAME,
+    Migration,
+    database_path,
+    load_migrations,
+    schema_version,
+)
+from sidecar_fsm.errors import SidecarError
 from sidecar_fsm.hostname import host_name
 from sidecar_fsm.urls import redact_url
 
-DB_DIR_NAME = "sidecar-fsm"
-
-# SQLite's busy handler while a database is opened and migrated. Afterwards the connection's
-# timeout is 0 and this module waits itself (``Store._begin_immediate``, ``Store._rows``): the
-# handler's first sleep is a whole millisecond, twenty times what a transition holds the lock.
-BUSY_TIMEOUT_SECONDS = 30.0
-
-# How long a write waits for SQLite's write lock, and a read for the rare SQLITE_BUSY of a WAL
-# reader (a WAL being recovered after a crash, a checkpoint resetting it), before giving up.
-# Writes hold the lock for well under a millisecond, so this is only reached when a process is stuck.
-WRITE_DEADLINE_SECONDS = 60.0
-FIRST_RETRY_PAUSE_SECONDS = 0.00005
-LAST_RETRY_PAUSE_SECONDS = 0.01
-# How long a writer retries a held write lock before it queues (``Store._begin_immediate``).
-SPIN_SECONDS = 0.001
-
-# Commits of one connection between two checkpoints; about SQLite's default of 1000 WAL pages,
-# at 4-5 pages per transition.
-CHECKPOINT_EVERY_COMMITS = 200
-
-# Migrating a large database builds indexes; no healthy migration takes this long.
-MIGRATION_LOCK_TIMEOUT_SECONDS = 120.0
+__all__ = [
+    "DB_DIR_NAME",
+    "FACT_COLUMNS",
+    "InstanceRecord",
+    "Migration",
+    "NewInstance",
+    "RunRecord",
+    "Store",
+    "TransitionRecord",
+    "database_path",
+    "load_migrations",
+    "open_all_hosts",
+    "schema_version",
+]
 
 # The columns an event may set alongside the state (``fsm`` passes them as event arguments).
-FACT_COLUMNS = frozenset({"pid", "pid_start_time", "exit_code", "error", "restart_count", "listen", "binary"})
+FACT_COLUMNS = frozenset(
+    {"pid", "pid_start_time", "exit_code", "error", "restart_count", "listen", "binary", "metrics"}
+)
 
 RUN_OUTCOMES = frozenset({"ended", "failed", "reaped"})
 
-_SQLITE_MAGIC = b"SQLite format 3\x00"
-_MIGRATION_NAME = re.compile(r"(\d{4})_[a-z0-9_]+\.sql")
 # A URL inside free text (an error, a log line): everything up to whitespace or a quote.
 _URL_IN_TEXT = re.compile(r"[A-Za-z][A-Za-z0-9+.-]*://[^\s\"'<>]+")
 
@@ -115,6 +110,10 @@ class InstanceRecord:
     exit_code: int | None
     error: str | None
     restart_count: int
+    # The proxy's /metrics listener (host:port), recorded by the ``ready`` event; None when the
+    # instance runs without metrics or has not been ready yet. Defaulted, so a record built by
+    # hand (a test, another tool) from the columns of schema 2 still type-checks.
+    metrics: str | None = None
 
 
 class NewInstance(NamedTuple):
@@ -141,50 +140,6 @@ class TransitionRecord:
     detail: str | None
 
 
-@dataclass(frozen=True)
-class Migration:
-    """One schema step: ``migrations/NNNN_name.sql``; applying it sets the schema version to ``step``."""
-
-    step: int
-    path: Path
-
-
-def database_path(log_dir: str | Path, host: str | None = None) -> Path:
-    """``<log_dir>/sidecar-fsm/<host>.db``: one file per host, so hosts never share a SQLite file.
-
-    ``host`` defaults to ``hostname.host_name()`` (``$SIDECAR_FSM_HOST`` or the machine's name),
-    the name ``reap --ray`` uses for each node, so every command agrees on "this host's" file.
-    """
-    return Path(log_dir) / DB_DIR_NAME / f"{host or host_name()}.db"
-
-
-def load_migrations(directory: Path | None = None) -> list[Migration]:
-    """The schema steps in ``directory`` (default: the packaged ``migrations/``), in order.
-
-    Read-only. Raises ``SidecarError`` when the steps are not numbered 1, 2, ... without gaps or
-    duplicates: applying a broken sequence could skip a step forever.
-    """
-    directory = resources.MIGRATIONS_DIR if directory is None else directory
-    steps = []
-    for path in sorted(directory.glob("*.sql")):
-        match = _MIGRATION_NAME.fullmatch(path.name)
-        if match is None:
-            raise SidecarError(f"{path}: '{path.name}' is not a migration name; use NNNN_words.sql")
-        steps.append(Migration(int(match.group(1)), path))
-    numbers = [m.step for m in steps]
-    if numbers != list(range(1, len(steps) + 1)):
-        raise SidecarError(
-            f"{directory}: migration steps {numbers} are not 1..N without gaps; fix the package"
-        )
-    return steps
-
-
-@lru_cache(maxsize=1)
-def schema_version() -> int:
-    """The schema version this code writes: the highest step in ``migrations/``."""
-    return len(load_migrations())
-
-
 class Store:
     """An open state database. Use ``Store.open`` (writers) or ``Store.open_existing`` (readers).
 
@@ -198,8 +153,6 @@ class Store:
         # behind our back, so BEGIN IMMEDIATE below is the only way a write transaction starts.
         self._db = sqlite_utils.Database(conn, recursive_triggers=False, execute_plugins=False)
         self._lock = threading.RLock()
-        self._writers = _WriterQueue(Path(f"{path}.writers"))
-        self._uncheckpointed = 0
         # Writes open inside the current transaction() on the thread holding self._lock; a
         # nested write joins that transaction through a savepoint instead of committing alone.
         self._nesting = 0
@@ -210,58 +163,28 @@ class Store:
     def open(cls, log_dir: str | Path, host: str | None = None) -> Store:
         """Open (creating it and its directory if needed) and migrate this host's database.
 
-        Raises ``SchemaTooNewError`` before anything is written when a newer sidecar-fsm made the
-        database, and ``SidecarError`` when the file is not a SQLite database.
+        Raises ``UnusableStateError`` (a ``SidecarError``) with one line naming the database and
+        the reason when the log dir or the file cannot be used (see ``dbfile``), before anything
+        is created, and ``SchemaTooNewError`` (one of those) when a newer sidecar-fsm made it.
         """
         host = host or host_name()
-        path = database_path(log_dir, host)
-        path.parent.mkdir(parents=True, exist_ok=True)
-        return cls._open(path, host)
+        path, conn = dbfile.open_for_writing(log_dir, host)
+        return cls(path, host, conn)
 
     @classmethod
     def open_existing(cls, path: str | Path) -> Store:
-        """Open an existing database (any host's), for reading; refuses a newer schema like ``open``.
+        """Open an existing database (any host's), for reading; refuses what ``open`` refuses.
 
         A database made by an older sidecar-fsm is migrated first (the queries need the current
         columns); migrations only add, so an older launcher still writing it keeps working.
         """
         path = Path(path)
-        if not path.is_file():
-            raise SidecarError(f"{path}: no such state database; check --log-dir")
-        return cls._open(path, path.stem)
-
-    @classmethod
-    def _open(cls, path: Path, host: str) -> Store:
-        latest = schema_version()
-        # The header check needs no SQLite handle: a refused database gets no -wal/-shm files and
-        # no checkpoint, so it stays byte-for-byte what the newer sidecar-fsm left.
-        _refuse_if_newer(path, _header_schema_version(path), latest)
-        conn = sqlite3.connect(
-            str(path), timeout=BUSY_TIMEOUT_SECONDS, isolation_level=None, check_same_thread=False
-        )
-        try:
-            # The header can lag behind a WAL that a running newer process has not checkpointed,
-            # so the version is read again through SQLite before anything is written.
-            version = _user_version(conn)
-            _refuse_if_newer(path, version, latest)
-            if version < latest or _journal_mode(conn) != "wal":
-                _migrate_locked(conn, path, latest)
-            conn.execute("PRAGMA synchronous=NORMAL")
-            conn.execute("PRAGMA foreign_keys=ON")
-            conn.execute("PRAGMA wal_autocheckpoint=0")  # Store._checkpoint does it, after the commit
-            conn.execute("PRAGMA busy_timeout=0")  # waits are this module's (see BUSY_TIMEOUT_SECONDS)
-        except BaseException:
-            conn.close()
-            raise
-        return cls(path, host, conn)
+        return cls(path, path.stem, dbfile.open_for_reading(path))
 
     def close(self) -> None:
         """Close the connection (the last one to close checkpoints the WAL into the file)."""
         with self._lock:
-            if self._uncheckpointed:
-                self._checkpoint()
-            self._db.close()
-            self._writers.close()
+            dbfile.close(self._db.conn)
 
     def __enter__(self) -> Store:
         return self
@@ -281,8 +204,8 @@ class Store:
         """Group the writes made inside the block into one transaction: all are stored or none.
 
         For a caller that makes several changes in step (a run and its instances, one event for
-        each instance of a run): one commit and one turn of the writers' lock instead of one
-        each, and no reader ever sees half of the group. Each write inside keeps its own
+        each instance of a run): one commit and one turn of the write lock instead of one each,
+        and no reader ever sees half of the group. Each write inside keeps its own
         all-or-nothing guarantee through a savepoint, so a write that raises and is caught leaves
         the rest of the group intact. Any exception out of the block rolls all of it back.
         Other threads' writes wait until the block ends: keep it short and free of waits.
@@ -294,78 +217,42 @@ class Store:
     def _write(self) -> Iterator[sqlite_utils.Database]:
         """One write transaction, holding SQLite's write lock from its first statement.
 
-        Rolled back on any exception, so a failed write leaves the database as it was. Inside
-        ``transaction()`` it is a savepoint of that transaction instead.
+        Rolled back on any exception, so a failed write leaves the database as it was; an error
+        of the file or filesystem (full, read-only, locked past the busy timeout) is raised as
+        one-line ``SidecarError``. Inside ``transaction()`` it is a savepoint of that transaction.
         """
         with self._lock:
             if self._nesting:
                 with self._savepoint():
                     yield self._db
                 return
-            self._begin_immediate()
+            conn = self._db.conn
+            try:
+                conn.execute("BEGIN IMMEDIATE")
+            except sqlite3.Error as exc:
+                self._raise_failed(exc, "could not start a write")
             self._nesting = 1
             try:
                 yield self._db
+                conn.execute("COMMIT")
+            except sqlite3.Error as exc:
+                # A failed COMMIT (SQLITE_FULL while appending to the WAL) leaves the
+                # transaction open: rolling it back is what makes the write all-or-nothing.
+                conn.rollback()
+                self._raise_failed(exc, "write rolled back")
             except BaseException:
-                self._db.rollback()
+                conn.rollback()
                 raise
             finally:
                 self._nesting = 0
-            try:
-                self._db.conn.execute("COMMIT")
-            except BaseException:
-                self._db.rollback()
-                raise
-            # After the commit, which released the write lock: the checkpoint's fsyncs then
-            # delay no other writer.
-            self._uncheckpointed += 1
-            if self._uncheckpointed >= CHECKPOINT_EVERY_COMMITS:
-                self._checkpoint()
 
-    def _begin_immediate(self) -> None:
-        """Take SQLite's write lock: at once if it is free, else soon, else in turn behind the others.
-
-        The connection's busy timeout is 0 (SQLite's busy handler first sleeps a whole
-        millisecond), so each try costs one statement. Three stages, measured with 8 writer
-        processes on 2 cores (bench/store.py), where a transition holds the lock 70-150 us:
-        1. a free lock is taken at once (one writer alone never waits or queues);
-        2. a held one is retried for up to ``SPIN_SECONDS``, giving the core away between tries
-           (``sched_yield``), so the lock holder and other writers run first and a writer is
-           already running when the lock comes free. Without this stage most writers slept in
-           the queue below, the lock changed hands only when the kernel had scheduled a
-           sleeper, and the CPUs sat idle a third of the time: 8 writers together made 0.8x the
-           transitions per second of one;
-        3. then the writer queues on ``_WriterQueue``: a lock held longer (a stuck or stopped
-           process, a migration) is polled by one writer only, with pauses from 50 us doubling to
-           10 ms, until ``WRITE_DEADLINE_SECONDS``.
-        """
-        if self._try_begin() is None:
-            return
-        spin_until = time.monotonic() + SPIN_SECONDS
-        while time.monotonic() < spin_until:
-            os.sched_yield()
-            if self._try_begin() is None:
-                return
-        with self._writers.turn():
-            for _ in _attempts(time.monotonic() + WRITE_DEADLINE_SECONDS):
-                busy = self._try_begin()
-                if busy is None:
-                    return
-            raise SidecarError(
-                f"{self.path}: could not start a write: {busy}; another process holds "
-                "the database, check for a stuck sidecar-fsm"
-            ) from busy
-
-    def _try_begin(self) -> sqlite3.OperationalError | None:
-        """``BEGIN IMMEDIATE`` once: None when this connection now holds the write lock, the
-        SQLITE_BUSY error when another one does; any other error is raised."""
-        try:
-            self._db.conn.execute("BEGIN IMMEDIATE")
-        except sqlite3.OperationalError as exc:
-            if not _is_busy(exc):
-                raise
-            return exc
-        return None
+    def _raise_failed(self, exc: sqlite3.Error, doing: str) -> NoReturn:
+        """Raise ``exc`` as one line naming the database if the file or filesystem is at fault,
+        else as it is (a constraint: the caller's ``sqlite3.IntegrityError``)."""
+        error = dbfile.storage_error(self.path, exc, doing=doing)
+        if error is exc:
+            raise exc
+        raise error from exc
 
     @contextmanager
     def _savepoint(self) -> Iterator[None]:
@@ -383,17 +270,6 @@ class Store:
         finally:
             self._nesting -= 1
         conn.execute(f"RELEASE {name}")
-
-    def _checkpoint(self) -> None:
-        """Copy committed WAL frames into the database file (PASSIVE: never blocks a writer).
-
-        Replaces SQLite's auto-checkpoint, which runs inside COMMIT and so inside the writers'
-        turn, where its fsyncs would stall every writer on the host. Best effort: a checkpoint
-        that cannot finish now leaves the frames for the next one.
-        """
-        self._uncheckpointed = 0
-        with contextlib.suppress(sqlite3.Error):
-            self._db.conn.execute("PRAGMA wal_checkpoint(PASSIVE)").fetchall()
 
     def create_run(
         self,
@@ -543,17 +419,10 @@ class Store:
     def _rows(self, sql: str, params: Iterable[Any] = ()) -> list[dict[str, Any]]:
         # list(): a half-read cursor would keep a read transaction open and stall checkpoints.
         with self._lock:
-            busy: sqlite3.OperationalError | None = None
-            for _ in _attempts(time.monotonic() + WRITE_DEADLINE_SECONDS):
-                try:
-                    return list(self._db.query(sql, list(params)))
-                except sqlite3.OperationalError as exc:
-                    # WAL readers take no lock; only recovery or a WAL reset makes one wait.
-                    if not _is_busy(exc):
-                        raise
-                    busy = exc
-            assert busy is not None
-            raise busy
+            try:
+                return list(self._db.query(sql, list(params)))
+            except sqlite3.Error as exc:
+                self._raise_failed(exc, "read failed")
 
     def list_runs(self, which: Literal["live", "finished", "all"] = "all") -> list[RunRecord]:
         """Runs, newest first. ``live``: not ended (its owner may still have died: ask ``procs``)."""
@@ -606,59 +475,16 @@ class Store:
         return _instance_record(rows[0]) if rows else None
 
 
-class _WriterQueue:
-    """Orders the writers that found SQLite's write lock held, so that only one of them polls it.
-
-    SQLite makes a blocked writer poll: its busy handler sleeps 1, 2, 5, ... up to 100 ms between
-    tries, while a transition holds the lock for a fraction of a millisecond, and every blocked
-    writer polls. Writers that met a held lock here take an exclusive ``flock`` on
-    ``<db>.writers`` first; its holder retries ``BEGIN IMMEDIATE`` with short pauses, the rest
-    sleep in the kernel until it has the write lock and hands the ``flock`` on.
-
-    Correctness never depends on it: SQLite's own lock still guards every transaction, and where
-    ``flock`` is not supported the queue steps aside. The kernel drops the lock of a killed
-    process; a writer that is stopped (SIGSTOP, a debugger) while it holds the turn holds up the
-    queue until it continues or dies, as it would hold SQLite's write lock anyway.
-    """
-
-    def __init__(self, path: Path) -> None:
-        self._fd: int | None = None
-        try:
-            self._fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
-        except OSError:
-            self._fd = None  # e.g. a read-only log dir: readers never write, writers fall back
-
-    @contextmanager
-    def turn(self) -> Iterator[None]:
-        fd = self._fd
-        if fd is not None:
-            try:
-                fcntl.flock(fd, fcntl.LOCK_EX)
-            except OSError as exc:
-                if exc.errno not in (errno.ENOLCK, errno.EOPNOTSUPP, errno.ENOSYS, errno.EINVAL):
-                    raise
-                fd = None
-        try:
-            yield
-        finally:
-            if fd is not None:
-                fcntl.flock(fd, fcntl.LOCK_UN)
-
-    def close(self) -> None:
-        if self._fd is not None:
-            os.close(self._fd)
-            self._fd = None
-
-
 def open_all_hosts(log_dir: str | Path) -> list[Store]:
     """Every host's database under ``<log_dir>/sidecar-fsm/``, sorted by host (read side).
 
-    Raises like ``Store.open_existing`` (``SchemaTooNewError`` for a newer host's database);
-    the stores opened before the failure are closed first.
+    Read-only; [] when the log dir holds no state yet. Raises like ``Store.open_existing``
+    (``UnusableStateError`` with one line, ``SchemaTooNewError`` for a newer host's database),
+    also for a log dir that cannot be listed; the stores opened before the failure are closed.
     """
     stores: list[Store] = []
     try:
-        for path in sorted((Path(log_dir) / DB_DIR_NAME).glob("*.db")):
+        for path in dbfile.database_files(log_dir):
             stores.append(Store.open_existing(path))
     except BaseException:
         for store in stores:
@@ -667,110 +493,14 @@ def open_all_hosts(log_dir: str | Path) -> list[Store]:
     return stores
 
 
-# -- schema ------------------------------------------------------------------------------------
-
-
-def _header_schema_version(path: Path) -> int:
-    """``user_version`` from the file header (offset 60), read without SQLite; 0 if absent or empty."""
-    try:
-        with open(path, "rb") as file:
-            header = file.read(100)
-    except FileNotFoundError:
-        return 0
-    if not header:
-        return 0
-    if len(header) < 100 or not header.startswith(_SQLITE_MAGIC):
-        raise SidecarError(f"{path}: not a SQLite database; move it away or use another --log-dir")
-    return int.from_bytes(header[60:64], "big")
-
-
-def _refuse_if_newer(path: Path, version: int, latest: int) -> None:
-    if version > latest:
-        raise SchemaTooNewError(
-            f"{path}: schema {version} is newer than this sidecar-fsm ({latest}); "
-            "upgrade it or use another --log-dir"
-        )
-
-
-def _user_version(conn: sqlite3.Connection) -> int:
-    return int(conn.execute("PRAGMA user_version").fetchone()[0])
-
-
-def _journal_mode(conn: sqlite3.Connection) -> str:
-    return str(conn.execute("PRAGMA journal_mode").fetchone()[0]).lower()
-
-
-def _migrate_locked(conn: sqlite3.Connection, path: Path, latest: int) -> None:
-    """Bring the database to ``latest`` under ``<db>.lock``; a no-op if another process just did.
-
-    The file lock serializes openers of an old or new database: without it two processes would
-    both see version N and both apply step N+1 (the second fails on "table exists"), and one
-    could switch the journal to WAL while another is mid-transaction. Each step and its version
-    bump commit together, so a crash between steps resumes at the next step.
-    """
-    lock = filelock.FileLock(f"{path}.lock", timeout=MIGRATION_LOCK_TIMEOUT_SECONDS)
-    try:
-        lock.acquire()
-    except filelock.Timeout:
-        raise SidecarError(
-            f"{path}.lock: not acquired within {MIGRATION_LOCK_TIMEOUT_SECONDS:.0f}s; another sidecar-fsm "
-            "is migrating or stuck, check its processes"
-        ) from None
-    try:
-        version = _user_version(conn)
-        _refuse_if_newer(path, version, latest)
-        # WAL is a property of the file, set once; switching needs an exclusive moment, which the
-        # lock plus the busy timeout give us.
-        if _journal_mode(conn) != "wal":
-            mode = conn.execute("PRAGMA journal_mode=WAL").fetchone()[0]
-            if str(mode).lower() != "wal":
-                raise SidecarError(
-                    f"{path}: journal mode stayed '{mode}'; put --log-dir on a local filesystem"
-                )
-        for migration in load_migrations():
-            if migration.step <= version:
-                continue
-            script = migration.path.read_text(encoding="utf-8")
-            try:
-                # One transaction per step, version bump included (user_version is transactional).
-                conn.executescript(
-                    f"BEGIN IMMEDIATE;\n{script}\n;\nPRAGMA user_version = {migration.step};\nCOMMIT;"
-                )
-            except sqlite3.Error as exc:
-                if conn.in_transaction:
-                    conn.execute("ROLLBACK")
-                raise SidecarError(
-                    f"{migration.path}: step {migration.step} failed on {path}: {exc}; the database "
-                    f"stays at schema {migration.step - 1}"
-                ) from exc
-    finally:
-        lock.release()
-
-
 # -- rows and redaction ------------------------------------------------------------------------
-
-
-def _attempts(deadline: float) -> Iterator[None]:
-    """Paces the retries of a busy database: once now, then after pauses from
-    ``FIRST_RETRY_PAUSE_SECONDS`` doubling to ``LAST_RETRY_PAUSE_SECONDS``, until ``deadline``."""
-    yield
-    pause = FIRST_RETRY_PAUSE_SECONDS
-    while time.monotonic() < deadline:
-        time.sleep(pause)
-        pause = min(pause * 2, LAST_RETRY_PAUSE_SECONDS)
-        yield
-
-
-def _is_busy(exc: sqlite3.OperationalError) -> bool:
-    text = str(exc).lower()
-    return "locked" in text or "busy" in text
 
 
 def _insert(db: sqlite_utils.Database, table: str, row: Mapping[str, Any]) -> int:
     """INSERT ``row`` into ``table`` (names from this module only); returns the new rowid.
 
     Plain SQL rather than ``Table.insert``: sqlite-utils introspects the table's schema on every
-    insert (0.28 ms of a launcher's warm start per instance, inside the writers' lock).
+    insert (0.28 ms of a launcher's warm start per instance, inside the write lock).
     """
     names = ", ".join(row)
     marks = ", ".join("?" for _ in row)

@@ -11,6 +11,7 @@ import signal
 import sqlite3
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -21,8 +22,10 @@ REPO = Path(__file__).resolve().parents[2]
 if str(REPO) not in sys.path:  # when run as a script by the tests below
     sys.path.insert(0, str(REPO))
 
+from sidecar_fsm import dbfile  # noqa: E402
+from sidecar_fsm.errors import SidecarError  # noqa: E402
 from sidecar_fsm.fsm import InstanceMachine  # noqa: E402
-from sidecar_fsm.store import Store, database_path  # noqa: E402
+from sidecar_fsm.store import Store, database_path, load_migrations, schema_version  # noqa: E402
 
 HOST = "node-under-test"
 WRITERS = 8
@@ -78,6 +81,14 @@ def burst(log_dir: str) -> None:
         machine = InstanceMachine(store, record.id)
         for event, facts in LIFECYCLES[k % len(LIFECYCLES)]:
             machine.fire(event, **facts)
+
+
+def migrate(log_dir: str) -> None:
+    """Opener of an old database: waits for a line on stdin, opens it (migrating), prints whether
+    the old instance is still there."""
+    sys.stdin.readline()
+    with Store.open(log_dir, host=HOST) as store:
+        print(store.get_instance(1) is not None, flush=True)
 
 
 def start_writer(*args: str) -> subprocess.Popen[str]:
@@ -189,6 +200,41 @@ def test_writer_killed_mid_burst_leaves_a_consistent_database(
     assert assert_state_matches_history(path) > 300
 
 
+def test_eight_processes_open_an_old_database_at_once_and_migrate_it_once(
+    tmp_path: Path, writers: list[subprocess.Popen[str]]
+) -> None:
+    path = database_path(tmp_path, HOST)
+    path.parent.mkdir(parents=True)
+    conn = sqlite3.connect(path, isolation_level=None)
+    conn.execute("PRAGMA journal_mode=WAL")
+    conn.executescript(load_migrations()[0].path.read_text())
+    conn.execute("PRAGMA user_version = 1")
+    conn.execute("INSERT INTO runs (run_id, host, owner_pid, started_at) VALUES ('old', 'h', 1, 1.0)")
+    conn.execute(
+        "INSERT INTO instances (id, run_id, name, listen, upstream, state, state_since) "
+        "VALUES (1, 'old', 'a', '127.0.0.1:1', 'https://x.example.com', 'ready', 1.0)"
+    )
+    conn.close()
+    for _ in range(WRITERS):
+        writers.append(start_writer("migrate", str(tmp_path)))
+    for process in writers:
+        assert process.stdin is not None
+        process.stdin.write("go\n")
+        process.stdin.flush()
+    for process in writers:
+        out, err = process.communicate(timeout=120)
+        assert (process.returncode, out) == (0, "True\n"), err
+
+    conn = sqlite3.connect(path)
+    try:
+        assert conn.execute("PRAGMA user_version").fetchone()[0] == schema_version()
+        assert conn.execute("SELECT count(*) FROM instances").fetchone()[0] == 1
+        columns = [row[1] for row in conn.execute("PRAGMA table_info(instances)")]
+        assert columns.count("restart_count") == 1 and columns[-1] == "metrics"
+    finally:
+        conn.close()
+
+
 def hold_write_lock(db_path: str) -> None:
     """Another process inside a write transaction: holds SQLite's write lock until a line on stdin."""
     conn = sqlite3.connect(db_path, isolation_level=None)
@@ -203,11 +249,6 @@ def hold_write_lock(db_path: str) -> None:
 def test_a_write_waits_for_another_process_lock_and_gives_up_clearly_past_the_deadline(
     tmp_path: Path, writers: list[subprocess.Popen[str]], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    import threading
-
-    from sidecar_fsm import store as store_module
-    from sidecar_fsm.errors import SidecarError
-
     with Store.open(tmp_path, host=HOST) as store:
         store.create_run("before", owner_pid=1, owner_start_time=None, config_summary={})
         holder = start_writer("hold", str(store.path))
@@ -218,17 +259,19 @@ def test_a_write_waits_for_another_process_lock_and_gives_up_clearly_past_the_de
         # Readers are never blocked by a writer (WAL).
         assert [run.run_id for run in store.list_runs()] == ["before"]
 
-        # Past the deadline: one clear error, nothing written.
-        monkeypatch.setattr(store_module, "WRITE_DEADLINE_SECONDS", 0.2)
-        with pytest.raises(
-            SidecarError, match="could not start a write: database is locked; another process"
-        ):
-            store.create_run("late", owner_pid=1, owner_start_time=None, config_summary={})
-        assert store.get_run("late") is None
-        monkeypatch.setattr(store_module, "WRITE_DEADLINE_SECONDS", 60.0)
+        # Past SQLite's busy timeout: one clear line, nothing written, the store still usable.
+        monkeypatch.setattr(dbfile, "BUSY_TIMEOUT_SECONDS", 0.2)
+        with Store.open(tmp_path, host=HOST) as impatient:
+            with pytest.raises(SidecarError) as refused:
+                impatient.create_run("late", owner_pid=1, owner_start_time=None, config_summary={})
+            assert str(refused.value) == (
+                f"{store.path}: could not start a write: database is locked; another process held it "
+                "for 0.2s; check for a stuck sidecar-fsm"
+            )
+            assert impatient.get_run("late") is None
 
-        # Within it: the write waits (busy_timeout is 0, the waiting is the store's) and lands
-        # once the other process commits.
+        # Within it: the write waits in SQLite's busy handler and lands once the other process
+        # commits.
         done = threading.Event()
         failures: list[BaseException] = []
 
@@ -256,7 +299,11 @@ if __name__ == "__main__":
         drive(sys.argv[2], sys.argv[3], int(sys.argv[4]))
     elif sys.argv[1] == "burst":
         burst(sys.argv[2])
+    elif sys.argv[1] == "migrate":
+        migrate(sys.argv[2])
     elif sys.argv[1] == "hold":
         hold_write_lock(sys.argv[2])
     else:
-        raise SystemExit(f"usage: {sys.argv[0]} drive LOG_DIR TAG COUNT | burst LOG_DIR | hold DB")
+        raise SystemExit(
+            f"usage: {sys.argv[0]} drive LOG_DIR TAG COUNT | burst LOG_DIR | migrate LOG_DIR | hold DB"
+        )

@@ -12,8 +12,7 @@ from typing import Any
 
 import pytest
 
-from sidecar_fsm import resources
-from sidecar_fsm import store as store_module
+from sidecar_fsm import dbfile, resources
 from sidecar_fsm.errors import SchemaTooNewError, SidecarError
 from sidecar_fsm.fsm import InstanceMachine
 from sidecar_fsm.store import (
@@ -172,6 +171,8 @@ def test_migrating_an_older_database_to_the_latest_loses_nothing(tmp_path: Path,
         assert migrated.get_run("old-run") is not None
         policy = migrated.get_instance(1)
         assert policy is not None and policy.state == "ready" and policy.restart_count == 0
+        # Columns added after ``step`` read as "not recorded" for the old rows.
+        assert policy.metrics is None
         assert [h.event for h in migrated.history(1)] == ["build", "spawn", "ready"]
         # An instance from the old database carries on under the new code.
         InstanceMachine(migrated, 1, state=policy.state).fire("restart", restart_count=1)
@@ -194,8 +195,8 @@ def copy_migrations(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, extra: dict
     for name, text in extra.items():
         (directory / name).write_text(text)
     monkeypatch.setattr(resources, "MIGRATIONS_DIR", directory)
-    store_module.schema_version.cache_clear()
-    monkeypatch.setattr(store_module, "schema_version", lambda: len(load_migrations()))
+    # Not cache_clear(): the cache would keep this test's version after the directory is restored.
+    monkeypatch.setattr(dbfile, "schema_version", lambda: len(load_migrations()))
 
 
 def test_a_failing_step_rolls_back_and_keeps_the_version(
@@ -315,6 +316,27 @@ def test_record_transition_checks_the_source_and_the_facts(store: Store) -> None
     assert store.history(instance.id) == []
 
 
+def test_ready_records_the_listen_and_metrics_addresses(store: Store) -> None:
+    store.create_run("r", owner_pid=1, owner_start_time=None, config_summary={})
+    with_metrics = store.create_instance("r", "a", "127.0.0.1:0", "https://x.example.com", None, None, None)
+    without = store.create_instance("r", "b", "127.0.0.1:0", "https://x.example.com", None, None, None)
+    for record, facts in ((with_metrics, {"metrics": "127.0.0.1:40001"}), (without, {})):
+        machine = InstanceMachine(store, record.id)
+        machine.fire("build")
+        machine.fire("spawn", pid=41, pid_start_time=1.5)
+        machine.fire("ready", listen="127.0.0.1:40000", **facts)
+
+    ready = store.get_instance(with_metrics.id)
+    assert ready is not None
+    assert (ready.state, ready.listen, ready.metrics) == ("ready", "127.0.0.1:40000", "127.0.0.1:40001")
+    assert store.instances_of("r")[1].metrics is None
+    # A restarted proxy binds a new metrics port: the next ready event overwrites the address.
+    machine = InstanceMachine(store, with_metrics.id, state="ready")
+    machine.fire("restart", restart_count=1)
+    machine.fire("ready", listen="127.0.0.1:40000", metrics="127.0.0.1:40002")
+    assert store.get_instance(with_metrics.id).metrics == "127.0.0.1:40002"  # type: ignore[union-attr]
+
+
 def test_transaction_commits_the_group_at_once_or_not_at_all(store: Store) -> None:
     reader = raw(store.path)
     with store.transaction():
@@ -408,7 +430,7 @@ def test_open_all_hosts_reads_every_host(tmp_path: Path) -> None:
 
 
 def test_the_wal_is_checkpointed_while_writing(store: Store) -> None:
-    # Auto-checkpoint is off (it would run inside the writers' turn); Store checkpoints itself.
+    # SQLite's auto-checkpoint (after a commit, outside the write lock) keeps the WAL bounded.
     store.create_run("r", owner_pid=1, owner_start_time=None, config_summary={})
     machines = [
         InstanceMachine(
@@ -424,3 +446,24 @@ def test_the_wal_is_checkpointed_while_writing(store: Store) -> None:
     assert wal.stat().st_size < 8 * 1024 * 1024
     store.close()
     assert not wal.exists()  # the last connection to close folds the WAL into the file
+
+
+def test_opening_the_database_again_keeps_this_process_locks_on_it(tmp_path: Path) -> None:
+    # Closing any descriptor of a file drops every POSIX lock this process holds on it, SQLite's
+    # too. Its shared lock on the database keeps another process's last close from folding and
+    # deleting the WAL this connection still writes to (lost commits). A second open in the same
+    # process (the CLI, another run) must not read the file behind SQLite's back.
+    with Store.open(tmp_path, host="node1") as first:
+        first.list_runs()
+        inode = os.stat(first.path).st_ino
+
+        def our_locks() -> list[str]:
+            with open("/proc/locks", encoding="ascii") as table:
+                return [line for line in table if f":{inode} " in line and f" {os.getpid()} " in line]
+
+        held = our_locks()
+        assert held, "SQLite holds no lock on the database: nothing to check"
+        Store.open(tmp_path, host="node1").close()
+        for reader in open_all_hosts(tmp_path):
+            reader.close()
+        assert our_locks() == held

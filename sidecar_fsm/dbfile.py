@@ -1,0 +1,532 @@
+"""The state database as a file: where it lives, whether it can be used, creating and migrating it.
+
+Owns ``<log_dir>/sidecar-fsm/<host>.db`` up to the moment a connection is handed to ``store``:
+making its directory, refusing what cannot be used (a path through a file, no permission, a
+read-only or full filesystem, a file that is not ours, a corrupt file, a newer schema) with one
+line naming the path and the reason, creating a new database, applying ``migrations/``, and
+turning SQLite and OS errors into that one line (``storage_error``, also used by ``store`` for
+writes and reads that fail later). Must not read or write runs, instances or transitions (that is
+``store``), and never overwrites, truncates or deletes a file it did not create: on failure it
+removes only its own temp file and the directories it made itself.
+
+A new database is built under a private temp name and hard-linked into place, so a failure (a
+full disk half-way through the schema) leaves nothing behind, and two processes creating it at
+once never see a half-made file: the link of the second fails, and it opens the first's.
+Migrations of an existing database run in one ``BEGIN IMMEDIATE`` transaction: SQLite's write
+lock (a lock on the database's files) serializes the processes that open an old database at
+once, and the version is read again inside the transaction, so a step is never applied twice.
+
+Past 400 lines because each way a file can be unusable needs its own check and its own line.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import os
+import re
+import secrets
+import sqlite3
+import threading
+from collections.abc import Iterator
+from dataclasses import dataclass
+from functools import lru_cache
+from pathlib import Path
+
+from sidecar_fsm import resources
+from sidecar_fsm.errors import SchemaTooNewError, SidecarError, UnusableStateError
+from sidecar_fsm.hostname import host_name
+
+DB_DIR_NAME = "sidecar-fsm"
+
+# SQLite's own busy handler: how long a statement waits for another process's lock before it
+# fails. Writes hold the lock for a fraction of a millisecond, a migration for well under a
+# second; a minute is only reached when a process is stuck (stopped, or hung on a dead disk).
+BUSY_TIMEOUT_SECONDS = 60.0
+
+# A writer is refused below this much free space: every commit appends to the WAL, and a launcher
+# that cannot record a transition must stop its sidecars, so failing before anything starts is
+# kinder than failing mid-run. About 250 commits' worth; the WAL is reused after each checkpoint.
+MIN_FREE_BYTES = 1024 * 1024
+
+_SQLITE_MAGIC = b"SQLite format 3\x00"
+_MIGRATION_NAME = re.compile(r"(\d{4})_[a-z0-9_]+\.sql")
+# Where a hard link cannot be made: the new database is then created in place (see _create).
+_NO_HARD_LINKS = frozenset({errno.EPERM, errno.EOPNOTSUPP, errno.ENOSYS, errno.EMLINK})
+
+# (device, inode) of the database files this process has open through SQLite, with a count.
+# Closing any descriptor of a file drops every POSIX lock the process holds on it, SQLite's
+# included (its locks on the main file keep other processes from deleting a WAL in use), so the
+# raw header read below is skipped for a file SQLite already holds open here: it was checked
+# when it was opened, and SQLite re-reads the version through its own locks anyway.
+_open_files: dict[tuple[int, int], int] = {}
+_holders: dict[int, tuple[int, int]] = {}  # id(connection) -> the file it holds
+_open_files_lock = threading.Lock()
+
+
+@dataclass(frozen=True)
+class Migration:
+    """One schema step: ``migrations/NNNN_name.sql``; applying it sets the schema version to ``step``."""
+
+    step: int
+    path: Path
+
+
+def database_path(log_dir: str | Path, host: str | None = None) -> Path:
+    """``<log_dir>/sidecar-fsm/<host>.db``: one file per host, so hosts never share a SQLite file.
+
+    ``host`` defaults to ``hostname.host_name()`` (``$SIDECAR_FSM_HOST`` or the machine's name),
+    the name ``reap --ray`` uses for each node, so every command agrees on "this host's" file.
+    """
+    return Path(log_dir) / DB_DIR_NAME / f"{host or host_name()}.db"
+
+
+def load_migrations(directory: Path | None = None) -> list[Migration]:
+    """The schema steps in ``directory`` (default: the packaged ``migrations/``), in order.
+
+    Read-only. Raises ``SidecarError`` when the steps are not numbered 1, 2, ... without gaps or
+    duplicates: applying a broken sequence could skip a step forever.
+    """
+    directory = resources.MIGRATIONS_DIR if directory is None else directory
+    steps = []
+    for path in sorted(directory.glob("*.sql")):
+        match = _MIGRATION_NAME.fullmatch(path.name)
+        if match is None:
+            raise SidecarError(f"{path}: '{path.name}' is not a migration name; use NNNN_words.sql")
+        steps.append(Migration(int(match.group(1)), path))
+    numbers = [m.step for m in steps]
+    if numbers != list(range(1, len(steps) + 1)):
+        raise SidecarError(
+            f"{directory}: migration steps {numbers} are not 1..N without gaps; fix the package"
+        )
+    return steps
+
+
+@lru_cache(maxsize=1)
+def schema_version() -> int:
+    """The schema version this code writes: the highest step in ``migrations/``."""
+    return len(load_migrations())
+
+
+# -- opening -----------------------------------------------------------------------------------
+
+
+def open_for_writing(log_dir: str | Path, host: str) -> tuple[Path, sqlite3.Connection]:
+    """This host's database under ``log_dir``, created and migrated as needed, and a connection.
+
+    Raises ``UnusableStateError`` (``SchemaTooNewError`` for a newer schema) with one line naming
+    the database and the reason. Everything is checked before anything is created; on failure
+    the directories this call made are removed again, and an existing file is left as it was.
+    """
+    path = database_path(log_dir, host)
+    made = _make_directories(path)
+    try:
+        _check_writable(path)
+        if not os.path.lexists(path):
+            _create(path)
+        return path, _connect(path)
+    except BaseException:
+        for directory in reversed(made):
+            try:
+                os.rmdir(directory)
+            except OSError:
+                break  # another process put a file in it meanwhile: it is theirs now
+        raise
+
+
+def open_for_reading(path: Path) -> sqlite3.Connection:
+    """A connection to an existing database (any host's), migrated if older; raises like writing.
+
+    Migrations only add, so an older launcher still writing the file keeps working. On a
+    read-only filesystem (a log dir mounted read-only to inspect a crashed job) a database at
+    the current schema is read as it is: nothing there can change it.
+    """
+    if not path.is_file():
+        if os.path.lexists(path):
+            raise UnusableStateError(f"{path}: not a regular file; move it away or use another --log-dir")
+        raise UnusableStateError(f"{path}: no such state database; check --log-dir")
+    if _not_writable_reason(path) == "read-only filesystem":
+        return _connect(path, immutable=True)
+    return _connect(path)
+
+
+def database_files(log_dir: str | Path) -> list[Path]:
+    """Every host's database file under ``<log_dir>/sidecar-fsm/``, sorted; [] if there is none yet.
+
+    Read-only. A log dir that does not exist holds no state; one that exists but cannot be
+    listed (a file in the way, no permission) raises ``UnusableStateError``.
+    """
+    directory = Path(log_dir) / DB_DIR_NAME
+    try:
+        with os.scandir(directory) as entries:
+            names = sorted(entry.name for entry in entries if entry.name.endswith(".db"))
+    except FileNotFoundError:
+        return []
+    except OSError as exc:
+        raise UnusableStateError(f"{directory}: {_directory_reason(directory, exc)}") from None
+    # Temp files of a database being created are hidden (``.<host>.db.<id>.tmp``), never listed.
+    return [directory / name for name in names if not name.startswith(".")]
+
+
+def close(conn: sqlite3.Connection) -> None:
+    """Close a connection ``open_for_writing``/``open_for_reading`` returned (the last connection
+    to a database checkpoints its WAL into the file and removes the -wal/-shm files)."""
+    try:
+        conn.close()
+    finally:
+        _release(id(conn))
+
+
+def _hold(path: Path, conn_id: int) -> None:
+    """Record that this process holds ``path`` open through SQLite (connection ``conn_id``)."""
+    stat = os.stat(path)
+    key = (stat.st_dev, stat.st_ino)
+    with _open_files_lock:
+        _open_files[key] = _open_files.get(key, 0) + 1
+        _holders[conn_id] = key
+
+
+def _release(conn_id: int) -> None:
+    with _open_files_lock:
+        key = _holders.pop(conn_id, None)
+        if key is None:
+            return
+        count = _open_files.pop(key) - 1
+        if count:
+            _open_files[key] = count
+
+
+def _make_directories(path: Path) -> list[Path]:
+    """Make the missing directories above ``path``, top down; the ones this call made."""
+    missing: list[Path] = []
+    directory = path.parent
+    while not os.path.lexists(directory) and directory != directory.parent:
+        missing.append(directory)
+        directory = directory.parent
+    made: list[Path] = []
+    try:
+        for directory in reversed(missing):
+            try:
+                os.mkdir(directory)
+            except FileExistsError:
+                pass  # another process made it meanwhile; the check below says if it is usable
+            else:
+                made.append(directory)
+        if not path.parent.is_dir():
+            raise OSError(errno.ENOTDIR, os.strerror(errno.ENOTDIR), str(path.parent))
+    except OSError as exc:
+        for directory in reversed(made):
+            try:
+                os.rmdir(directory)
+            except OSError:
+                break
+        raise UnusableStateError(f"{path}: {_directory_reason(path.parent, exc)}") from None
+    return made
+
+
+def _directory_reason(directory: Path, exc: OSError) -> str:
+    """Why ``directory`` cannot hold databases, and what to do, for an error making or listing it."""
+    if exc.errno in (errno.ENOTDIR, errno.EEXIST):
+        for part in (directory, *directory.parents):
+            if os.path.lexists(part) and not part.is_dir():
+                return f"'{part}' is a file, not a directory; move it away or use another --log-dir"
+    return f"{_os_reason(directory, exc)}; use another --log-dir"
+
+
+def _check_writable(path: Path) -> None:
+    """Refuse a read-only filesystem, a directory or file we may not write, or a full filesystem.
+
+    Reads the permissions and the filesystem's figures; opens nothing (see ``_open_files``).
+    """
+    for target in (path.parent, path):
+        if os.path.lexists(target) and not os.access(target, os.W_OK):
+            raise UnusableStateError(f"{path}: {_not_writable_reason(target)}; use another --log-dir")
+    try:
+        stat = os.statvfs(path.parent)
+    except OSError as exc:
+        raise UnusableStateError(f"{path}: {_os_reason(path.parent, exc)}; use another --log-dir") from None
+    free = stat.f_bavail * stat.f_frsize
+    if free < MIN_FREE_BYTES:
+        raise UnusableStateError(
+            f"{path}: filesystem is full ({free // 1024} KiB free); free some space or use another --log-dir"
+        )
+
+
+def _create(path: Path) -> None:
+    """Create the database at the latest schema under a temp name, then link it into place.
+
+    The link fails if another process created the database meanwhile: its file is kept and used.
+    Where the filesystem has no hard links the database is left to ``_connect`` to create in
+    place (its migration transaction still serializes concurrent creators).
+    """
+    temp = path.with_name(f".{path.name}.{os.getpid()}.{secrets.token_hex(4)}.tmp")
+    try:
+        conn = sqlite3.connect(temp, isolation_level=None)
+        try:
+            _set_wal(conn, path)
+            _migrate(conn, path)
+        finally:
+            conn.close()  # the last connection checkpoints and removes the temp's -wal/-shm
+        try:
+            os.link(temp, path)
+        except FileExistsError:
+            pass
+        except OSError as exc:
+            if exc.errno not in _NO_HARD_LINKS:
+                raise
+    except sqlite3.Error as exc:
+        raise storage_error(path, exc, UnusableStateError) from None
+    except OSError as exc:
+        raise UnusableStateError(f"{path}: {_os_reason(path.parent, exc)}; use another --log-dir") from None
+    finally:
+        for suffix in ("", "-wal", "-shm", "-journal"):
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(f"{temp}{suffix}")
+
+
+def _connect(path: Path, immutable: bool = False) -> sqlite3.Connection:
+    """Open ``path`` after checking it is a database of ours no newer than this code; migrate it.
+
+    ``immutable``: read a file on a read-only filesystem without the WAL index SQLite cannot
+    create there; refused when a WAL with commits not yet in the file lies beside it (they
+    would be missed) or when the schema is older (it cannot be migrated there).
+    """
+    latest = schema_version()
+    # The header check needs no SQLite handle: a refused database gets no -wal/-shm files and
+    # no checkpoint, so it stays byte-for-byte what was there.
+    _refuse_if_newer(path, _header_schema_version(path), latest)
+    if immutable and os.path.exists(f"{path}-wal") and os.path.getsize(f"{path}-wal") > 0:
+        raise UnusableStateError(
+            f"{path}: read-only filesystem with a WAL still beside the database; mount it "
+            "read-write once so SQLite can fold it in"
+        )
+    target, uri = (f"{path.resolve().as_uri()}?immutable=1", True) if immutable else (str(path), False)
+    try:
+        conn = sqlite3.connect(
+            target, timeout=BUSY_TIMEOUT_SECONDS, isolation_level=None, check_same_thread=False, uri=uri
+        )
+    except sqlite3.Error as exc:
+        raise storage_error(path, exc, UnusableStateError) from None
+    try:
+        # Before SQLite takes its first lock, so no other thread of this process reads the header
+        # raw (and drops that lock) while this connection migrates.
+        _hold(path, id(conn))
+        # The header can lag behind a WAL that a running newer process has not checkpointed,
+        # so the version is read again through SQLite before anything is written. Reading the
+        # schema also finds a corrupt first page, before anything is written.
+        version = _user_version(conn)
+        _refuse_if_newer(path, version, latest)
+        tables = [row[0] for row in conn.execute("SELECT name FROM sqlite_master WHERE type = 'table'")]
+        if version == 0 and tables:
+            raise UnusableStateError(
+                f"{path}: not a sidecar-fsm database (it has tables {', '.join(sorted(tables)[:5])}); "
+                "move it away or use another --log-dir"
+            )
+        if immutable and version < latest:
+            raise UnusableStateError(
+                f"{path}: schema {version} is older than this sidecar-fsm ({latest}) and the "
+                "filesystem is read-only; read it with the sidecar-fsm that wrote it"
+            )
+        if not immutable and (version < latest or _journal_mode(conn) != "wal"):
+            _set_wal(conn, path)
+            _migrate(conn, path)
+        conn.execute("PRAGMA synchronous=NORMAL")
+        conn.execute("PRAGMA foreign_keys=ON")
+    except BaseException as exc:
+        close(conn)
+        if isinstance(exc, sqlite3.Error):
+            raise storage_error(path, exc, UnusableStateError) from None
+        if isinstance(exc, OSError):
+            raise UnusableStateError(f"{path}: {_os_reason(path, exc)}; use another --log-dir") from None
+        raise
+    return conn
+
+
+def _header_schema_version(path: Path) -> int:
+    """``user_version`` from the file header (offset 60), read without SQLite; 0 if absent or empty.
+
+    Skipped (0) for a file this process already holds open through SQLite (see ``_open_files``).
+    """
+    try:
+        stat = os.stat(path)
+    except FileNotFoundError:
+        return 0
+    except OSError as exc:
+        raise UnusableStateError(f"{path}: {_os_reason(path, exc)}; use another --log-dir") from None
+    with _open_files_lock:
+        if (stat.st_dev, stat.st_ino) in _open_files:
+            return 0
+        try:
+            with open(path, "rb") as file:
+                header = file.read(100)
+        except OSError as exc:
+            raise UnusableStateError(f"{path}: {_os_reason(path, exc)}; use another --log-dir") from None
+    if not header:
+        return 0
+    if len(header) < 100 or not header.startswith(_SQLITE_MAGIC):
+        raise UnusableStateError(f"{path}: not a SQLite database; move it away or use another --log-dir")
+    return int.from_bytes(header[60:64], "big")
+
+
+def _refuse_if_newer(path: Path, version: int, latest: int) -> None:
+    if version > latest:
+        raise SchemaTooNewError(
+            f"{path}: schema {version} is newer than this sidecar-fsm ({latest}); "
+            "upgrade it or use another --log-dir"
+        )
+
+
+def _user_version(conn: sqlite3.Connection) -> int:
+    return int(conn.execute("PRAGMA user_version").fetchone()[0])
+
+
+def _journal_mode(conn: sqlite3.Connection) -> str:
+    return str(conn.execute("PRAGMA journal_mode").fetchone()[0]).lower()
+
+
+def _set_wal(conn: sqlite3.Connection, path: Path) -> None:
+    """WAL (readers never block the writer) is a property of the file, set once by its creator."""
+    if _journal_mode(conn) != "wal":
+        mode = conn.execute("PRAGMA journal_mode=WAL").fetchone()[0]
+        if str(mode).lower() != "wal":
+            raise UnusableStateError(
+                f"{path}: journal mode stayed '{mode}'; put --log-dir on a local filesystem"
+            )
+
+
+def _migrate(conn: sqlite3.Connection, path: Path) -> None:
+    """Apply the missing steps and record the version, all in one transaction; a no-op if current.
+
+    The version is read inside the transaction, after the write lock is taken, so of two
+    processes opening an old database at once the second finds the work done. A failure rolls
+    every step back: the database stays at the schema it had.
+    """
+    latest = schema_version()
+    conn.execute("BEGIN IMMEDIATE")
+    try:
+        version = _user_version(conn)
+        _refuse_if_newer(path, version, latest)
+        for migration in load_migrations():
+            if migration.step <= version:
+                continue
+            try:
+                for statement in _statements(migration.path.read_text(encoding="utf-8")):
+                    conn.execute(statement)
+            except sqlite3.Error as exc:
+                if _is_storage_error(exc):
+                    raise
+                raise SidecarError(
+                    f"{migration.path}: step {migration.step} failed on {path}: {exc}; the database "
+                    f"stays at schema {version}"
+                ) from None
+        if version < latest:
+            conn.execute(f"PRAGMA user_version = {latest}")
+        conn.execute("COMMIT")
+    except BaseException:
+        conn.rollback()
+        raise
+
+
+def _statements(script: str) -> Iterator[str]:
+    """The statements of a migration script, one at a time (SQLite's tokenizer finds their ends).
+
+    ``executescript`` would do it in one call, but it commits an open transaction first, and the
+    migration must run inside the one whose write lock guards the version check.
+    """
+    pending = ""
+    for line in script.splitlines(keepends=True):
+        pending += line
+        if sqlite3.complete_statement(pending):
+            yield pending
+            pending = ""
+    if sqlite3.complete_statement(pending + ";") and pending.strip() and not _only_comments(pending):
+        yield pending
+
+
+def _only_comments(text: str) -> bool:
+    return all(not line.strip() or line.strip().startswith("--") for line in text.splitlines())
+
+
+# -- errors ------------------------------------------------------------------------------------
+
+# SQLite's primary result codes for "the file or its filesystem cannot be used".
+_SQLITE_PERM, _SQLITE_BUSY, _SQLITE_LOCKED, _SQLITE_READONLY = 3, 5, 6, 8
+_SQLITE_IOERR, _SQLITE_CORRUPT, _SQLITE_FULL, _SQLITE_CANTOPEN, _SQLITE_NOTADB = 10, 11, 13, 14, 26
+_STORAGE_CODES = frozenset(
+    {
+        _SQLITE_PERM,
+        _SQLITE_BUSY,
+        _SQLITE_LOCKED,
+        _SQLITE_READONLY,
+        _SQLITE_IOERR,
+        _SQLITE_CORRUPT,
+        _SQLITE_FULL,
+        _SQLITE_CANTOPEN,
+        _SQLITE_NOTADB,
+    }
+)
+
+
+def _is_storage_error(exc: sqlite3.Error) -> bool:
+    code = getattr(exc, "sqlite_errorcode", None)
+    return code is not None and code & 0xFF in _STORAGE_CODES
+
+
+def storage_error(
+    path: Path, exc: sqlite3.Error, kind: type[SidecarError] = SidecarError, doing: str = ""
+) -> sqlite3.Error | SidecarError:
+    """``exc`` as one line naming ``path`` and the reason, if it is about the file or filesystem.
+
+    Any other error (a constraint, a bug in a statement) is returned as it is, for the caller to
+    raise. ``kind`` is ``UnusableStateError`` at open (the CLI exits 2: nothing was started) and
+    ``SidecarError`` for a write or read that fails later, during a run; ``doing`` (e.g.
+    "write rolled back") goes between the path and the reason.
+    """
+    code = getattr(exc, "sqlite_errorcode", None)
+    primary = None if code is None else code & 0xFF
+    if primary not in _STORAGE_CODES:
+        return exc
+    advice = "use another --log-dir"
+    if primary == _SQLITE_FULL:
+        reason, advice = "filesystem is full", "free some space or use another --log-dir"
+    elif primary in (_SQLITE_READONLY, _SQLITE_CANTOPEN, _SQLITE_PERM):
+        reason = _not_writable_reason(path)
+        if primary == _SQLITE_CANTOPEN and reason == "permission denied" and os.access(path.parent, os.W_OK):
+            reason = "cannot open the database file"
+    elif primary in (_SQLITE_CORRUPT, _SQLITE_NOTADB):
+        reason = "database file is corrupt" if primary == _SQLITE_CORRUPT else "not a SQLite database"
+        advice = "move it away or use another --log-dir"
+        # Found by a later read as well as at open: either way the file is unusable, not the run.
+        kind = UnusableStateError
+    elif primary in (_SQLITE_BUSY, _SQLITE_LOCKED):
+        reason = f"database is locked; another process held it for {BUSY_TIMEOUT_SECONDS:g}s"
+        advice = "check for a stuck sidecar-fsm"
+    else:
+        reason = f"I/O error ({getattr(exc, 'sqlite_errorname', 'SQLITE_IOERR')})"
+        advice = "check the disk or use another --log-dir"
+    return kind(f"{path}: {doing + ': ' if doing else ''}{reason}; {advice}")
+
+
+def _not_writable_reason(target: Path) -> str:
+    """Why ``target`` (or its directory) cannot be written: a read-only filesystem or permissions."""
+    for candidate in (target, *target.parents):
+        try:
+            if os.statvfs(candidate).f_flag & os.ST_RDONLY:
+                return "read-only filesystem"
+            break
+        except OSError:
+            continue
+    return "permission denied"
+
+
+def _os_reason(target: Path, exc: OSError) -> str:
+    if exc.errno == errno.EROFS:
+        return "read-only filesystem"
+    if exc.errno in (errno.ENOSPC, errno.EDQUOT):
+        return "filesystem is full"
+    if exc.errno in (errno.EACCES, errno.EPERM):
+        return "permission denied"
+    if exc.errno == errno.ENOENT and exc.filename and os.path.isdir(os.path.dirname(exc.filename)):
+        # mkdir in an existing directory answered "no such file": a virtual filesystem (/proc).
+        return f"cannot create '{exc.filename}' (the filesystem refuses new directories there)"
+    return (exc.strerror or str(exc)).lower()

@@ -20,13 +20,12 @@ import json
 import os
 import select
 import struct
+import subprocess
 import threading
 import time
 from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
-
-from . import procs
 
 # From <sys/inotify.h>: stable kernel ABI.
 _IN_MOVED_TO = 0x00000080
@@ -58,7 +57,7 @@ class ReadyWait:
 
     name: str
     ready_path: str
-    process: procs.ChildProcess
+    process: subprocess.Popen[bytes]
 
 
 @dataclass

@@ -20,6 +20,7 @@ import contextlib
 import errno
 import os
 import signal
+import subprocess
 import threading
 import time
 import uuid
@@ -228,6 +229,11 @@ def log_tail(log_path: str, lines: int = LOG_TAIL_LINES) -> str:
     return "\n".join(text[-lines:]) or "(empty log)"
 
 
+def _open_log(path: str) -> int:
+    """Open (creating it) a sidecar's log for appending; CLOEXEC, so no other child inherits it."""
+    return os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC, 0o644)
+
+
 class _RunFiles:
     """A run's files, made on a helper thread while the run is recorded and its proxies start.
 
@@ -261,7 +267,7 @@ class _RunFiles:
         try:
             for log_path in self._log_paths:
                 try:
-                    opened: int | OSError = procs.open_log(log_path)
+                    opened: int | OSError = _open_log(log_path)
                 except OSError as exc:
                     opened = exc
                 with self._log_opened:
@@ -341,7 +347,7 @@ class _Child:
     # The address the proxy actually bound (from its ready file) once it was ready; until then the
     # configured one. A restart reuses it, so a `:0` instance keeps the port URLs were rewritten to.
     listen: str
-    process: procs.ChildProcess | None = None
+    process: subprocess.Popen[bytes] | None = None
     identity: procs.ProcessIdentity | None = None
     restart_count: int = 0
     error: str | None = None
@@ -477,12 +483,9 @@ class NodeSidecars:
                         child.machine.fire("build", detail=self.binary, binary=self.binary)
                         self._fail(child, message)
                     raise SidecarError(message)
-                # One read of the inheritable descriptors and one deferral of SIGINT for all the
-                # launches: between two of them the proxies already started take the cores.
-                inheritable = procs.inheritable_fds()
                 with _interrupts_deferred():
                     for child in self._children:
-                        self._launch(child, env, files=files, inheritable=inheritable)
+                        self._launch(child, env, files=files)
             finally:
                 files.close_logs()
             launched = [child for child in self._children if child.process is not None]
@@ -561,7 +564,6 @@ class NodeSidecars:
         env: dict[str, str],
         restart_of: int | None = None,
         files: _RunFiles | None = None,
-        inheritable: list[int] | None = None,
     ) -> None:
         """Start ``child``'s process on ``child.listen``; remembers it, records nothing yet.
 
@@ -570,7 +572,6 @@ class NodeSidecars:
         ``stop()`` ends a launched child whose spawn was not recorded yet. A log that cannot be
         opened or an executable that cannot be started fails the instance and raises
         ``SidecarError``. ``files`` has the log already open (a start); else it is opened here.
-        ``inheritable`` is passed on to ``procs.spawn``.
         """
         if restart_of is not None:
             # The dead process's ready file; wait_all_ready insists on the new pid anyway, this
@@ -582,12 +583,12 @@ class NodeSidecars:
             instance = instance.model_copy(update={"listen": child.listen})
         argv = sidecar_command(self.binary, self.config, instance, child.ready_path)
         try:
-            log = files.log_fd(child.index) if files is not None else procs.open_log(child.log_path)
+            log = files.log_fd(child.index) if files is not None else _open_log(child.log_path)
         except OSError as exc:
             problem = f"log '{child.log_path}' cannot be written ({exc}); check the log dir"
             raise self._launch_failed(child, problem, restart_of) from exc
         try:
-            process = procs.spawn(argv, env, log, inheritable)
+            process = procs.spawn(argv, env, log)
         except OSError as exc:
             problem = f"'{self.binary}' could not be started ({exc}); check sidecar.binary"
             raise self._launch_failed(child, problem, restart_of) from exc
@@ -616,9 +617,9 @@ class NodeSidecars:
         """
         process = child.process
         if child.identity is None and process is not None and process.returncode is None:
-            start_time = procs.start_time_of(process.pid)
-            if start_time is not None:
-                child.identity = procs.ProcessIdentity(process.pid, start_time, None)
+            identity = procs.identity_of(process.pid)
+            if identity is not None:
+                child.identity = procs.ProcessIdentity(process.pid, identity.start_time, None)
         return child.identity
 
     def _facts(self, child: _Child) -> dict[str, Any]:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import statistics
+import subprocess
 import sys
 import time
 from collections.abc import Iterator
@@ -13,7 +14,6 @@ from pathlib import Path
 import pytest
 
 from sidecar_fsm import procs, ready
-from sidecar_fsm.procs import ChildProcess
 from sidecar_fsm.ready import ReadyInfo, ReadyWait
 
 # argv: ready_path delay_seconds [exit_code]. Binds first, waits `delay`, then writes the file
@@ -42,8 +42,8 @@ time.sleep(60)
 
 
 @pytest.fixture
-def children(tmp_path: Path) -> Iterator[list[ChildProcess]]:
-    started: list[ChildProcess] = []
+def children(tmp_path: Path) -> Iterator[list[subprocess.Popen[bytes]]]:
+    started: list[subprocess.Popen[bytes]] = []
     yield started
     for process in started:
         if process.poll() is None:
@@ -52,8 +52,8 @@ def children(tmp_path: Path) -> Iterator[list[ChildProcess]]:
 
 
 def _start(
-    children: list[ChildProcess], ready_path: Path, delay: float, exit_code: int | None = None
-) -> ChildProcess:
+    children: list[subprocess.Popen[bytes]], ready_path: Path, delay: float, exit_code: int | None = None
+) -> subprocess.Popen[bytes]:
     argv = [sys.executable, "-c", CHILD, str(ready_path), str(delay)]
     if exit_code is not None:
         argv.append(str(exit_code))
@@ -78,7 +78,9 @@ def test_read_ready_file_rejects_missing_partial_and_malformed(tmp_path: Path) -
     assert ready.read_ready_file(path) == ReadyInfo(5, "127.0.0.1:1250")
 
 
-def test_ready_child_is_detected_with_its_bound_address(tmp_path: Path, children: list[ChildProcess]) -> None:
+def test_ready_child_is_detected_with_its_bound_address(
+    tmp_path: Path, children: list[subprocess.Popen[bytes]]
+) -> None:
     path = tmp_path / "a.ready"
     child = _start(children, path, 0.2)
     outcome = ready.wait_all_ready([ReadyWait("a", str(path), child)], 20)["a"]
@@ -88,7 +90,9 @@ def test_ready_child_is_detected_with_its_bound_address(tmp_path: Path, children
     assert child.poll() is None
 
 
-def test_stale_ready_file_with_another_pid_is_ignored(tmp_path: Path, children: list[ChildProcess]) -> None:
+def test_stale_ready_file_with_another_pid_is_ignored(
+    tmp_path: Path, children: list[subprocess.Popen[bytes]]
+) -> None:
     path = tmp_path / "stale.ready"
     path.write_text(json.dumps({"pid": os.getpid(), "listen": "127.0.0.1:1"}))  # left by another run
     child = _start(children, path, 0.3)
@@ -107,7 +111,7 @@ def test_stale_ready_file_with_another_pid_is_ignored(tmp_path: Path, children: 
 
 
 def test_child_that_exits_first_reports_its_exit_code_at_once(
-    tmp_path: Path, children: list[ChildProcess]
+    tmp_path: Path, children: list[subprocess.Popen[bytes]]
 ) -> None:
     path = tmp_path / "dies.ready"
     child = _start(children, path, 0.1, exit_code=3)
@@ -118,7 +122,9 @@ def test_child_that_exits_first_reports_its_exit_code_at_once(
     assert child.returncode == 3  # reaped
 
 
-def test_timeout_is_reported_after_the_deadline(tmp_path: Path, children: list[ChildProcess]) -> None:
+def test_timeout_is_reported_after_the_deadline(
+    tmp_path: Path, children: list[subprocess.Popen[bytes]]
+) -> None:
     path = tmp_path / "slow.ready"
     child = _start(children, path, 60)
     began = time.monotonic()
@@ -129,7 +135,7 @@ def test_timeout_is_reported_after_the_deadline(tmp_path: Path, children: list[C
     assert child.poll() is None  # waiting never ends the child: the caller decides
 
 
-def test_mixed_outcomes_in_one_wait(tmp_path: Path, children: list[ChildProcess]) -> None:
+def test_mixed_outcomes_in_one_wait(tmp_path: Path, children: list[subprocess.Popen[bytes]]) -> None:
     waits = [
         ReadyWait("ok", str(tmp_path / "ok.ready"), _start(children, tmp_path / "ok.ready", 0.1)),
         ReadyWait("dies", str(tmp_path / "dies.ready"), _start(children, tmp_path / "dies.ready", 0.1, 4)),
@@ -145,7 +151,9 @@ def test_mixed_outcomes_in_one_wait(tmp_path: Path, children: list[ChildProcess]
     assert outcomes["slow"].timed_out
 
 
-def test_file_already_there_before_the_wait_is_seen(tmp_path: Path, children: list[ChildProcess]) -> None:
+def test_file_already_there_before_the_wait_is_seen(
+    tmp_path: Path, children: list[subprocess.Popen[bytes]]
+) -> None:
     path = tmp_path / "early.ready"
     child = _start(children, path, 0)
     deadline = time.monotonic() + 20
@@ -159,7 +167,7 @@ def test_file_already_there_before_the_wait_is_seen(tmp_path: Path, children: li
 
 
 def test_four_children_awaited_together_take_one_startup(
-    tmp_path: Path, children: list[ChildProcess]
+    tmp_path: Path, children: list[subprocess.Popen[bytes]]
 ) -> None:
     delay = 1.0
     began = time.monotonic()
@@ -177,7 +185,7 @@ def test_four_children_awaited_together_take_one_startup(
     assert elapsed < 2 * delay, f"4 children took {elapsed:.2f}s"
 
 
-def test_latency_from_rename_to_return(tmp_path: Path, children: list[ChildProcess]) -> None:
+def test_latency_from_rename_to_return(tmp_path: Path, children: list[subprocess.Popen[bytes]]) -> None:
     """The wait returns within about a millisecond of the rename (inotify, no polling interval)."""
     latencies = []
     for index in range(5):
@@ -199,7 +207,7 @@ def test_latency_from_rename_to_return(tmp_path: Path, children: list[ChildProce
 
 
 def test_without_inotify_the_fallback_still_finds_the_file(
-    tmp_path: Path, children: list[ChildProcess], monkeypatch: pytest.MonkeyPatch
+    tmp_path: Path, children: list[subprocess.Popen[bytes]], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     def unavailable() -> None:
         raise OSError(24, "Too many open files")  # inotify_init1 at the per-user instance limit
@@ -213,7 +221,7 @@ def test_without_inotify_the_fallback_still_finds_the_file(
 
 
 def test_consecutive_waits_reuse_one_inotify_and_never_see_each_others_events(
-    tmp_path: Path, children: list[ChildProcess], monkeypatch: pytest.MonkeyPatch
+    tmp_path: Path, children: list[subprocess.Popen[bytes]], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """The instance kept between waits comes back without watches or queued events."""
     monkeypatch.setattr(ready, "_idle_inotify", [])

@@ -650,7 +650,9 @@ class NodeSidecars:
     def _await_ready(self, children: list[_Child]) -> list[str]:
         """Wait for all ``children`` at once; fire ``ready`` or ``fail``; the failure messages."""
         waits = [
-            ReadyWait(child.name, child.ready_path, child.process) for child in children if child.process
+            ReadyWait(child.name, child.ready_path, child.process, child.listen)
+            for child in children
+            if child.process
         ]
         outcomes = wait_all_ready(waits, timeout=float(self.config.startup_timeout_seconds))
         bound: dict[str, str] = {}

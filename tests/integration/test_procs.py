@@ -113,7 +113,7 @@ def test_proxy_drains_on_sigterm_even_when_the_host_blocks_or_ignores_it(
         signal.signal(signal.SIGTERM, previous_term)
         signal.signal(signal.SIGINT, previous_int)
         signal.pthread_sigmask(signal.SIG_SETMASK, previous_mask)
-    wait_until(lambda: ready.read_ready_file(ready_path), 10, "the proxy's ready file")
+    wait_until(lambda: ready.read_ready_file(ready_path, child.pid), 10, "the proxy's ready file")
     status = Path(f"/proc/{child.pid}/status").read_text()
     assert _signal_set(status, "SigBlk") & {signal.SIGINT, signal.SIGTERM} == set()
     assert _signal_set(status, "SigIgn") & {signal.SIGINT, signal.SIGTERM, signal.SIGPIPE} == set()

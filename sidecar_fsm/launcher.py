@@ -7,7 +7,7 @@ proxies actually bound. A bad config therefore fails with nothing started and th
 untouched, and any failure or ``KeyboardInterrupt`` once a process exists stops it first.
 
 Re-exports the rest of the public names from the modules that own them (config, rewrite,
-buildcache, supervise). Must not change instance state itself (``supervise`` fires events) nor
+buildcache, command, supervise). Must not change instance state itself (``supervise`` fires events) nor
 parse config values (``config`` does).
 """
 
@@ -27,6 +27,7 @@ from sidecar_fsm.buildcache import (
     default_binary_path,
     ensure_binary,
 )
+from sidecar_fsm.command import sidecar_command, sidecar_env
 from sidecar_fsm.config import (
     H2PingSidecarConfig,
     SidecarInstanceConfig,
@@ -34,9 +35,10 @@ from sidecar_fsm.config import (
     is_loopback_host,
 )
 from sidecar_fsm.errors import ConfigError, SidecarError
+from sidecar_fsm.interrupts import interrupts_deferred
 from sidecar_fsm.resources import SIDECAR_SOURCE_DIR, default_log_dir
 from sidecar_fsm.rewrite import RewrittenUrl, find_base_urls, rewrite_base_urls
-from sidecar_fsm.supervise import NodeSidecars, _interrupts_deferred, sidecar_command, sidecar_env
+from sidecar_fsm.supervise import NodeSidecars
 from sidecar_fsm.urls import redact_url
 
 __all__ = [
@@ -217,7 +219,7 @@ def start_h2_ping_sidecar(global_config_dict: DictConfig) -> H2PingSidecarManage
             # In-memory and microseconds long, but a KeyboardInterrupt in the middle would leave
             # the caller's config half rewritten with its sidecars stopped: SIGINT waits until
             # it is done, and is then handled by the except below like any other interrupt.
-            with _interrupts_deferred():
+            with interrupts_deferred():
                 changes = plan.apply(global_config_dict, manager.instances_actual)
             for change in changes:
                 # Base URLs may carry credentials (userinfo, ?api-key=): never print them.

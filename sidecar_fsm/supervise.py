@@ -1,21 +1,21 @@
 """One run's sidecar children on this host: spawn, await readiness, supervise, restart, drain, stop.
 
-Owns the processes a launcher run starts and every decision about them: the command line and
-environment they get, when an instance counts as ready, failed or restartable, and how it is
-ended. Each decision becomes an event fired on the instance's ``InstanceMachine`` with the facts
+Owns the processes a launcher run starts and every decision about them: when an instance counts
+as ready, failed or restartable, and how it is ended. Their command line and environment are
+``command``'s, the wording of failures ``messages``', the open database ``sharedstore``'s. Each decision becomes an event fired on the instance's ``InstanceMachine`` with the facts
 it establishes (pid, start time, exit code, error, restart count, bound address) as arguments:
 this module never sets a state, never writes SQL (``store`` does, inside the transition) and
 never signals a process except through ``procs``. It does not build the binary (``buildcache``),
 parse the config (``config``) or touch the caller's global config (``launcher``/``rewrite``).
+``sidecar_command``, ``sidecar_env`` and ``shared_store`` stay importable from here.
 
 Interrupts: once a process exists, any exception or ``KeyboardInterrupt`` out of ``start()``
 stops every child first. The few lines between creating a process and remembering it run with
-SIGINT held (``_interrupts_deferred``), since an interrupt there would leak a child nothing knows.
+SIGINT held (``interrupts_deferred``), since an interrupt there would leak a child nothing knows.
 """
 
 from __future__ import annotations
 
-import atexit
 import contextlib
 import errno
 import os
@@ -24,209 +24,36 @@ import subprocess
 import threading
 import time
 import uuid
-from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from sidecar_fsm import procs
-from sidecar_fsm.config import H2PingSidecarConfig, SidecarInstanceConfig, is_loopback_host
+from sidecar_fsm.command import sidecar_command, sidecar_env
+from sidecar_fsm.config import H2PingSidecarConfig, SidecarInstanceConfig
 from sidecar_fsm.errors import SidecarError
-from sidecar_fsm.fsm import STATES, TERMINAL, Firing, InstanceMachine, fire_together, new_run_table
+from sidecar_fsm.fsm import TERMINAL, Firing, InstanceMachine, fire_together, new_run_table
 from sidecar_fsm.hostname import host_name
+from sidecar_fsm.interrupts import interrupts_deferred
+from sidecar_fsm.messages import exit_message, log_tail, port_clash_message, where
 from sidecar_fsm.ready import ReadyOutcome, ReadyWait, prepared_temp_path, wait_all_ready
-from sidecar_fsm.store import InstanceRecord, NewInstance, Store
+from sidecar_fsm.sharedstore import owner_identity, shared_store
+from sidecar_fsm.store import NewInstance, Store
 from sidecar_fsm.urls import redact_url
 
 if TYPE_CHECKING:
     from transitions import Machine
+
+__all__ = ["NodeSidecars", "shared_store", "sidecar_command", "sidecar_env"]
 
 # Time past `shutdown_grace` that `stop()` allows before SIGKILL: the proxy's own drain ends at
 # the grace, so this only covers exiting (flushing logs, removing its ready file) on a busy host.
 STOP_SLACK_SECONDS = 5.0
 # Waiting for a SIGKILLed child to be reaped; the kernel needs no cooperation, so this is generous.
 KILL_REAP_SECONDS = 5.0
-LOG_TAIL_LINES = 20
-_LOG_TAIL_BYTES = 16384
 # Exit statuses of a proxy that was asked to stop: 0 from its drain, -SIGTERM if the signal
 # arrived before Go installed its handler (the first milliseconds of the process).
 _CLEAN_STOP_CODES = (0, -signal.SIGTERM)
-_NON_TERMINAL = tuple(state for state in STATES if state not in TERMINAL)
-
-
-_shared_stores: dict[tuple[int, str], tuple[Store, tuple[int, int]]] = {}
-_shared_stores_lock = threading.Lock()
-
-
-def _file_id(path: Path) -> tuple[int, int] | None:
-    try:
-        status = os.stat(path)
-    except OSError:
-        return None
-    return status.st_dev, status.st_ino
-
-
-def shared_store(log_dir: str) -> Store:
-    """This process's ``Store`` for ``log_dir``'s host database, opened once and kept open.
-
-    Closing the last connection of a WAL database checkpoints it and fsyncs (about 20 ms), and
-    opening takes the migration lock: paying both on every run would cost more than the rest of
-    a warm start. One connection per process and database serves every run (``Store`` is
-    thread-safe); it is closed at interpreter exit. Keyed by pid as well: after ``fork`` the
-    child must not use its parent's SQLite handle. If the file was removed or replaced since
-    (a log dir cleaned between runs), a new connection is opened: writing to the unlinked file
-    would hide the run from every reader.
-    """
-    key = (os.getpid(), os.path.realpath(log_dir))
-    with _shared_stores_lock:
-        cached = _shared_stores.get(key)
-        if cached is not None:
-            store, file_id = cached
-            if _file_id(store.path) == file_id:
-                return store
-            with contextlib.suppress(Exception):
-                store.close()
-        store = Store.open(log_dir)
-        file_id_now = _file_id(store.path)
-        if file_id_now is not None:
-            _shared_stores[key] = (store, file_id_now)
-        return store
-
-
-_owner_identities: dict[int, procs.ProcessIdentity | None] = {}
-
-
-def _owner_identity() -> procs.ProcessIdentity | None:
-    """This process's identity (pid, start time), read once per process: it cannot change."""
-    pid = os.getpid()
-    if pid not in _owner_identities:
-        _owner_identities[pid] = procs.identity_of(pid)
-    return _owner_identities[pid]
-
-
-@atexit.register
-def _close_shared_stores() -> None:
-    with _shared_stores_lock:
-        for (pid, _), (store, _file) in list(_shared_stores.items()):
-            if pid == os.getpid():
-                with contextlib.suppress(Exception):
-                    store.close()
-        _shared_stores.clear()
-
-
-def sidecar_command(
-    binary: str, config: H2PingSidecarConfig, instance: SidecarInstanceConfig, ready_path: str
-) -> list[str]:
-    """The proxy's argv for ``instance``: every tuning flag from ``config``, explicit, nothing implied.
-
-    Pure apart from reading our own pid: with ``exit_with_owner`` the child gets
-    ``-exit-with-pid <this process>``, so a launcher killed with SIGKILL (no ``stop()``) leaves a
-    sidecar that drains and exits by itself instead of holding the port forever.
-    """
-    command = [
-        str(binary),
-        "-listen",
-        instance.listen,
-        "-upstream",
-        instance.upstream,
-        "-ping-interval",
-        config.ping_interval,
-        "-ping-timeout",
-        config.ping_timeout,
-        "-shutdown-grace",
-        config.shutdown_grace,
-        "-retry-body-limit",
-        str(config.retry_body_limit),
-        "-max-conn-age",
-        config.max_conn_age,
-        "-ready-file",
-        ready_path,
-    ]
-    if config.ca_file:
-        command += ["-ca-file", str(Path(config.ca_file).expanduser())]
-    if config.exit_with_owner:
-        command += ["-exit-with-pid", str(os.getpid())]
-    if config.insecure_skip_verify:
-        command.append("-insecure-skip-verify")
-    return command
-
-
-def sidecar_env(config: H2PingSidecarConfig) -> dict[str, str]:
-    """The child's environment: ours, plus the Go runtime limits, minus any ``http2debug`` in GODEBUG.
-
-    ``GODEBUG=http2debug=1`` makes net/http log every HTTP/2 frame, Authorization headers
-    included; the proxy refuses to start with it, so it is removed here rather than turned into a
-    startup failure caused by a debugging variable the user set for something else.
-    """
-    env = dict(os.environ)
-    godebug = env.pop("GODEBUG", None)
-    if godebug is not None:
-        kept = [
-            setting
-            for setting in godebug.split(",")
-            if setting.strip() and setting.split("=", 1)[0].strip() != "http2debug"
-        ]
-        if kept:
-            env["GODEBUG"] = ",".join(kept)
-    if config.gomemlimit is not None:
-        env["GOMEMLIMIT"] = str(config.gomemlimit)
-    if config.gomaxprocs is not None:
-        env["GOMAXPROCS"] = str(config.gomaxprocs)
-    return env
-
-
-_DEFERRED_SIGNALS = (signal.SIGINT, signal.SIGTERM)
-
-
-@contextlib.contextmanager
-def _interrupts_deferred() -> Iterator[None]:
-    """Hold SIGINT and SIGTERM for the body; then run their handlers for what arrived, in order.
-
-    Used around "create a process, remember it": an exception raised by a signal handler
-    between ``fork`` and the assignment that keeps the ``ChildProcess`` (Python's ``KeyboardInterrupt``,
-    a CLI's SIGTERM-to-exception handler) would leave a sidecar that ``stop()`` cannot see. Only
-    Python-level handlers are held (a default or ignored disposition has no exception to
-    defer), and only in the main thread, where Python runs them. The body is a few
-    milliseconds long, so the delay is invisible to the caller.
-    """
-    if threading.current_thread() is not threading.main_thread():
-        yield
-        return
-    pending: list[int] = []
-
-    def hold(signum: int, frame: Any) -> None:
-        pending.append(signum)
-
-    held: dict[int, Any] = {}
-    try:
-        for deferred in _DEFERRED_SIGNALS:
-            if callable(signal.getsignal(deferred)):
-                held[deferred] = signal.signal(deferred, hold)
-        yield
-    finally:
-        for restored, handler in held.items():
-            signal.signal(restored, handler)
-        for arrived in pending:
-            held[arrived](arrived, None)
-
-
-def log_tail(log_path: str, lines: int = LOG_TAIL_LINES) -> str:
-    """The last ``lines`` lines of a child's log, for error messages; never raises.
-
-    Reads only the end of the file: a sidecar that ran for days has a long log.
-    """
-    try:
-        with open(log_path, "rb") as log:
-            log.seek(0, os.SEEK_END)
-            size = log.tell()
-            log.seek(max(0, size - _LOG_TAIL_BYTES))
-            data = log.read()
-    except OSError as exc:
-        return f"(log {log_path} unreadable: {exc.strerror or exc})"
-    text = data.decode(errors="replace").splitlines()
-    if size > _LOG_TAIL_BYTES and text:
-        text = text[1:]  # the first line is probably cut
-    return "\n".join(text[-lines:]) or "(empty log)"
 
 
 def _open_log(path: str) -> int:
@@ -407,7 +234,7 @@ class NodeSidecars:
         return os.path.join(self.log_dir, f"h2ping-{instance.name}-{self.host}-{self.run_id}{suffix}")
 
     def _where(self, child: _Child) -> str:
-        return f"h2-ping-sidecar '{child.name}' (run {self.run_id} on {self.host})"
+        return where(child.name, self.run_id, self.host)
 
     @property
     def instances_actual(self) -> list[SidecarInstanceConfig]:
@@ -483,7 +310,7 @@ class NodeSidecars:
                         child.machine.fire("build", detail=self.binary, binary=self.binary)
                         self._fail(child, message)
                     raise SidecarError(message)
-                with _interrupts_deferred():
+                with interrupts_deferred():
                     for child in self._children:
                         self._launch(child, env, files=files)
             finally:
@@ -520,7 +347,7 @@ class NodeSidecars:
         if self.store is None:
             self.store = shared_store(self.log_dir)
         store = self.store
-        owner = _owner_identity()
+        owner = owner_identity()
         with store.transaction():
             store.create_run(
                 self.run_id, os.getpid(), owner.start_time if owner else None, self.config_summary()
@@ -567,7 +394,7 @@ class NodeSidecars:
     ) -> None:
         """Start ``child``'s process on ``child.listen``; remembers it, records nothing yet.
 
-        Callers hold SIGINT (``_interrupts_deferred``) around this (a restart also around the
+        Callers hold SIGINT (``interrupts_deferred``) around this (a restart also around the
         event that records it), so a process never exists without ``child.process`` naming it;
         ``stop()`` ends a launched child whose spawn was not recorded yet. A log that cannot be
         opened or an executable that cannot be started fails the instance and raises
@@ -632,7 +459,7 @@ class NodeSidecars:
 
     def _respawn(self, child: _Child, env: dict[str, str], exit_code: int) -> None:
         """Replace the dead process of a ``ready`` child on the same address; fire ``restart``."""
-        with _interrupts_deferred():
+        with interrupts_deferred():
             self._launch(child, env, restart_of=exit_code)
             assert child.process is not None
             attempt = child.restart_count + 1
@@ -696,43 +523,8 @@ class NodeSidecars:
         return message
 
     def _exit_message(self, child: _Child, exit_code: int, before_ready: bool) -> str:
-        tail = log_tail(child.log_path)
-        if "address already in use" in tail:
-            return self._port_clash_message(child)
-        when = "before it was ready" if before_ready else "unexpectedly"
-        return f"{self._where(child)}: exited with code {exit_code} {when}; see {child.log_path}"
-
-    def _port_clash_message(self, child: _Child) -> str:
-        where = f"sidecar.instances[{child.index}].listen: '{child.listen}'"
-        holder = self._listen_holder(child.listen)
-        if holder is None:
-            return f"{where} is already in use by another process; stop it or choose another port (or port 0)"
-        pid = f"pid {holder.pid}" if holder.pid else "no pid yet"
-        return (
-            f"{where} is already in use by run {holder.run_id} instance '{holder.name}' ({pid}); "
-            f"stop that run (sidecar-fsm status, sidecar-fsm reap) or choose another port"
-        )
-
-    def _listen_holder(self, listen: str) -> InstanceRecord | None:
-        """The live instance of another run on ``listen`` according to the database, if any."""
-        if self.store is None:
-            return None
-        try:
-            candidates = self.store.instances_in_states(_NON_TERMINAL)
-        except Exception:
-            return None  # a diagnosis; never let it hide the failure it explains
-        # Newest first; a record left non-terminal by a crashed run names the holder only when
-        # its process is provably still that sidecar (pid and start time), else it is skipped.
-        fallback: InstanceRecord | None = None
-        for record in reversed(candidates):
-            if record.run_id == self.run_id or not _same_address(record.listen, listen):
-                continue
-            if record.pid is not None and record.pid_start_time is not None:
-                if procs.is_ours(procs.ProcessIdentity(record.pid, record.pid_start_time, None)):
-                    return record
-            elif fallback is None:
-                fallback = record
-        return fallback
+        clash = port_clash_message(child.index, child.listen, self.store, self.run_id)
+        return exit_message(self._where(child), exit_code, before_ready, child.log_path, clash)
 
     # -- supervision --------------------------------------------------------------------------
 
@@ -918,15 +710,3 @@ class NodeSidecars:
             child.machine.fire(event, detail=detail, **facts)
         except Exception as exc:
             problems.append(exc)
-
-
-def _same_address(a: str, b: str) -> bool:
-    """Whether two ``host:port`` listens name the same socket, loopback spellings included."""
-    if a == b:
-        return True
-    host_a, _, port_a = a.rpartition(":")
-    host_b, _, port_b = b.rpartition(":")
-    if port_a != port_b or port_a == "0":
-        return False
-    unbracket = str.maketrans("", "", "[]")
-    return is_loopback_host(host_a.translate(unbracket)) and is_loopback_host(host_b.translate(unbracket))

@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 from omegaconf import OmegaConf
 
-from sidecar_fsm import launcher, supervise
+from sidecar_fsm import interrupts, launcher, messages, sharedstore, supervise
 from sidecar_fsm.config import H2PingSidecarConfig
 from sidecar_fsm.errors import ConfigError, SidecarError
 from sidecar_fsm.launcher import (
@@ -59,6 +59,7 @@ def test_every_spec_name_is_exported() -> None:
     assert SIDECAR_BINARY_NAME == "h2-ping-sidecar"
     assert (SIDECAR_SOURCE_DIR / "go.mod").is_file()
     assert issubclass(launcher.SidecarError, RuntimeError)
+    assert supervise.NodeSidecars is launcher.NodeSidecars
 
 
 def test_command_passes_every_tuning_flag_explicitly() -> None:
@@ -214,10 +215,10 @@ def test_missing_go_and_no_prebuilt(tmp_path: Path, monkeypatch: pytest.MonkeyPa
 def test_log_tail_reads_only_the_end(tmp_path: Path) -> None:
     log = tmp_path / "x.log"
     log.write_text("".join(f"line {i}\n" for i in range(10000)))
-    assert supervise.log_tail(str(log), lines=3) == "line 9997\nline 9998\nline 9999"
-    assert supervise.log_tail(str(tmp_path / "missing.log")).startswith("(log ")
+    assert messages.log_tail(str(log), lines=3) == "line 9997\nline 9998\nline 9999"
+    assert messages.log_tail(str(tmp_path / "missing.log")).startswith("(log ")
     (tmp_path / "empty.log").write_text("")
-    assert supervise.log_tail(str(tmp_path / "empty.log")) == "(empty log)"
+    assert messages.log_tail(str(tmp_path / "empty.log")) == "(empty log)"
 
 
 @pytest.mark.parametrize(
@@ -232,12 +233,12 @@ def test_log_tail_reads_only_the_end(tmp_path: Path) -> None:
     ],
 )
 def test_same_address(a: str, b: str, same: bool) -> None:
-    assert supervise._same_address(a, b) is same
+    assert messages.same_address(a, b) is same
 
 
 def test_interrupt_held_until_the_block_ends() -> None:
     reached_end = False
-    with pytest.raises(KeyboardInterrupt), supervise._interrupts_deferred():
+    with pytest.raises(KeyboardInterrupt), interrupts.interrupts_deferred():
         os.kill(os.getpid(), signal.SIGINT)
         # Python runs handlers between bytecodes: a few statements give it the chance to raise.
         for _ in range(1000):
@@ -255,7 +256,7 @@ def test_callers_own_handlers_are_held_then_run() -> None:
         for signum in (signal.SIGINT, signal.SIGTERM)
     }
     try:
-        with supervise._interrupts_deferred():
+        with interrupts.interrupts_deferred():
             inside[0] = True
             os.kill(os.getpid(), signal.SIGTERM)
             os.kill(os.getpid(), signal.SIGINT)
@@ -272,12 +273,12 @@ def test_callers_own_handlers_are_held_then_run() -> None:
 def test_shared_store_is_reused_until_its_file_is_replaced(tmp_path: Path) -> None:
     import shutil
 
-    first = supervise.shared_store(str(tmp_path / "logs"))
-    assert supervise.shared_store(str(tmp_path / "logs")) is first
+    first = sharedstore.shared_store(str(tmp_path / "logs"))
+    assert sharedstore.shared_store(str(tmp_path / "logs")) is first
     # A log dir cleaned between two runs of one process: the next run must not write to the
     # unlinked file, where no reader would ever see it.
     shutil.rmtree(tmp_path / "logs")
-    second = supervise.shared_store(str(tmp_path / "logs"))
+    second = sharedstore.shared_store(str(tmp_path / "logs"))
     assert second is not first
     assert second.path.exists()
     second.create_run("r1", os.getpid(), None, {})

@@ -70,12 +70,6 @@ def temp_files(ready_path: str) -> list[str]:
     return glob.glob(os.path.join(glob.escape(directory), f".{glob.escape(base)}.tmp*"))
 
 
-def prepared_temp_path(ready_path: str) -> str:
-    """The empty temp file a launcher may prepare for the proxy: ``.<ready file name>.tmp`` beside it."""
-    directory, base = os.path.split(ready_path)
-    return os.path.join(directory, f".{base}.tmp")
-
-
 def read_ready_file(path: str | os.PathLike[str], pid: int, listen: str | None = None) -> ReadyInfo | None:
     """The ready file at ``path`` if it names ``pid``; None if missing, partial, malformed or not ``pid``'s.
 

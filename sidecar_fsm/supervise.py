@@ -2,26 +2,25 @@
 
 Owns the processes a launcher run starts and every decision about them: when an instance counts
 as ready, failed or restartable, and how it is ended. Their command line and environment are
-``command``'s, the wording of failures ``messages``', the open database ``sharedstore``'s. Each decision becomes an event fired on the instance's ``InstanceMachine`` with the facts
-it establishes (pid, start time, exit code, error, restart count, bound address) as arguments:
+``command``'s, the wording of failures ``messages``', the open database ``sharedstore``'s.
+Each decision becomes an event fired on the instance's ``InstanceMachine`` with the facts it
+establishes (pid, start time, exit code, error, restart count, bound address) as arguments:
 this module never sets a state, never writes SQL (``store`` does, inside the transition) and
 never signals a process except through ``procs``. It does not build the binary (``buildcache``),
 parse the config (``config``) or touch the caller's global config (``launcher``/``rewrite``).
 ``sidecar_command``, ``sidecar_env`` and ``shared_store`` stay importable from here.
 
 Interrupts: once a process exists, any exception or ``KeyboardInterrupt`` out of ``start()``
-stops every child first. The few lines between creating a process and remembering it run with
+stops every child first. The few lines between creating a process and recording it run with
 SIGINT held (``interrupts_deferred``), since an interrupt there would leak a child nothing knows.
 """
 
 from __future__ import annotations
 
 import contextlib
-import errno
 import os
 import signal
 import subprocess
-import threading
 import time
 import uuid
 from dataclasses import dataclass
@@ -36,7 +35,7 @@ from sidecar_fsm.fsm import TERMINAL, Firing, InstanceMachine, fire_together, ne
 from sidecar_fsm.hostname import host_name
 from sidecar_fsm.interrupts import interrupts_deferred
 from sidecar_fsm.messages import exit_message, log_tail, port_clash_message, where
-from sidecar_fsm.ready import ReadyOutcome, ReadyWait, prepared_temp_path, wait_all_ready
+from sidecar_fsm.ready import ReadyOutcome, ReadyWait, temp_files, wait_all_ready
 from sidecar_fsm.sharedstore import owner_identity, shared_store
 from sidecar_fsm.store import NewInstance, Store
 from sidecar_fsm.urls import redact_url
@@ -59,80 +58,6 @@ _CLEAN_STOP_CODES = (0, -signal.SIGTERM)
 def _open_log(path: str) -> int:
     """Open (creating it) a sidecar's log for appending; CLOEXEC, so no other child inherits it."""
     return os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC, 0o644)
-
-
-class _RunFiles:
-    """A run's files, made on a helper thread while the run is recorded and its proxies start.
-
-    For each instance: its log, opened for the proxy's output, and the temporary file its proxy
-    writes its ready file into (``ready.prepared_temp_path``), created empty. Creating a file
-    costs 15 us on a quiet ext4, but up to 0.9 ms of kernel time on this project's ``/tmp`` after
-    many files in the directory's block group were deleted in the last minutes (ext4 skips
-    recently freed inodes one by one; a test suite or a loop of runs does that), and more on a
-    network file system: four logs on the launcher's critical path, one ready file on each
-    proxy's. The thread opens the logs while the run is recorded in the database (the second
-    core is idle then), and each launch waits for its own log only. It then makes the
-    temporary files while the proxies start, which look for theirs only when they are ready
-    to write it, milliseconds later; a proxy that finds none makes its own, so the race is
-    harmless. With their files prepared, 4 proxies were ready 1.7 ms sooner.
-
-    ``log_fd`` waits for that log only. A log that cannot be opened is raised by ``log_fd``
-    for that instance, as opening it in ``procs.spawn`` would have; a temporary file that
-    cannot be made is left to the proxy. ``wait`` before removing what it may have made.
-    """
-
-    def __init__(self, log_paths: list[str], ready_paths: list[str]) -> None:
-        self._log_paths = log_paths
-        self._temp_paths = [prepared_temp_path(path) for path in ready_paths]
-        # Filled in order by the thread; an entry per log once it was opened (or failed to be).
-        self._logs: list[int | OSError] = []
-        self._log_opened = threading.Condition()
-        self._thread = threading.Thread(target=self._make_all, name="sidecar-fsm-files", daemon=True)
-        self._thread.start()
-
-    def _make_all(self) -> None:
-        try:
-            for log_path in self._log_paths:
-                try:
-                    opened: int | OSError = _open_log(log_path)
-                except OSError as exc:
-                    opened = exc
-                with self._log_opened:
-                    self._logs.append(opened)
-                    self._log_opened.notify_all()
-        except BaseException as exc:  # never leave a launch waiting for a log that will not come
-            with self._log_opened:
-                while len(self._logs) < len(self._log_paths):
-                    self._logs.append(OSError(f"log not opened: {exc!r}"))
-                self._log_opened.notify_all()
-            raise
-        flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
-        for temp_path in self._temp_paths:
-            with contextlib.suppress(OSError):  # the proxy then makes its own
-                os.close(os.open(temp_path, flags, 0o644))
-
-    def log_fd(self, index: int) -> int:
-        with self._log_opened:
-            self._log_opened.wait_for(lambda: len(self._logs) > index)
-            opened = self._logs[index]
-        if isinstance(opened, OSError):
-            raise opened
-        return opened
-
-    def close_logs(self) -> None:
-        """Close every log descriptor (the children hold their own copies)."""
-        with self._log_opened:
-            self._log_opened.wait_for(lambda: len(self._logs) == len(self._log_paths))
-            opened_logs = self._logs
-            # A later log_fd gets an error, never a closed (or reused) descriptor number.
-            self._logs = [OSError(errno.EBADF, "log already closed") for _ in opened_logs]
-        for opened in opened_logs:
-            if isinstance(opened, int):
-                os.close(opened)
-
-    def wait(self) -> None:
-        """Return once every file this made exists (so that removing them removes them all)."""
-        self._thread.join()
 
 
 class _RunMachines:
@@ -221,7 +146,6 @@ class NodeSidecars:
         # Past shutdown_grace before SIGKILL; an attribute so a test need not wait the default.
         self.stop_slack_seconds = STOP_SLACK_SECONDS
         self._children: list[_Child] = []
-        self._files: _RunFiles | None = None
         self._started = False
         self._run_created = False
         self._stopped = False
@@ -293,28 +217,19 @@ class NodeSidecars:
             )
             env = sidecar_env(self.config)
             os.makedirs(self.log_dir, exist_ok=True)
-            files = self._files = _RunFiles(
-                [self._path(instance, ".log") for instance in self.instances],
-                [self._path(instance, ".ready") for instance in self.instances],
-            )
-            try:
-                # Three commits per start, not 3N + 2: the run with its instances (before any
-                # process exists, so a crash leaves the run on record), then every `build` and
-                # `spawn`, then every `ready`. Until the proxies run this process has the
-                # cores to itself and the proxies wait for it, so only what must precede them
-                # happens first; the rest is recorded while they start. `build` is recorded
-                # with `spawn` because the binary was resolved (or built) before the run.
-                self._open_run()
-                if not executable:
-                    for child in self._children:
-                        child.machine.fire("build", detail=self.binary, binary=self.binary)
-                        self._fail(child, message)
-                    raise SidecarError(message)
-                with interrupts_deferred():
-                    for child in self._children:
-                        self._launch(child, env, files=files)
-            finally:
-                files.close_logs()
+            # Three commits per start, not 3N + 2: the run with its instances (before any
+            # process exists, so a crash leaves the run on record), then every `build` and
+            # `spawn`, then every `ready`. `build` is recorded with `spawn` because the binary
+            # was resolved (or built) before the run.
+            self._open_run()
+            if not executable:
+                for child in self._children:
+                    child.machine.fire("build", detail=self.binary, binary=self.binary)
+                    self._fail(child, message)
+                raise SidecarError(message)
+            with interrupts_deferred():
+                for child in self._children:
+                    self._launch(child, env)
             launched = [child for child in self._children if child.process is not None]
             fire_together(
                 [self._build_firing(child) for child in launched]
@@ -390,7 +305,6 @@ class NodeSidecars:
         child: _Child,
         env: dict[str, str],
         restart_of: int | None = None,
-        files: _RunFiles | None = None,
     ) -> None:
         """Start ``child``'s process on ``child.listen``; remembers it, records nothing yet.
 
@@ -398,7 +312,7 @@ class NodeSidecars:
         event that records it), so a process never exists without ``child.process`` naming it;
         ``stop()`` ends a launched child whose spawn was not recorded yet. A log that cannot be
         opened or an executable that cannot be started fails the instance and raises
-        ``SidecarError``. ``files`` has the log already open (a start); else it is opened here.
+        ``SidecarError``.
         """
         if restart_of is not None:
             # The dead process's ready file; wait_all_ready insists on the new pid anyway, this
@@ -410,7 +324,7 @@ class NodeSidecars:
             instance = instance.model_copy(update={"listen": child.listen})
         argv = sidecar_command(self.binary, self.config, instance, child.ready_path)
         try:
-            log = files.log_fd(child.index) if files is not None else _open_log(child.log_path)
+            log = _open_log(child.log_path)
         except OSError as exc:
             problem = f"log '{child.log_path}' cannot be written ({exc}); check the log dir"
             raise self._launch_failed(child, problem, restart_of) from exc
@@ -420,8 +334,7 @@ class NodeSidecars:
             problem = f"'{self.binary}' could not be started ({exc}); check sidecar.binary"
             raise self._launch_failed(child, problem, restart_of) from exc
         finally:
-            if files is None:
-                os.close(log)
+            os.close(log)
         child.process = process
         child.identity = None  # the previous process's, after a restart
 
@@ -650,12 +563,10 @@ class NodeSidecars:
                     )
                     self._fail(child, message, exit_code=code, problems=problems)
         finally:
-            if self._files is not None:
-                self._files.wait()
             for child in self._children:
-                Path(child.ready_path).unlink(missing_ok=True)
-                # Prepared at start; still there only if the proxy never wrote its ready file.
-                Path(prepared_temp_path(child.ready_path)).unlink(missing_ok=True)
+                # With the temp file of a proxy that died between creating and renaming it.
+                for path in [child.ready_path, *temp_files(child.ready_path)]:
+                    Path(path).unlink(missing_ok=True)
             self._end_run(problems)
         if interrupted is not None:
             raise interrupted

@@ -312,6 +312,32 @@ exec sleep 60
 """
 
 
+def test_stop_removes_the_temp_file_of_a_proxy_that_died_writing_its_ready_file(
+    tls_origin: TlsH2Origin,
+    sidecar_binary: Path,
+    log_dir: Path,
+    cache_dir: Path,
+    node_runs: list[NodeSidecars],
+) -> None:
+    """The launcher prepares no temp file; the proxy's own (``.<ready>.tmp-<random>``) goes at stop()."""
+    from sidecar_fsm.launcher import h2_ping_sidecar_config_from_global_config
+
+    config = gym_config(tls_origin.url, tls_origin.ca_file, log_dir, cache_dir)
+    parsed = h2_ping_sidecar_config_from_global_config(config)
+    sidecars = NodeSidecars(parsed, parsed.instances, str(sidecar_binary), str(log_dir))
+    node_runs.append(sidecars)
+    sidecars.start()
+    assert list(log_dir.glob(".*.tmp*")) == []  # renamed into place by the proxy
+    ((_, (record,)),) = run_records(log_dir)
+    assert record.ready_path is not None
+    ready_path = Path(record.ready_path)
+    leftover = ready_path.with_name(f".{ready_path.name}.tmp-1234567")
+    leftover.write_text('{"pid": 1')
+    sidecars.stop()
+    assert not leftover.exists()
+    assert_nothing_left(log_dir)
+
+
 def test_stop_kills_what_outlives_the_grace(
     tls_origin: TlsH2Origin, log_dir: Path, tmp_path: Path, cache_dir: Path, node_runs: list[NodeSidecars]
 ) -> None:

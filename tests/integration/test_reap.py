@@ -21,7 +21,6 @@ from helpers import ProcessRegistry
 
 from sidecar_fsm import procs
 from sidecar_fsm.fsm import InstanceMachine
-from sidecar_fsm.ready import prepared_temp_path
 from sidecar_fsm.reap import owner_status, reap
 from sidecar_fsm.store import Store, database_path
 
@@ -199,8 +198,8 @@ def test_dry_run_changes_nothing_then_the_real_reap_does_what_it_said(
     instances = [("policy", identity, identity.exe), ("judge", other_identity, "/not/ours")]
     make_run(store, log_dir, dead_pid(), instances)
     ready_files = sorted(log_dir.glob("*.ready"))
-    # A start cut short also leaves the temp file the launcher prepared for a ready file.
-    prepared = Path(prepared_temp_path(str(ready_files[0])))
+    # A proxy killed between creating its temp file and renaming it leaves that file too.
+    prepared = ready_files[0].with_name(f".{ready_files[0].name}.tmp-4242")
     prepared.touch()
     before = db_rows(store.path)
 

@@ -31,7 +31,7 @@ from sidecar_fsm import procs
 from sidecar_fsm.command import sidecar_command, sidecar_env
 from sidecar_fsm.config import H2PingSidecarConfig, SidecarInstanceConfig
 from sidecar_fsm.errors import SidecarError
-from sidecar_fsm.fsm import TERMINAL, Firing, InstanceMachine, fire_together, new_run_table
+from sidecar_fsm.fsm import TERMINAL, Firing, InstanceMachine, fire_together
 from sidecar_fsm.hostname import host_name
 from sidecar_fsm.interrupts import interrupts_deferred
 from sidecar_fsm.messages import exit_message, log_tail, port_clash_message, where
@@ -41,7 +41,7 @@ from sidecar_fsm.store import NewInstance, Store
 from sidecar_fsm.urls import redact_url
 
 if TYPE_CHECKING:
-    from transitions import Machine
+    pass
 
 __all__ = ["NodeSidecars", "shared_store", "sidecar_command", "sidecar_env"]
 
@@ -60,40 +60,13 @@ def _open_log(path: str) -> int:
     return os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC, 0o644)
 
 
-class _RunMachines:
-    """The state machines of one run's instances, each made on its first use.
-
-    Making them (the run's ``transitions`` table, then one model per instance) took 0.7 ms of a
-    warm start of 4, and until its proxies run a start has the cores to itself while the
-    proxies wait for it. A start first fires an event (``build`` with ``spawn``) after its
-    proxies were launched, so that is where the machines are made; a start cut short makes
-    them when it records why. A machine made later still starts in ``configured``, which is
-    right: every transition of the run's instances goes through these machines.
-    """
-
-    def __init__(self, store: Store) -> None:
-        self._store = store
-        self._table: Machine | None = None  # the run's machines live and die together
-        self._machines: dict[int, InstanceMachine] = {}
-
-    def of(self, record_id: int) -> InstanceMachine:
-        machine = self._machines.get(record_id)
-        if machine is None:
-            if self._table is None:
-                self._table = new_run_table()
-            machine = InstanceMachine(self._store, record_id, table=self._table)
-            self._machines[record_id] = machine
-        return machine
-
-
 @dataclass
 class _Child:
     """One instance of this run: its machine, its paths and its current process, if any."""
 
     index: int
     instance: SidecarInstanceConfig
-    machines: _RunMachines
-    record_id: int
+    machine: InstanceMachine
     log_path: str
     ready_path: str
     # The address the proxy actually bound (from its ready file) once it was ready; until then the
@@ -107,10 +80,6 @@ class _Child:
     @property
     def name(self) -> str:
         return self.instance.name
-
-    @property
-    def machine(self) -> InstanceMachine:
-        return self.machines.of(self.record_id)
 
     @property
     def state(self) -> str:
@@ -217,28 +186,21 @@ class NodeSidecars:
             )
             env = sidecar_env(self.config)
             os.makedirs(self.log_dir, exist_ok=True)
-            # Three commits per start, not 3N + 2: the run with its instances (before any
-            # process exists, so a crash leaves the run on record), then every `build` and
-            # `spawn`, then every `ready`. `build` is recorded with `spawn` because the binary
-            # was resolved (or built) before the run.
+            # The run with its instances is recorded before any process exists, so a crash
+            # leaves the run on record; each instance's `build` and `spawn` (one commit) right
+            # after its own launch, so a launcher killed between two launches leaves every
+            # running sidecar recorded with its pid, for `reap`. `build` is recorded with
+            # `spawn` because the binary was resolved (or built) before the run.
             self._open_run()
             if not executable:
                 for child in self._children:
                     child.machine.fire("build", detail=self.binary, binary=self.binary)
                     self._fail(child, message)
                 raise SidecarError(message)
-            with interrupts_deferred():
-                for child in self._children:
+            for child in self._children:
+                with interrupts_deferred():
                     self._launch(child, env)
-            launched = [child for child in self._children if child.process is not None]
-            fire_together(
-                [self._build_firing(child) for child in launched]
-                + [
-                    Firing(child.machine, "spawn", f"pid {child.process.pid}", self._facts(child))
-                    for child in launched
-                    if child.process is not None
-                ]
-            )
+                    self._record_spawn(child)
             errors = self._await_ready(self._children)
             if errors:
                 raise SidecarError("\n".join(errors))
@@ -282,23 +244,21 @@ class NodeSidecars:
                 ],
             )
         self._run_created = True
-        machines = _RunMachines(store)
         for index, (instance, record) in enumerate(zip(self.instances, records, strict=True)):
             assert record.log_path is not None and record.ready_path is not None
+            machine = InstanceMachine(store, record.id)
             self._children.append(
-                _Child(
-                    index,
-                    instance,
-                    machines,
-                    record.id,
-                    record.log_path,
-                    record.ready_path,
-                    listen=instance.listen,
-                )
+                _Child(index, instance, machine, record.log_path, record.ready_path, listen=instance.listen)
             )
 
     def _build_firing(self, child: _Child) -> Firing:
         return Firing(child.machine, "build", self.binary, {"binary": self.binary})
+
+    def _record_spawn(self, child: _Child) -> None:
+        """Record ``build`` and ``spawn`` (pid, start time) of ``child``'s new process in one commit."""
+        assert child.process is not None
+        spawn = Firing(child.machine, "spawn", f"pid {child.process.pid}", self._facts(child))
+        fire_together([self._build_firing(child), spawn])
 
     def _launch(
         self,
@@ -308,9 +268,9 @@ class NodeSidecars:
     ) -> None:
         """Start ``child``'s process on ``child.listen``; remembers it, records nothing yet.
 
-        Callers hold SIGINT (``interrupts_deferred``) around this (a restart also around the
-        event that records it), so a process never exists without ``child.process`` naming it;
-        ``stop()`` ends a launched child whose spawn was not recorded yet. A log that cannot be
+        Callers hold SIGINT (``interrupts_deferred``) around this and the event that records it,
+        so a process never exists without ``child.process`` naming it; ``stop()`` ends a
+        launched child whose spawn was not recorded (that write failed). A log that cannot be
         opened or an executable that cannot be started fails the instance and raises
         ``SidecarError``.
         """
@@ -336,7 +296,10 @@ class NodeSidecars:
         finally:
             os.close(log)
         child.process = process
-        child.identity = None  # the previous process's, after a restart
+        # Start time only, no executable: a wrapper script that execs the proxy changes its exe
+        # after we look, and would then never be "ours" to signal. None if it exited already.
+        found = procs.identity_of(process.pid)
+        child.identity = procs.ProcessIdentity(process.pid, found.start_time, None) if found else None
 
     def _launch_failed(self, child: _Child, problem: str, exit_code: int | None) -> SidecarError:
         """Fail ``child`` whose process could not be started; the error for the caller to raise."""
@@ -346,28 +309,11 @@ class NodeSidecars:
         self._fail(child, message, exit_code=exit_code)
         return SidecarError(message)
 
-    def _identity(self, child: _Child) -> procs.ProcessIdentity | None:
-        """Pid and start time of ``child``'s current process, which every signal to it is checked against.
-
-        Start time only, no executable: a wrapper script that execs the proxy changes its exe
-        after we look, and would then never be "ours" to signal. Read on first need, not at
-        launch: until we reap the child its pid cannot be reused, so a later read is as good,
-        and /proc of a proxy that is still starting is slow to read (a start records its spawns
-        after every launch). None once the process has been reaped without being read.
-        """
-        process = child.process
-        if child.identity is None and process is not None and process.returncode is None:
-            identity = procs.identity_of(process.pid)
-            if identity is not None:
-                child.identity = procs.ProcessIdentity(process.pid, identity.start_time, None)
-        return child.identity
-
     def _facts(self, child: _Child) -> dict[str, Any]:
         assert child.process is not None
-        identity = self._identity(child)
         return {
             "pid": child.process.pid,
-            "pid_start_time": identity.start_time if identity else None,
+            "pid_start_time": child.identity.start_time if child.identity else None,
         }
 
     def _respawn(self, child: _Child, env: dict[str, str], exit_code: int) -> None:
@@ -535,9 +481,8 @@ class NodeSidecars:
             # back: a woken sidecar may take our CPU, and interleaving would make N sidecars
             # drain one after another instead of together.
             for child in draining:
-                identity = self._identity(child)
-                if identity is not None:
-                    procs.signal_if_ours(identity, signal.SIGTERM)
+                if child.identity is not None:
+                    procs.signal_if_ours(child.identity, signal.SIGTERM)
             deadline = time.monotonic() + self.config.shutdown_grace_seconds + self.stop_slack_seconds
             try:
                 for child in draining:
@@ -589,9 +534,8 @@ class NodeSidecars:
         """SIGKILL ``child``'s process (through procs) and reap it; its exit code."""
         if child.process is None:
             return None
-        identity = self._identity(child)  # a start cut short may not have read it yet
-        if identity is not None and child.process.poll() is None:
-            procs.signal_if_ours(identity, signal.SIGKILL)
+        if child.identity is not None and child.process.poll() is None:
+            procs.signal_if_ours(child.identity, signal.SIGKILL)
         return procs.wait_exit(child.process, KILL_REAP_SECONDS)
 
     def _fail(

@@ -9,10 +9,12 @@ a child that misbehaves (exits early, never becomes ready); everything else runs
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import os
 import signal
 import socket
+import sqlite3
 import subprocess
 import sys
 import time
@@ -338,6 +340,53 @@ def test_stop_removes_the_temp_file_of_a_proxy_that_died_writing_its_ready_file(
     assert_nothing_left(log_dir)
 
 
+def test_each_launch_is_recorded_with_its_pid_before_the_next_launch(
+    tls_origin: TlsH2Origin,
+    sidecar_binary: Path,
+    log_dir: Path,
+    cache_dir: Path,
+    node_runs: list[NodeSidecars],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A launcher killed between two launches leaves every running sidecar on record with its pid.
+
+    What the database holds at the moment of each launch is read through a second connection
+    just before the real ``procs.spawn`` runs.
+    """
+    from sidecar_fsm import procs
+    from sidecar_fsm.launcher import h2_ping_sidecar_config_from_global_config
+    from sidecar_fsm.store import database_path
+
+    seen: list[list[tuple[str, str, int | None]]] = []
+    real_spawn = procs.spawn
+
+    def spawn_seeing_the_database(*args: Any, **kwargs: Any) -> Any:
+        with contextlib.closing(sqlite3.connect(f"file:{database_path(log_dir)}?mode=ro", uri=True)) as db:
+            seen.append(db.execute("SELECT name, state, pid FROM instances ORDER BY id").fetchall())
+        return real_spawn(*args, **kwargs)
+
+    monkeypatch.setattr(procs, "spawn", spawn_seeing_the_database)
+    instances = [
+        {"name": name, "upstream": tls_origin.url, "listen": "127.0.0.1:0"}
+        for name in ("first", "second", "third")
+    ]
+    config = gym_config(tls_origin.url, tls_origin.ca_file, log_dir, cache_dir, instances=instances)
+    parsed = h2_ping_sidecar_config_from_global_config(config)
+    sidecars = NodeSidecars(parsed, parsed.instances, str(sidecar_binary), str(log_dir))
+    node_runs.append(sidecars)
+    sidecars.start()
+    ((_, records),) = run_records(log_dir)
+    assert len(seen) == 3 and all(record.pid for record in records)
+    for index, rows in enumerate(seen):
+        earlier = [(record.name, "spawned", record.pid) for record in records[:index]]
+        assert rows[:index] == earlier, (
+            f"{records[index].name} launched before its predecessors were recorded"
+        )
+        assert rows[index] == (records[index].name, "configured", None)
+    sidecars.stop()
+    assert_nothing_left(log_dir)
+
+
 def test_stop_kills_what_outlives_the_grace(
     tls_origin: TlsH2Origin, log_dir: Path, tmp_path: Path, cache_dir: Path, node_runs: list[NodeSidecars]
 ) -> None:
@@ -569,7 +618,7 @@ def test_unwritable_log_fails_the_start_naming_it_and_leaves_nothing(
         sidecars.start()
     assert_nothing_left(log_dir)
     ((_, records),) = run_records(log_dir)
-    assert [record.state for record in records] == ["failed", "failed"]
+    assert [record.state for record in records] == ["stopped", "failed"]  # the first one ran
 
 
 _INTERRUPTED_START = """

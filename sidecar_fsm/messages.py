@@ -69,7 +69,7 @@ def port_clash_message(index: int, listen: str, store: Store | None, run_id: str
 def log_failure_message(path: str, error: OSError) -> str:
     """A log (or the log dir) that cannot be created: the path, the reason, what to do."""
     reason = (error.strerror or str(error)).lower()
-    return f"sidecar log '{path}': cannot be created ({reason}); set sidecar.log_dir to a writable folder"
+    return f"sidecar.log_dir: cannot create '{path}' ({reason}); set sidecar.log_dir to a writable folder"
 
 
 def _listen_holder(listen: str, store: Store | None, run_id: str) -> InstanceRecord | None:

@@ -34,7 +34,7 @@ from sidecar_fsm.errors import SidecarError
 from sidecar_fsm.fsm import TERMINAL, Firing, InstanceMachine, fire_together
 from sidecar_fsm.hostname import host_name
 from sidecar_fsm.interrupts import interrupts_deferred
-from sidecar_fsm.messages import exit_message, log_tail, port_clash_message, where
+from sidecar_fsm.messages import exit_message, log_failure_message, log_tail, port_clash_message, where
 from sidecar_fsm.ready import ReadyOutcome, ReadyWait, temp_files, wait_all_ready
 from sidecar_fsm.sharedstore import owner_identity, shared_store
 from sidecar_fsm.store import NewInstance, Store
@@ -53,11 +53,6 @@ KILL_REAP_SECONDS = 5.0
 # Exit statuses of a proxy that was asked to stop: 0 from its drain, -SIGTERM if the signal
 # arrived before Go installed its handler (the first milliseconds of the process).
 _CLEAN_STOP_CODES = (0, -signal.SIGTERM)
-
-
-def _open_log(path: str) -> int:
-    """Open (creating it) a sidecar's log for appending; CLOEXEC, so no other child inherits it."""
-    return os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC, 0o644)
 
 
 @dataclass
@@ -180,27 +175,30 @@ class NodeSidecars:
             )
         self._started = True
         try:
-            executable = os.path.isfile(self.binary) and os.access(self.binary, os.X_OK)
-            message = (
-                f"sidecar.binary: '{self.binary}' is not an executable file; build it or set sidecar.binary"
-            )
+            # The database first, then the logs, then the run row: an unusable log dir fails
+            # in one line with nothing recorded, started or left behind.
+            if self.store is None:
+                self.store = shared_store(self.log_dir)
             env = sidecar_env(self.config)
-            os.makedirs(self.log_dir, exist_ok=True)
-            # The run with its instances is recorded before any process exists, so a crash
-            # leaves the run on record; each instance's `build` and `spawn` (one commit) right
-            # after its own launch, so a launcher killed between two launches leaves every
-            # running sidecar recorded with its pid, for `reap`. `build` is recorded with
-            # `spawn` because the binary was resolved (or built) before the run.
-            self._open_run()
-            if not executable:
-                for child in self._children:
-                    child.machine.fire("build", detail=self.binary, binary=self.binary)
-                    self._fail(child, message)
-                raise SidecarError(message)
-            for child in self._children:
-                with interrupts_deferred():
-                    self._launch(child, env)
-                    self._record_spawn(child)
+            if not (os.path.isfile(self.binary) and os.access(self.binary, os.X_OK)):
+                self._fail_all(
+                    f"sidecar.binary: '{self.binary}' is not executable; build it or set sidecar.binary"
+                )
+            logs = self._create_logs()
+            try:
+                # The run with its instances is recorded before any process exists, so a crash
+                # leaves the run on record; each instance's `build` and `spawn` (one commit)
+                # right after its own launch, so a launcher killed between two launches leaves
+                # every running sidecar recorded with its pid, for `reap`. `build` is recorded
+                # with `spawn` because the binary was resolved (or built) before the run.
+                self._open_run()
+                for child, log in zip(self._children, logs, strict=True):
+                    with interrupts_deferred():
+                        self._launch(child, env, log=log)
+                        self._record_spawn(child)
+            finally:
+                for log in logs:
+                    os.close(log)
             errors = self._await_ready(self._children)
             if errors:
                 raise SidecarError("\n".join(errors))
@@ -215,6 +213,38 @@ class NodeSidecars:
             f"(run {self.run_id})"
             for child in self._children
         ]
+
+    def _fail_all(self, message: str) -> None:
+        """Record the run with every instance ``failed`` for ``message``, then raise it."""
+        self._open_run()
+        for child in self._children:
+            child.machine.fire("build", detail=self.binary, binary=self.binary)
+            self._fail(child, message)
+        raise SidecarError(message)
+
+    def _create_logs(self) -> list[int]:
+        """Create (O_EXCL) and open every instance's log; all of them, or none and ``SidecarError``.
+
+        Before the run is recorded, so a log dir or log that cannot be made (a path through a
+        file, an entry in the way, no permission, a read-only or full file system) fails the
+        start in one line naming the path and the reason, with no process, no run row and no
+        file left. O_EXCL: the names carry the run id, so a file already there is not ours and
+        is neither written nor removed.
+        """
+        opened: list[tuple[str, int]] = []
+        path = self.log_dir
+        try:
+            os.makedirs(self.log_dir, exist_ok=True)
+            for instance in self.instances:
+                path = self._path(instance, ".log")
+                flags = os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC
+                opened.append((path, os.open(path, flags, 0o644)))
+        except OSError as exc:
+            for made, fd in opened:
+                os.close(fd)
+                os.unlink(made)
+            raise SidecarError(log_failure_message(path, exc)) from exc
+        return [fd for _, fd in opened]
 
     def _open_run(self) -> None:
         """Record the run and every instance (state ``configured``) in one transaction.
@@ -265,14 +295,16 @@ class NodeSidecars:
         child: _Child,
         env: dict[str, str],
         restart_of: int | None = None,
+        log: int | None = None,
     ) -> None:
         """Start ``child``'s process on ``child.listen``; remembers it, records nothing yet.
 
         Callers hold SIGINT (``interrupts_deferred``) around this and the event that records it,
         so a process never exists without ``child.process`` naming it; ``stop()`` ends a
-        launched child whose spawn was not recorded (that write failed). A log that cannot be
-        opened or an executable that cannot be started fails the instance and raises
-        ``SidecarError``.
+        launched child whose spawn was not recorded (that write failed). ``log`` is the log
+        ``_create_logs`` opened (a start; it stays the caller's to close), else it is opened
+        here (a restart). A log that cannot be opened or an executable that cannot be started
+        fails the instance and raises ``SidecarError``.
         """
         if restart_of is not None:
             # The dead process's ready file; wait_all_ready insists on the new pid anyway, this
@@ -284,17 +316,13 @@ class NodeSidecars:
             instance = instance.model_copy(update={"listen": child.listen})
         argv = sidecar_command(self.binary, self.config, instance, child.ready_path)
         try:
-            log = _open_log(child.log_path)
+            process = procs.spawn(argv, env, child.log_path if log is None else log)
         except OSError as exc:
-            problem = f"log '{child.log_path}' cannot be written ({exc}); check the log dir"
+            if log is None and exc.filename == child.log_path:
+                problem = log_failure_message(child.log_path, exc)
+            else:
+                problem = f"'{self.binary}' could not be started ({exc}); check sidecar.binary"
             raise self._launch_failed(child, problem, restart_of) from exc
-        try:
-            process = procs.spawn(argv, env, log)
-        except OSError as exc:
-            problem = f"'{self.binary}' could not be started ({exc}); check sidecar.binary"
-            raise self._launch_failed(child, problem, restart_of) from exc
-        finally:
-            os.close(log)
         child.process = process
         # Start time only, no executable: a wrapper script that execs the proxy changes its exe
         # after we look, and would then never be "ours" to signal. None if it exited already.

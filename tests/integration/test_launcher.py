@@ -611,14 +611,81 @@ def test_unwritable_log_fails_the_start_naming_it_and_leaves_nothing(
     sidecars = NodeSidecars(
         parsed, parsed.instances, str(sidecar_binary), str(log_dir), run_id="nolog0000000"
     )
-    # A directory where the second instance's log must go: opening it for writing fails.
+    # A directory where the second instance's log must go: creating it fails.
     blocked = log_dir / f"h2ping-second-{host_name()}-nolog0000000.log"
     blocked.mkdir(parents=True)
-    with pytest.raises(SidecarError, match=f"log '{blocked}' cannot be written .*; check the log dir"):
+    with pytest.raises(SidecarError) as raised:
         sidecars.start()
+    assert str(raised.value) == (
+        f"sidecar.log_dir: cannot create '{blocked}' (file exists); set sidecar.log_dir to a writable folder"
+    )
     assert_nothing_left(log_dir)
-    ((_, records),) = run_records(log_dir)
-    assert [record.state for record in records] == ["stopped", "failed"]  # the first one ran
+    assert run_records(log_dir) == []  # no run row: nothing was started
+    assert [path for path in log_dir.glob("*.log") if path.is_file()] == []  # the first log went too
+
+
+@pytest.fixture
+def small_tmpfs(tmp_path: Path) -> Iterator[Path]:
+    """A 2 MiB tmpfs with 64 inodes, mounted for the test (skipped where mounting is refused)."""
+    mount_point = tmp_path / "tmpfs"
+    mount_point.mkdir()
+    mounted = subprocess.run(
+        ["mount", "-t", "tmpfs", "-o", "size=2m,nr_inodes=64", "tmpfs", str(mount_point)],
+        capture_output=True,
+        text=True,
+    )
+    if mounted.returncode != 0:
+        pytest.skip(f"cannot mount a tmpfs here: {mounted.stderr.strip()}")
+    try:
+        yield mount_point
+    finally:
+        subprocess.run(["umount", "-l", str(mount_point)], check=False)
+
+
+@pytest.mark.parametrize("fault", ["read-only file system", "no space left on device"])
+def test_log_dir_that_breaks_after_the_database_opened_fails_in_one_line(
+    tls_origin: TlsH2Origin, sidecar_binary: Path, small_tmpfs: Path, cache_dir: Path, fault: str
+) -> None:
+    """A long-lived launcher keeps its database open; the log dir then turns read-only or fills up."""
+    from sidecar_fsm.launcher import h2_ping_sidecar_config_from_global_config
+    from sidecar_fsm.store import Store
+
+    log_dir = small_tmpfs / "logs"
+    store = Store.open(str(log_dir))
+    try:
+        if fault == "read-only file system":
+            # A read-only bind mount over the log dir: the open database keeps its descriptors
+            # (a tmpfs will not turn read-only while a file is open for writing).
+            subprocess.run(["mount", "--bind", str(log_dir), str(log_dir)], check=True)
+            subprocess.run(["mount", "-o", "remount,bind,ro", str(log_dir)], check=True)
+        else:
+            for index in range(1000):  # bounded: the tmpfs has 64 inodes
+                try:
+                    (small_tmpfs / f"filler-{index}").touch()
+                except OSError:
+                    break
+        config = gym_config(tls_origin.url, tls_origin.ca_file, log_dir, cache_dir)
+        parsed = h2_ping_sidecar_config_from_global_config(config)
+        sidecars = NodeSidecars(parsed, parsed.instances, str(sidecar_binary), str(log_dir), store=store)
+        with pytest.raises(SidecarError) as raised:
+            sidecars.start()
+        message = str(raised.value)
+        assert "\n" not in message
+        assert (
+            message.startswith(f"sidecar.log_dir: cannot create '{log_dir}/h2ping-")
+            and f"({fault})" in message
+        )
+        assert store.list_runs("all") == []
+        assert list(log_dir.glob("*.log")) == [] and list(log_dir.glob("*.ready*")) == []
+        assert not [
+            child
+            for child in psutil.Process().children(recursive=True)
+            if str(log_dir) in " ".join(_cmdline(child))
+        ]
+    finally:
+        store.close()
+        if fault == "read-only file system":
+            subprocess.run(["umount", str(log_dir)], check=False)
 
 
 _INTERRUPTED_START = """

@@ -92,10 +92,16 @@ def resolve_binary(config: H2PingSidecarConfig, global_config_dict: Any) -> Path
         path = ensure_binary(
             cache_dir_of(global_config_dict), build_if_missing=config.build_if_missing, progress=_progress
         )
+    # NeMo Gym's words ("does not exist", "not executable"), one line each.
+    if not path.exists():
+        raise SidecarError(
+            f"sidecar.binary: '{path}' does not exist; "
+            "point it at a built h2-ping-sidecar or set build_if_missing: true"
+        )
     if not (path.is_file() and os.access(path, os.X_OK)):
         raise SidecarError(
-            f"sidecar.binary: '{path}' does not exist or is not executable; "
-            "point it at a built h2-ping-sidecar or set build_if_missing: true"
+            f"sidecar.binary: '{path}' is not executable; "
+            "make it executable (chmod +x) or point it at a built h2-ping-sidecar"
         )
     return path
 
@@ -113,12 +119,14 @@ def resolve_log_dir(config: H2PingSidecarConfig, global_config_dict: Any) -> str
 
 
 class H2PingSidecarManager:
-    """Owns the sidecar processes one run started: Gym starts it, polls ``check()``, calls ``stop()``.
+    """Owns the sidecar processes of its runs: Gym starts it, polls ``check()``, calls ``stop()``.
 
-    ``start()`` prints one line per instance; ``check()`` raises ``SidecarError`` naming every
-    instance that stopped (after any restart its policy allows); ``stop()`` drains and ends them
-    all and is idempotent. ``instances_actual`` gives the bound addresses (``:0`` resolved) once
-    started; ``run_id`` names the run in the state database under ``log_dir``.
+    ``start()`` prints one line per instance and may be called again after ``stop()`` or a
+    failed ``start()``, which starts a new run (a new ``run_id``), as NeMo Gym's manager can;
+    ``check()`` raises ``SidecarError`` naming every instance that stopped (after any restart
+    its policy allows); ``stop()`` drains and ends them all and is idempotent.
+    ``instances_actual`` gives the bound addresses (``:0`` resolved) once started; ``run_id``
+    names the current run in the state database under ``log_dir``.
     """
 
     def __init__(
@@ -146,9 +154,12 @@ class H2PingSidecarManager:
         return self._sidecars.instances_actual
 
     def start(self) -> None:
-        """Start every instance and await them together; on any failure nothing is left running."""
-        if self._sidecars is not None:
-            raise SidecarError(f"run {self.run_id}: already started; call stop() first")
+        """Start every instance as a new run and await them together; on any failure nothing is left running.
+
+        Raises ``SidecarError`` while this manager's previous run still runs (call ``stop()``).
+        """
+        if self._sidecars is not None and self._sidecars.running:
+            raise SidecarError(f"run {self.run_id}: already running; call stop() first")
         sidecars = NodeSidecars(self.config, self.instances, self._binary, self._log_dir)
         self._sidecars = sidecars
         self.run_id = sidecars.run_id

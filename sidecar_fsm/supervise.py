@@ -114,6 +114,11 @@ class NodeSidecars:
         self._run_created = False
         self._stopped = False
 
+    @property
+    def running(self) -> bool:
+        """True from ``start()`` until ``stop()`` (which a failed ``start()`` calls itself)."""
+        return self._started and not self._stopped
+
     # -- naming -------------------------------------------------------------------------------
 
     def _path(self, instance: SidecarInstanceConfig, suffix: str) -> str:

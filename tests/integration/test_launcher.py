@@ -485,6 +485,52 @@ def test_missing_go_and_no_prebuilt(
     assert run_records(log_dir) == []
 
 
+def test_manager_starts_again_after_stop_and_after_a_failed_start(
+    tls_origin: TlsH2Origin,
+    sidecar_binary: Path,
+    cache_dir: Path,
+    log_dir: Path,
+    managers: list[H2PingSidecarManager],
+) -> None:
+    """As NeMo Gym's can: each start() after stop() or a failure is a new run."""
+    from sidecar_fsm.launcher import h2_ping_sidecar_config_from_global_config, resolve_log_dir
+
+    with socket.socket() as holder:
+        holder.bind(("127.0.0.1", 0))
+        holder.listen()
+        port = holder.getsockname()[1]
+        instances = [{"name": "nvcf", "upstream": tls_origin.url, "listen": f"127.0.0.1:{port}"}]
+        config = gym_config(tls_origin.url, tls_origin.ca_file, log_dir, cache_dir, instances=instances)
+        parsed = h2_ping_sidecar_config_from_global_config(config)
+        manager = H2PingSidecarManager(
+            parsed, parsed.instances, sidecar_binary, resolve_log_dir(parsed, config)
+        )
+        managers.append(manager)
+        with pytest.raises(SidecarError, match="already in use"):
+            manager.start()  # the port is taken: a failed start
+    failed_run = manager.run_id
+    manager.start()  # the port is free now
+    with pytest.raises(SidecarError, match="already running; call stop"):
+        manager.start()
+    manager.check()
+    first_run = manager.run_id
+    manager.stop()
+    manager.start()
+    manager.check()
+    manager.stop()
+    runs = {
+        run.run_id: (run.outcome, [record.state for record in records])
+        for run, records in run_records(log_dir)
+    }
+    assert len({failed_run, first_run, manager.run_id}) == 3
+    assert runs == {
+        failed_run: ("failed", ["failed"]),
+        first_run: ("ended", ["stopped"]),
+        manager.run_id: ("ended", ["stopped"]),
+    }
+    assert_nothing_left(log_dir)
+
+
 def test_port_in_use_names_the_holder(
     tls_origin: TlsH2Origin,
     sidecar_binary: Path,

@@ -191,11 +191,24 @@ def test_config_errors_are_config_errors(tmp_path: Path) -> None:
         start_h2_ping_sidecar(_gym_config(tmp_path, ping_timeout="-1s"))
 
 
-def test_resolve_binary_refuses_a_non_executable(tmp_path: Path) -> None:
+def test_resolve_binary_says_does_not_exist_or_not_executable(tmp_path: Path) -> None:
+    """NeMo Gym's words, one line each, for a binary that is missing and one that cannot run."""
+    missing = tmp_path / "missing"
+    with pytest.raises(SidecarError) as raised:
+        resolve_binary(_config(binary=str(missing), build_if_missing=False), {})
+    assert str(raised.value) == (
+        f"sidecar.binary: '{missing}' does not exist; "
+        "point it at a built h2-ping-sidecar or set build_if_missing: true"
+    )
     plain = tmp_path / "h2"
     plain.write_text("not a program")
-    with pytest.raises(SidecarError, match="is not executable"):
-        resolve_binary(_config(binary=str(plain), build_if_missing=False), {})
+    for not_runnable in (plain, tmp_path):  # a plain file, a directory
+        with pytest.raises(SidecarError) as raised:
+            resolve_binary(_config(binary=str(not_runnable), build_if_missing=False), {})
+        assert str(raised.value) == (
+            f"sidecar.binary: '{not_runnable}' is not executable; "
+            "make it executable (chmod +x) or point it at a built h2-ping-sidecar"
+        )
     plain.chmod(0o755)
     assert resolve_binary(_config(binary=str(plain)), {}) == plain
 

@@ -1,16 +1,19 @@
-"""The proxy's command line and environment for one instance: what a sidecar is started with.
+"""What a sidecar is started with: its command line and environment, and the run row's summary of them.
 
 Owns ``sidecar_command`` and ``sidecar_env`` (importable from ``sidecar_fsm.launcher`` too, as
-NeMo Gym's launcher exports them). Must not start anything, open files or read the config's
-source: it turns a validated ``H2PingSidecarConfig`` into argv and environment, nothing more.
+NeMo Gym's launcher exports them) and ``config_summary`` (credential-free, for the database).
+Must not start anything, open files or read the config's source: it turns a validated
+``H2PingSidecarConfig`` into argv, environment and a summary, nothing more.
 """
 
 from __future__ import annotations
 
 import os
 from pathlib import Path
+from typing import Any
 
 from sidecar_fsm.config import H2PingSidecarConfig, SidecarInstanceConfig
+from sidecar_fsm.urls import redact_url
 
 
 def sidecar_command(
@@ -72,3 +75,32 @@ def sidecar_env(config: H2PingSidecarConfig) -> dict[str, str]:
     if config.gomaxprocs is not None:
         env["GOMAXPROCS"] = str(config.gomaxprocs)
     return env
+
+
+def config_summary(
+    config: H2PingSidecarConfig, instances: list[SidecarInstanceConfig], binary: str
+) -> dict[str, Any]:
+    """What the run row keeps about what its sidecars were started with: shape and tuning, never credentials.
+
+    Upstreams are origins already (config drops paths) and are redacted once more so that
+    no userinfo or query can reach the database whatever the config module accepts.
+    """
+    c = config
+    return {
+        "instances": [
+            {"name": i.name, "upstream": redact_url(i.upstream), "listen": i.listen} for i in instances
+        ],
+        "binary": binary,
+        "ping_interval": c.ping_interval,
+        "ping_timeout": c.ping_timeout,
+        "shutdown_grace": c.shutdown_grace,
+        "max_conn_age": c.max_conn_age,
+        "retry_body_limit": c.retry_body_limit,
+        "startup_timeout_seconds": c.startup_timeout_seconds,
+        "exit_with_owner": c.exit_with_owner,
+        "restart": {"max_restarts": c.restart.max_restarts, "backoff": c.restart.backoff},
+        "ca_file": c.ca_file,
+        "insecure_skip_verify": c.insecure_skip_verify,
+        "gomemlimit": c.gomemlimit,
+        "gomaxprocs": c.gomaxprocs,
+    }

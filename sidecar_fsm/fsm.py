@@ -211,14 +211,14 @@ class Firing(NamedTuple):
 def fire_together(firings: Sequence[Firing]) -> None:
     """Fire each event on its machine, in order, all in one store transaction: all happen, or none.
 
-    For a run that moves its instances in step (a start's build and spawn, its ready): one
-    commit and one turn of the host's writers' lock instead of one per event, which is most of
-    what a transition costs. A machine may appear more than once; its events fire in the order
-    given (``build`` then ``spawn``). Raises what ``fire`` raises for the first firing that
-    fails (illegal event, missing or unknown fact, a failed write); then the database holds
-    none of the group and every machine is back in the state it had before the group. The
-    machines must share one store. Each machine's lock is held for the whole group, so no
-    other thread fires on it in between.
+    For events that must be on record together: an instance's ``build`` and ``spawn`` (its
+    process exists, so the record has its pid or shows nothing happened), a run's ``ready``
+    (one commit before the caller gets the addresses). A machine may appear more than once;
+    its events fire in the order given (``build`` then ``spawn``). Raises what ``fire`` raises
+    for the first firing that fails (illegal event, missing or unknown fact, a failed write);
+    then the database holds none of the group and every machine is back in the state it had
+    before the group. The machines must share one store. Each machine's lock is held for the
+    whole group, so no other thread fires on it in between.
     """
     if not firings:
         return

@@ -207,9 +207,8 @@ def start_h2_ping_sidecar(global_config_dict: DictConfig) -> H2PingSidecarManage
     if not config.enabled:
         return None
     instances = list(config.instances)
-    # Found before a process exists, so an unparseable model base_url fails here; read-only, so
-    # no deepcopy of the DictConfig is needed (8 ms for a small config); applied once the bound
-    # addresses are known.
+    # Found before a process exists, so an unparseable model base_url fails here; read-only (no
+    # copy of the DictConfig needed); applied once the bound addresses are known.
     plan = find_base_urls(global_config_dict, instances) if config.rewrite_base_urls else None
     _check_readable_file("sidecar.ca_file", config.ca_file)
     for instance in instances:

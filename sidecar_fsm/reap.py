@@ -20,6 +20,7 @@ from typing import Any, Literal
 from filelock import FileLock
 
 from sidecar_fsm import procs
+from sidecar_fsm.config import parse_duration_seconds
 from sidecar_fsm.errors import ConfigError
 
 # Imported for their types and machines; each owns its concern (SQL, state changes).
@@ -101,8 +102,6 @@ def recorded_grace_seconds(run: RunRecord) -> float:
         if value is None:
             continue
         try:
-            from sidecar_fsm.config import parse_duration_seconds
-
             return float(parse_duration_seconds(value, f"run {run.run_id} shutdown_grace"))
         except ConfigError:
             break

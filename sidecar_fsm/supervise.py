@@ -2,7 +2,10 @@
 
 Owns the processes a launcher run starts and every decision about them: when an instance counts
 as ready, failed or restartable, and how it is ended. Their command line and environment are
-``command``'s, the wording of failures ``messages``', the open database ``sharedstore``'s.
+``command``'s, their files ``runfiles``', the wording of failures ``messages``', the open
+database ``sharedstore``'s. About 540 lines, past one sitting's 400: start, restart and stop
+share the per-child steps (launch, record, kill, fail) and the run's state, which a further
+split would pass back and forth.
 Each decision becomes an event fired on the instance's ``InstanceMachine`` with the facts it
 establishes (pid, start time, exit code, error, restart count, bound address) as arguments:
 this module never sets a state, never writes SQL (``store`` does, inside the transition) and
@@ -25,23 +28,20 @@ import time
 import uuid
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from sidecar_fsm import procs
-from sidecar_fsm.command import sidecar_command, sidecar_env
+from sidecar_fsm.command import config_summary, sidecar_command, sidecar_env
 from sidecar_fsm.config import H2PingSidecarConfig, SidecarInstanceConfig
 from sidecar_fsm.errors import SidecarError
 from sidecar_fsm.fsm import TERMINAL, Firing, InstanceMachine, fire_together
 from sidecar_fsm.hostname import host_name
 from sidecar_fsm.interrupts import interrupts_deferred
 from sidecar_fsm.messages import exit_message, log_failure_message, log_tail, port_clash_message, where
-from sidecar_fsm.ready import ReadyOutcome, ReadyWait, temp_files, wait_all_ready
+from sidecar_fsm.ready import ReadyOutcome, ReadyWait, wait_all_ready
+from sidecar_fsm.runfiles import create_logs, remove_ready_files, run_file
 from sidecar_fsm.sharedstore import owner_identity, shared_store
 from sidecar_fsm.store import NewInstance, Store
-from sidecar_fsm.urls import redact_url
-
-if TYPE_CHECKING:
-    pass
 
 __all__ = ["NodeSidecars", "shared_store", "sidecar_command", "sidecar_env"]
 
@@ -122,9 +122,7 @@ class NodeSidecars:
     # -- naming -------------------------------------------------------------------------------
 
     def _path(self, instance: SidecarInstanceConfig, suffix: str) -> str:
-        # Run id in the name: concurrent runs sharing a log dir (same instance names, same host)
-        # never read, truncate or delete one another's log or readiness marker.
-        return os.path.join(self.log_dir, f"h2ping-{instance.name}-{self.host}-{self.run_id}{suffix}")
+        return run_file(self.log_dir, instance.name, self.host, self.run_id, suffix)
 
     def _where(self, child: _Child) -> str:
         return where(child.name, self.run_id, self.host)
@@ -135,33 +133,6 @@ class NodeSidecars:
         if not self._children:
             return list(self.instances)
         return [child.instance.model_copy(update={"listen": child.listen}) for child in self._children]
-
-    def config_summary(self) -> dict[str, Any]:
-        """What the run row keeps about the config: shape and tuning, never credentials.
-
-        Upstreams are origins already (config drops paths) and are redacted once more so that
-        no userinfo or query can reach the database whatever the config module accepts.
-        """
-        c = self.config
-        return {
-            "instances": [
-                {"name": i.name, "upstream": redact_url(i.upstream), "listen": i.listen}
-                for i in self.instances
-            ],
-            "binary": self.binary,
-            "ping_interval": c.ping_interval,
-            "ping_timeout": c.ping_timeout,
-            "shutdown_grace": c.shutdown_grace,
-            "max_conn_age": c.max_conn_age,
-            "retry_body_limit": c.retry_body_limit,
-            "startup_timeout_seconds": c.startup_timeout_seconds,
-            "exit_with_owner": c.exit_with_owner,
-            "restart": {"max_restarts": c.restart.max_restarts, "backoff": c.restart.backoff},
-            "ca_file": c.ca_file,
-            "insecure_skip_verify": c.insecure_skip_verify,
-            "gomemlimit": c.gomemlimit,
-            "gomaxprocs": c.gomaxprocs,
-        }
 
     # -- start --------------------------------------------------------------------------------
 
@@ -189,7 +160,7 @@ class NodeSidecars:
                 self._fail_all(
                     f"sidecar.binary: '{self.binary}' is not executable; build it or set sidecar.binary"
                 )
-            logs = self._create_logs()
+            logs = create_logs(self.log_dir, [self._path(instance, ".log") for instance in self.instances])
             try:
                 # The run with its instances is recorded before any process exists, so a crash
                 # leaves the run on record; each instance's `build` and `spawn` (one commit)
@@ -227,30 +198,6 @@ class NodeSidecars:
             self._fail(child, message)
         raise SidecarError(message)
 
-    def _create_logs(self) -> list[int]:
-        """Create (O_EXCL) and open every instance's log; all of them, or none and ``SidecarError``.
-
-        Before the run is recorded, so a log dir or log that cannot be made (a path through a
-        file, an entry in the way, no permission, a read-only or full file system) fails the
-        start in one line naming the path and the reason, with no process, no run row and no
-        file left. O_EXCL: the names carry the run id, so a file already there is not ours and
-        is neither written nor removed.
-        """
-        opened: list[tuple[str, int]] = []
-        path = self.log_dir
-        try:
-            os.makedirs(self.log_dir, exist_ok=True)
-            for instance in self.instances:
-                path = self._path(instance, ".log")
-                flags = os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC
-                opened.append((path, os.open(path, flags, 0o644)))
-        except OSError as exc:
-            for made, fd in opened:
-                os.close(fd)
-                os.unlink(made)
-            raise SidecarError(log_failure_message(path, exc)) from exc
-        return [fd for _, fd in opened]
-
     def _open_run(self) -> None:
         """Record the run and every instance (state ``configured``) in one transaction.
 
@@ -262,7 +209,10 @@ class NodeSidecars:
         owner = owner_identity()
         with store.transaction():
             store.create_run(
-                self.run_id, os.getpid(), owner.start_time if owner else None, self.config_summary()
+                self.run_id,
+                os.getpid(),
+                owner.start_time if owner else None,
+                config_summary(self.config, self.instances, self.binary),
             )
             records = store.create_instances(
                 self.run_id,
@@ -379,8 +329,8 @@ class NodeSidecars:
             outcome = outcomes.get(child.name)
             if outcome is not None and outcome.info is not None:
                 bound[child.name] = outcome.info.listen
-        # One commit for every instance that came up: it is the last step before the caller
-        # gets its addresses, so it is on the start's critical path.
+        # One commit for every instance that came up, all or none: the caller gets its addresses
+        # right after it.
         fire_together(
             [
                 Firing(
@@ -541,10 +491,7 @@ class NodeSidecars:
                     )
                     self._fail(child, message, exit_code=code, problems=problems)
         finally:
-            for child in self._children:
-                # With the temp file of a proxy that died between creating and renaming it.
-                for path in [child.ready_path, *temp_files(child.ready_path)]:
-                    Path(path).unlink(missing_ok=True)
+            remove_ready_files([child.ready_path for child in self._children])
             self._end_run(problems)
         if interrupted is not None:
             raise interrupted

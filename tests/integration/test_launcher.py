@@ -28,11 +28,19 @@ import pytest
 from helpers import ProcessRegistry, http11_request
 from omegaconf import DictConfig, OmegaConf
 
-from sidecar_fsm import procs
+from sidecar_fsm import buildcache, procs
 from sidecar_fsm.errors import ConfigError, SidecarError
+from sidecar_fsm.hostname import host_name
 from sidecar_fsm.lab import IdleRelay, TlsH2Origin
-from sidecar_fsm.launcher import H2PingSidecarManager, NodeSidecars, start_h2_ping_sidecar
-from sidecar_fsm.store import InstanceRecord, Store, open_all_hosts
+from sidecar_fsm.launcher import (
+    H2PingSidecarManager,
+    NodeSidecars,
+    h2_ping_sidecar_config_from_global_config,
+    resolve_log_dir,
+    start_h2_ping_sidecar,
+)
+from sidecar_fsm.rewrite import BaseUrlPlan
+from sidecar_fsm.store import InstanceRecord, Store, database_path, open_all_hosts
 
 FULL_HISTORY = ["configured", "building", "spawned", "ready", "draining", "stopped"]
 
@@ -322,7 +330,6 @@ def test_stop_removes_the_temp_file_of_a_proxy_that_died_writing_its_ready_file(
     node_runs: list[NodeSidecars],
 ) -> None:
     """The launcher prepares no temp file; the proxy's own (``.<ready>.tmp-<random>``) goes at stop()."""
-    from sidecar_fsm.launcher import h2_ping_sidecar_config_from_global_config
 
     config = gym_config(tls_origin.url, tls_origin.ca_file, log_dir, cache_dir)
     parsed = h2_ping_sidecar_config_from_global_config(config)
@@ -353,9 +360,6 @@ def test_each_launch_is_recorded_with_its_pid_before_the_next_launch(
     What the database holds at the moment of each launch is read through a second connection
     just before the real ``procs.spawn`` runs.
     """
-    from sidecar_fsm import procs
-    from sidecar_fsm.launcher import h2_ping_sidecar_config_from_global_config
-    from sidecar_fsm.store import database_path
 
     seen: list[list[tuple[str, str, int | None]]] = []
     real_spawn = procs.spawn
@@ -391,7 +395,6 @@ def test_stop_kills_what_outlives_the_grace(
     tls_origin: TlsH2Origin, log_dir: Path, tmp_path: Path, cache_dir: Path, node_runs: list[NodeSidecars]
 ) -> None:
     """A child that ignores SIGTERM: SIGKILL after grace + slack, and the record says so."""
-    from sidecar_fsm.launcher import h2_ping_sidecar_config_from_global_config
 
     binary = fake_binary(tmp_path / "deaf", _READY_BUT_DEAF)
     config = gym_config(
@@ -421,7 +424,6 @@ def test_stop_kills_what_outlives_the_grace(
 def test_interrupt_during_stop_kills_the_rest_then_propagates(
     tls_origin: TlsH2Origin, log_dir: Path, tmp_path: Path, cache_dir: Path, node_runs: list[NodeSidecars]
 ) -> None:
-    from sidecar_fsm.launcher import h2_ping_sidecar_config_from_global_config
 
     binary = fake_binary(tmp_path / "deaf", _READY_BUT_DEAF)
     config = gym_config(
@@ -474,7 +476,6 @@ def test_invalid_config_starts_nothing(
 def test_missing_go_and_no_prebuilt(
     tls_origin: TlsH2Origin, log_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from sidecar_fsm import buildcache
 
     monkeypatch.setattr(buildcache, "find_go", lambda: None)
     config = gym_config(tls_origin.url, tls_origin.ca_file, log_dir, tmp_path / "empty-cache")
@@ -493,7 +494,6 @@ def test_manager_starts_again_after_stop_and_after_a_failed_start(
     managers: list[H2PingSidecarManager],
 ) -> None:
     """As NeMo Gym's can: each start() after stop() or a failure is a new run."""
-    from sidecar_fsm.launcher import h2_ping_sidecar_config_from_global_config, resolve_log_dir
 
     with socket.socket() as holder:
         holder.bind(("127.0.0.1", 0))
@@ -631,7 +631,6 @@ def test_stale_ready_file_is_not_readiness(
 ) -> None:
     binary = fake_binary(tmp_path / "never-ready", "exec sleep 60")
     config = gym_config(tls_origin.url, tls_origin.ca_file, log_dir, cache_dir, startup_timeout_seconds=0.3)
-    from sidecar_fsm.launcher import h2_ping_sidecar_config_from_global_config
 
     parsed = h2_ping_sidecar_config_from_global_config(config)
     sidecars = NodeSidecars(parsed, parsed.instances, str(binary), str(log_dir), run_id="stale0000000")
@@ -645,8 +644,6 @@ def test_stale_ready_file_is_not_readiness(
 def test_unwritable_log_fails_the_start_naming_it_and_leaves_nothing(
     tls_origin: TlsH2Origin, sidecar_binary: Path, log_dir: Path, cache_dir: Path
 ) -> None:
-    from sidecar_fsm.hostname import host_name
-    from sidecar_fsm.launcher import h2_ping_sidecar_config_from_global_config
 
     instances = [
         {"name": "first", "upstream": tls_origin.url, "listen": "127.0.0.1:0"},
@@ -693,8 +690,6 @@ def test_log_dir_that_breaks_after_the_database_opened_fails_in_one_line(
     tls_origin: TlsH2Origin, sidecar_binary: Path, small_tmpfs: Path, cache_dir: Path, fault: str
 ) -> None:
     """A long-lived launcher keeps its database open; the log dir then turns read-only or fills up."""
-    from sidecar_fsm.launcher import h2_ping_sidecar_config_from_global_config
-    from sidecar_fsm.store import Store
 
     log_dir = small_tmpfs / "logs"
     store = Store.open(str(log_dir))
@@ -792,7 +787,6 @@ def test_keyboard_interrupt_after_the_proxy_is_ready(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     """An interrupt while the config is being rewritten: the ready proxy is stopped, config untouched."""
-    from sidecar_fsm.rewrite import BaseUrlPlan
 
     calls: list[int] = []
 

@@ -6,6 +6,7 @@ No child processes: what needs a running proxy is in tests/integration/test_laun
 from __future__ import annotations
 
 import os
+import shutil
 import signal
 import tempfile
 from pathlib import Path
@@ -14,7 +15,7 @@ from typing import Any
 import pytest
 from omegaconf import OmegaConf
 
-from sidecar_fsm import interrupts, launcher, messages, sharedstore, supervise
+from sidecar_fsm import buildcache, interrupts, launcher, messages, sharedstore, supervise
 from sidecar_fsm.config import H2PingSidecarConfig
 from sidecar_fsm.errors import ConfigError, SidecarError
 from sidecar_fsm.launcher import (
@@ -214,8 +215,6 @@ def test_resolve_binary_says_does_not_exist_or_not_executable(tmp_path: Path) ->
 
 
 def test_missing_go_and_no_prebuilt(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    from sidecar_fsm import buildcache
-
     monkeypatch.setattr(buildcache, "find_go", lambda: None)
     config = _gym_config(tmp_path)
     before = OmegaConf.to_container(config)
@@ -284,8 +283,6 @@ def test_callers_own_handlers_are_held_then_run() -> None:
 
 
 def test_shared_store_is_reused_until_its_file_is_replaced(tmp_path: Path) -> None:
-    import shutil
-
     first = sharedstore.shared_store(str(tmp_path / "logs"))
     assert sharedstore.shared_store(str(tmp_path / "logs")) is first
     # A log dir cleaned between two runs of one process: the next run must not write to the

@@ -257,7 +257,7 @@ class NodeSidecars:
         Callers hold SIGINT (``interrupts_deferred``) around this and the event that records it,
         so a process never exists without ``child.process`` naming it; ``stop()`` ends a
         launched child whose spawn was not recorded (that write failed). ``log`` is the log
-        ``_create_logs`` opened (a start; it stays the caller's to close), else it is opened
+        ``create_logs`` opened (a start; it stays the caller's to close), else it is opened
         here (a restart). A log that cannot be opened or an executable that cannot be started
         fails the instance and raises ``SidecarError``.
         """

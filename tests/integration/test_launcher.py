@@ -108,7 +108,7 @@ def states_path(log_dir: Path, instance_id: int) -> list[str]:
 
 def assert_nothing_left(log_dir: Path) -> None:
     """No run of ``log_dir`` is live, no recorded sidecar still runs, no child of ours remains,
-    and no ready file or prepared ready temp file is left behind."""
+    and no ready file or proxy temp file is left behind."""
     assert sorted(path.name for path in log_dir.glob("*.ready*")) == []
     assert sorted(path.name for path in log_dir.glob(".*.tmp*")) == []
     for run, instances in run_records(log_dir):

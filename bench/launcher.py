@@ -2,8 +2,8 @@
 
 Run from the repo root: ``.venv/bin/python bench/launcher.py`` (``--help`` for options). Prints a
 table and writes the figures with the exact command into README.md and, in full, to
-``bench/results/launcher.md`` (or ``--out``). Targets (issue 4): warm ``start_h2_ping_sidecar``
-of 4 instances < 20 ms median, cache lookup included; ``stop()`` of 4 idle sidecars < 20 ms
+``bench/results/launcher.md`` (or ``--out``). Targets (issue 14): warm ``start_h2_ping_sidecar``
+of 4 instances <= 30 ms median, cache lookup included; ``stop()`` of 4 idle sidecars < 20 ms
 median; 8 concurrent cold starts sharing one cache < 1.3x one cold build. NeMo Gym's launcher
 on the same machine class: 102-105 ms warm (100 ms ready polling plus a ``go env`` per start),
 8 cold runs 98 s = 7.3x one build.
@@ -328,7 +328,7 @@ def main() -> None:
                 if not args.skip_cold:
                     colds.append(cold_round(origins, certs.ca_pem, root / f"cold-{block}", args.warm_gocache))
             start4 = ms(series["4.start"])
-            rows.append(("warm start_h2_ping_sidecar, 4 instances (median)", start4, "< 20 ms"))
+            rows.append(("warm start_h2_ping_sidecar, 4 instances (median)", start4, "<= 30 ms"))
             rows.append(("  floor: spawn 4 proxies + await ready files only", ms(series["4.floor"]), "-"))
             rows.append(("  launcher's own time: start - floor, same round", quartiles(series["4.own"]), "-"))
             rows.append(("warm stop(), 4 idle sidecars (median)", ms(series["4.stop"]), "< 20 ms"))

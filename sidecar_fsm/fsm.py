@@ -33,7 +33,6 @@ __all__ = [
     "TRANSITIONS",
     "InstanceMachine",
     "fire_together",
-    "new_run_table",
     "MachineError",
     "legal_events",
     "target_of",
@@ -99,8 +98,7 @@ class _RequiresFacts:
 class _Model:
     """What ``transitions`` moves; kept private so its generated trigger methods stay internal.
 
-    Carries what the persisting callback needs, so one ``transitions`` machine can serve many
-    instances (``new_run_table``).
+    Carries what the persisting callback needs (the store and the instance's row).
     """
 
     state: str
@@ -110,18 +108,16 @@ class _Model:
         self.instance_id = instance_id
 
 
-def new_run_table() -> Machine:
-    """A ``transitions`` machine with the table and no instance, for the machines of one run to share.
+def _new_machine(model: _Model, state: str) -> Machine:
+    """A ``transitions`` machine with the table, moving ``model`` only, starting in ``state``.
 
-    Building the table costs 0.2 ms per machine, and a launcher builds one machine per instance
-    on the way to spawning its proxies; adding an instance to a built table costs half that.
-    The machine holds every model added to it, so share it only among machines that live
-    and die together (one run's instances), never across runs.
+    One per instance: a group of transitions is made all-or-nothing by the store's transaction
+    (``fire_together``), not by sharing a machine, so nothing is gained by sharing one.
     """
     return Machine(
-        model=None,
+        model=model,
         states=list(STATES),
-        initial=STATES[0],
+        initial=state,
         transitions=[
             {
                 "trigger": event,
@@ -161,21 +157,17 @@ class InstanceMachine:
     ``state`` must be the instance's state as stored (``InstanceRecord.state``); if it is stale,
     the first ``fire`` raises ``SidecarError`` from the store and changes nothing. One machine
     per instance; ``fire`` is serialized per machine, so threads may share one, and machines of
-    different instances run in parallel (the store serializes the writes). ``table`` (from
-    ``new_run_table``) lets the machines of one run share the transition table.
+    different instances run in parallel (the store serializes the writes).
     """
 
-    def __init__(
-        self, store: Store, instance_id: int, state: str = "configured", *, table: Machine | None = None
-    ) -> None:
+    def __init__(self, store: Store, instance_id: int, state: str = "configured") -> None:
         if state not in STATES:
             raise ValueError(f"InstanceMachine: '{state}' is not a state; states are {list(STATES)}")
         self.store = store
         self.instance_id = instance_id
         self._model = _Model(store, instance_id)
         self._fire_lock = threading.Lock()
-        self._machine = table if table is not None else new_run_table()
-        self._machine.add_model(self._model, initial=state)
+        self._machine = _new_machine(self._model, state)
 
     @property
     def state(self) -> str:
@@ -219,14 +211,14 @@ class Firing(NamedTuple):
 def fire_together(firings: Sequence[Firing]) -> None:
     """Fire each event on its machine, in order, all in one store transaction: all happen, or none.
 
-    For a run that moves its instances in step (a start's build and spawn, its ready): one
-    commit and one turn of the host's writers' lock instead of one per event, which is most of
-    what a transition costs. A machine may appear more than once; its events fire in the order
-    given (``build`` then ``spawn``). Raises what ``fire`` raises for the first firing that
-    fails (illegal event, missing or unknown fact, a failed write); then the database holds
-    none of the group and every machine is back in the state it had before the group. The
-    machines must share one store. Each machine's lock is held for the whole group, so no
-    other thread fires on it in between.
+    For events that must be on record together: an instance's ``build`` and ``spawn`` (its
+    process exists, so the record has its pid or shows nothing happened), a run's ``ready``
+    (one commit before the caller gets the addresses). A machine may appear more than once;
+    its events fire in the order given (``build`` then ``spawn``). Raises what ``fire`` raises
+    for the first firing that fails (illegal event, missing or unknown fact, a failed write);
+    then the database holds none of the group and every machine is back in the state it had
+    before the group. The machines must share one store. Each machine's lock is held for the
+    whole group, so no other thread fires on it in between.
     """
     if not firings:
         return

@@ -7,7 +7,7 @@ proxies actually bound. A bad config therefore fails with nothing started and th
 untouched, and any failure or ``KeyboardInterrupt`` once a process exists stops it first.
 
 Re-exports the rest of the public names from the modules that own them (config, rewrite,
-buildcache, supervise). Must not change instance state itself (``supervise`` fires events) nor
+buildcache, command, supervise). Must not change instance state itself (``supervise`` fires events) nor
 parse config values (``config`` does).
 """
 
@@ -27,6 +27,7 @@ from sidecar_fsm.buildcache import (
     default_binary_path,
     ensure_binary,
 )
+from sidecar_fsm.command import sidecar_command, sidecar_env
 from sidecar_fsm.config import (
     H2PingSidecarConfig,
     SidecarInstanceConfig,
@@ -34,9 +35,10 @@ from sidecar_fsm.config import (
     is_loopback_host,
 )
 from sidecar_fsm.errors import ConfigError, SidecarError
+from sidecar_fsm.interrupts import interrupts_deferred
 from sidecar_fsm.resources import SIDECAR_SOURCE_DIR, default_log_dir
 from sidecar_fsm.rewrite import RewrittenUrl, find_base_urls, rewrite_base_urls
-from sidecar_fsm.supervise import NodeSidecars, _interrupts_deferred, sidecar_command, sidecar_env
+from sidecar_fsm.supervise import NodeSidecars
 from sidecar_fsm.urls import redact_url
 
 __all__ = [
@@ -90,10 +92,16 @@ def resolve_binary(config: H2PingSidecarConfig, global_config_dict: Any) -> Path
         path = ensure_binary(
             cache_dir_of(global_config_dict), build_if_missing=config.build_if_missing, progress=_progress
         )
+    # NeMo Gym's words ("does not exist", "not executable"), one line each.
+    if not path.exists():
+        raise SidecarError(
+            f"sidecar.binary: '{path}' does not exist; "
+            "point it at a built h2-ping-sidecar or set build_if_missing: true"
+        )
     if not (path.is_file() and os.access(path, os.X_OK)):
         raise SidecarError(
-            f"sidecar.binary: '{path}' does not exist or is not executable; "
-            "point it at a built h2-ping-sidecar or set build_if_missing: true"
+            f"sidecar.binary: '{path}' is not executable; "
+            "make it executable (chmod +x) or point it at a built h2-ping-sidecar"
         )
     return path
 
@@ -111,12 +119,14 @@ def resolve_log_dir(config: H2PingSidecarConfig, global_config_dict: Any) -> str
 
 
 class H2PingSidecarManager:
-    """Owns the sidecar processes one run started: Gym starts it, polls ``check()``, calls ``stop()``.
+    """Owns the sidecar processes of its runs: Gym starts it, polls ``check()``, calls ``stop()``.
 
-    ``start()`` prints one line per instance; ``check()`` raises ``SidecarError`` naming every
-    instance that stopped (after any restart its policy allows); ``stop()`` drains and ends them
-    all and is idempotent. ``instances_actual`` gives the bound addresses (``:0`` resolved) once
-    started; ``run_id`` names the run in the state database under ``log_dir``.
+    ``start()`` prints one line per instance and may be called again after ``stop()`` or a
+    failed ``start()``, which starts a new run (a new ``run_id``), as NeMo Gym's manager can;
+    ``check()`` raises ``SidecarError`` naming every instance that stopped (after any restart
+    its policy allows); ``stop()`` drains and ends them all and is idempotent.
+    ``instances_actual`` gives the bound addresses (``:0`` resolved) once started; ``run_id``
+    names the current run in the state database under ``log_dir``.
     """
 
     def __init__(
@@ -144,9 +154,12 @@ class H2PingSidecarManager:
         return self._sidecars.instances_actual
 
     def start(self) -> None:
-        """Start every instance and await them together; on any failure nothing is left running."""
-        if self._sidecars is not None:
-            raise SidecarError(f"run {self.run_id}: already started; call stop() first")
+        """Start every instance as a new run and await them together; on any failure nothing is left running.
+
+        Raises ``SidecarError`` while this manager's previous run still runs (call ``stop()``).
+        """
+        if self._sidecars is not None and self._sidecars.running:
+            raise SidecarError(f"run {self.run_id}: already running; call stop() first")
         sidecars = NodeSidecars(self.config, self.instances, self._binary, self._log_dir)
         self._sidecars = sidecars
         self.run_id = sidecars.run_id
@@ -194,9 +207,8 @@ def start_h2_ping_sidecar(global_config_dict: DictConfig) -> H2PingSidecarManage
     if not config.enabled:
         return None
     instances = list(config.instances)
-    # Found before a process exists, so an unparseable model base_url fails here; read-only, so
-    # no deepcopy of the DictConfig is needed (8 ms for a small config); applied once the bound
-    # addresses are known.
+    # Found before a process exists, so an unparseable model base_url fails here; read-only (no
+    # copy of the DictConfig needed); applied once the bound addresses are known.
     plan = find_base_urls(global_config_dict, instances) if config.rewrite_base_urls else None
     _check_readable_file("sidecar.ca_file", config.ca_file)
     for instance in instances:
@@ -217,7 +229,7 @@ def start_h2_ping_sidecar(global_config_dict: DictConfig) -> H2PingSidecarManage
             # In-memory and microseconds long, but a KeyboardInterrupt in the middle would leave
             # the caller's config half rewritten with its sidecars stopped: SIGINT waits until
             # it is done, and is then handled by the except below like any other interrupt.
-            with _interrupts_deferred():
+            with interrupts_deferred():
                 changes = plan.apply(global_config_dict, manager.instances_actual)
             for change in changes:
                 # Base URLs may carry credentials (userinfo, ?api-key=): never print them.

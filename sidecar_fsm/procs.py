@@ -17,11 +17,8 @@ import os
 import select
 import signal
 import subprocess
-import threading
-import time
-from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Literal
 
 import psutil
 
@@ -37,8 +34,6 @@ _START_TIME_TOLERANCE = 0.005
 _KILL_WAIT_SECONDS = 5.0
 
 TerminateOutcome = Literal["exited", "killed", "not-ours", "gone"]
-
-_CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
 
 
 @dataclass(frozen=True)
@@ -76,46 +71,6 @@ def identity_of(pid: int) -> ProcessIdentity | None:
     return ProcessIdentity(pid=pid, start_time=start_time, exe=exe)
 
 
-def start_time_of(pid: int) -> float | None:
-    """The start time of the process at ``pid``, as ``identity_of`` reports it; None when there is none.
-
-    For a child this process spawned and has not reaped (its pid cannot have been reused): one
-    read of ``/proc/<pid>/stat``, where ``identity_of`` makes three (status, start time,
-    executable) through psutil's much larger code path, all while the new proxies start on the
-    same cores. The arithmetic is psutil's (clock ticks since boot / ticks per second + boot
-    time), so ``is_ours`` compares like with like; a test holds the two to equality.
-    """
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as stat:
-            data = stat.read()
-    except (FileNotFoundError, ProcessLookupError):
-        return None
-    # The command name (field 2) is in parentheses and may contain spaces and ")".
-    fields = data[data.rindex(b")") + 2 :].split()
-    return float(fields[19]) / _CLOCK_TICKS + _recent_boot_time()
-
-
-# (monotonic time it was read, psutil.boot_time()) for start_time_of.
-_boot_time_read: tuple[float, float] | None = None
-_BOOT_TIME_REUSE_SECONDS = 1.0
-
-
-def _recent_boot_time() -> float:
-    """``psutil.boot_time()``, re-read at most once a second.
-
-    It reads all of /proc/stat (30 us, more with the proxies of a start on the cores), and a
-    start reads the start time of each of its children in a row. The value only moves when the
-    wall clock is stepped; a start time computed with the value from before a step then
-    differs from psutil's reading after it, which ``is_ours`` answers with "not ours", as it
-    would for a start time read just before the step.
-    """
-    global _boot_time_read
-    now = time.monotonic()
-    if _boot_time_read is None or now - _boot_time_read[0] > _BOOT_TIME_REUSE_SECONDS:
-        _boot_time_read = (now, psutil.boot_time())
-    return _boot_time_read[1]
-
-
 def _same_exe(recorded: str, current: str | None) -> bool:
     if current is None:
         # Unreadable executable: identity cannot be proven, so the answer is "not ours".
@@ -145,175 +100,36 @@ def is_ours(record: ProcessIdentity) -> bool:
     return record.exe is None or _same_exe(record.exe, current.exe)
 
 
-def open_log(path: str) -> int:
-    """Open (creating it) a sidecar's log for appending: the descriptor ``spawn`` takes as ``log``.
-
-    Append mode, so restarts and concurrent writers never overwrite earlier output; CLOEXEC, so
-    no other child inherits it. The caller closes it once the children that write it exist.
-    """
-    return os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC, 0o644)
-
-
-class ChildProcess:
-    """A child started by :func:`spawn`: its pid and, once reaped, its exit code.
-
-    The part of ``subprocess.Popen``'s interface sidecar-fsm and its tests use (``pid``,
-    ``args``, ``returncode``, ``poll``, ``wait``, ``send_signal``, ``kill``, ``terminate``), with
-    the same meaning: ``returncode`` is negative when a signal ended the child, ``wait(timeout)``
-    raises ``subprocess.TimeoutExpired``. Until it is reaped the child's pid cannot be reused,
-    so signalling it by pid is safe; once reaped, signals are not sent at all. Thread-safe like
-    ``Popen``: one thread reaps, a ``poll`` racing it answers None.
-
-    A handle dropped without ``wait`` leaves a zombie until this process exits (``Popen`` would
-    reap it later); the supervisor always waits for its children.
-    """
-
-    def __init__(self, pid: int, args: list[str]) -> None:
-        self.pid = pid
-        self.args = args
-        self.returncode: int | None = None
-        self._waitpid_lock = threading.Lock()
-
-    def __repr__(self) -> str:
-        return f"ChildProcess(pid={self.pid}, returncode={self.returncode})"
-
-    def _reaped(self, status: int) -> int:
-        self.returncode = os.waitstatus_to_exitcode(status)
-        return self.returncode
-
-    def poll(self) -> int | None:
-        """The exit code if the child has exited (reaping it), else None. Never blocks."""
-        if self.returncode is not None or not self._waitpid_lock.acquire(blocking=False):
-            return self.returncode
-        try:
-            if self.returncode is not None:
-                return self.returncode
-            try:
-                pid, status = os.waitpid(self.pid, os.WNOHANG)
-            except ChildProcessError:
-                # Reaped behind our back (SIGCHLD ignored by the host program): the code is
-                # lost; Popen reports 0 in this case and so do we.
-                self.returncode = 0
-                return 0
-            return self._reaped(status) if pid == self.pid else None
-        finally:
-            self._waitpid_lock.release()
-
-    def wait(self, timeout: float | None = None) -> int:
-        """Reap the child and return its exit code, waiting up to ``timeout`` seconds (None: forever).
-
-        Blocks on a pidfd, not a sleep loop, so it returns the moment the child exits. Raises
-        ``subprocess.TimeoutExpired`` when the child still runs after ``timeout``.
-        """
-        if self.returncode is not None:
-            return self.returncode
-        if timeout is not None:
-            pidfd = _open_pidfd(self.pid)
-            if pidfd is not None:
-                try:
-                    if not _wait_pidfd(pidfd, timeout):
-                        raise subprocess.TimeoutExpired(self.args, timeout)
-                finally:
-                    os.close(pidfd)
-        with self._waitpid_lock:
-            if self.returncode is not None:
-                return self.returncode
-            try:
-                _, status = os.waitpid(self.pid, 0)
-            except ChildProcessError:
-                self.returncode = 0
-                return 0
-            return self._reaped(status)
-
-    def send_signal(self, sig: int) -> None:
-        """Signal the child unless it has been reaped (its pid may then be someone else's).
-
-        Through a pidfd, like every signal this module sends: the pidfd names this process even
-        if a thread reaps it between the check and the signal.
-        """
-        self.poll()
-        if self.returncode is not None:
-            return
-        pidfd = _open_pidfd(self.pid)
-        if pidfd is None:
-            return
-        try:
-            with contextlib.suppress(ProcessLookupError):
-                signal.pidfd_send_signal(pidfd, sig)
-        finally:
-            os.close(pidfd)
-
-    def terminate(self) -> None:
-        self.send_signal(signal.SIGTERM)
-
-    def kill(self) -> None:
-        self.send_signal(signal.SIGKILL)
-
-
-def inheritable_fds() -> list[int]:
-    """This process's descriptors above 2 that a child would inherit (no close-on-exec flag).
-
-    Python opens everything close-on-exec (PEP 446), but a host program or a library may have
-    made a descriptor inheritable; ``spawn`` closes these in the child. Read-only; 60 us.
-    """
-    found = []
-    for name in os.listdir("/proc/self/fd"):
-        fd = int(name)
-        if fd > 2:
-            with contextlib.suppress(OSError):  # the listing's own descriptor, closed by now
-                if os.get_inheritable(fd):
-                    found.append(fd)
-    return found
-
-
-def spawn(
-    argv: list[str], env: dict[str, str], log: str | int, inheritable: Sequence[int] | None = None
-) -> ChildProcess:
+def spawn(argv: list[str], env: dict[str, str], log: str | int) -> subprocess.Popen[bytes]:
     """Start ``argv`` in a new session, stdin from /dev/null, stdout and stderr appended to ``log``.
 
-    ``argv[0]`` is the executable's path (no PATH search). ``log`` is a path, or a descriptor
-    from ``open_log`` that stays the caller's to close. ``inheritable`` is ``inheritable_fds()``
-    read by a caller that starts several children in a row; None reads it here. A new session
-    keeps a terminal's Ctrl-C (sent to the foreground process group) away from the sidecar, so
-    it drains only when the launcher tells it to. The child inherits no descriptor but its
-    three standard ones (the log is close-on-exec, any inheritable descriptor is closed in the
-    child): a leaked listening socket or lock would outlive the launcher inside the sidecar.
-    It starts with no signal blocked and SIGPIPE, SIGXFSZ, SIGINT and SIGTERM at their
-    defaults (Python ignores the first two; a host program may ignore or block the others, and
-    a Go program started with SIGTERM blocked or ignored would never drain).
+    ``argv[0]`` is the executable's path (no PATH search). ``log`` is a path, opened here in
+    append mode (restarts and concurrent writers never overwrite earlier output), or an open
+    descriptor that stays the caller's to close. A new session keeps a terminal's Ctrl-C (sent
+    to the foreground process group) away from the sidecar, so it drains only when the launcher
+    tells it to. ``close_fds``: a leaked listening socket or lock would outlive the launcher
+    inside the sidecar. ``restore_signals`` puts back SIGPIPE and SIGXFSZ, which Python ignores.
+    A host that blocks SIGTERM or ignores SIGINT/SIGTERM hands that on to the child; the Go
+    runtime unblocks both and installs its own handler for them at start (a test holds the
+    proxy to draining on SIGTERM under such a host), so the proxy still drains.
 
-    ``os.posix_spawn`` rather than ``subprocess.Popen``: glibc's vfork-style spawn took 0.12 ms
-    less of the launcher's time per child, and 0.5 ms less of a warm start of 4 (60 paired
-    starts), where the children are launched one after another while the first ones already
-    compete for the cores. When this returns the child's exec of ``argv[0]`` is past its point
-    of no return (glibc waits for it and reports its error), so :func:`identity_of` on its pid
-    reads the sidecar's executable, not a copy of the launcher; the kernel may still be closing
-    the close-on-exec descriptors for a moment, before any of the new program's code runs.
-    Raises ``OSError`` when the executable cannot be started.
+    Returns once the child has exec'd ``argv[0]`` (``Popen`` waits for the exec's outcome), so
+    :func:`identity_of` on its pid reads the sidecar, not a copy of the launcher. Raises
+    ``OSError`` when the executable cannot be started (no child is left).
     """
-    log_fd = log if isinstance(log, int) else open_log(log)
-    try:
-        actions: list[tuple[Any, ...]] = [
-            (os.POSIX_SPAWN_OPEN, 0, os.devnull, os.O_RDONLY, 0),
-            (os.POSIX_SPAWN_DUP2, log_fd, 1),
-            (os.POSIX_SPAWN_DUP2, log_fd, 2),
-        ]
-        if inheritable is None:
-            inheritable = inheritable_fds()
-        actions += [(os.POSIX_SPAWN_CLOSE, fd) for fd in inheritable]
-        pid = os.posix_spawn(
-            argv[0],
+    with contextlib.ExitStack() as opened:
+        if isinstance(log, str):
+            log = opened.enter_context(open(log, "ab", buffering=0)).fileno()
+        return subprocess.Popen(
             argv,
-            env,
-            file_actions=actions,
-            setsid=True,
-            setsigmask=(),
-            setsigdef=(signal.SIGPIPE, signal.SIGXFSZ, signal.SIGINT, signal.SIGTERM),
+            stdin=subprocess.DEVNULL,
+            stdout=log,
+            stderr=log,
+            env=env,
+            close_fds=True,
+            start_new_session=True,
+            restore_signals=True,
         )
-    finally:
-        if not isinstance(log, int):
-            os.close(log_fd)
-    return ChildProcess(pid, list(argv))
 
 
 def _open_pidfd(pid: int) -> int | None:
@@ -377,7 +193,7 @@ def terminate(record: ProcessIdentity, grace: float, *, send_sigterm: bool = Tru
     ``"not-ours"`` (another live process holds the pid: nothing was sent) or ``"gone"`` (no live
     process at the pid, or it exited before we signalled it). Waiting polls the pidfd, so the
     call returns the moment the process exits. For our own child the exit leaves a zombie: the
-    caller still reaps it with ``ChildProcess.wait()`` (which then returns at once with the code).
+    caller still reaps it with ``Popen.wait()`` (which then returns at once with the code).
     """
     pidfd = _open_pidfd(record.pid)
     if pidfd is None:
@@ -398,20 +214,17 @@ def terminate(record: ProcessIdentity, grace: float, *, send_sigterm: bool = Tru
         os.close(pidfd)
 
 
-def wait_exit(child_or_pid: ChildProcess | int, timeout: float | None) -> int | None:
+def wait_exit(child_or_pid: subprocess.Popen[bytes] | int, timeout: float | None) -> int | None:
     """Wait up to ``timeout`` seconds (None: forever) for a process to exit; None if it still runs.
 
-    For a ``ChildProcess`` the child is reaped and its return code returned (negative: killed
-    by that signal); the wait blocks on a pidfd, so it returns the moment the child exits. For
-    a bare pid, the code is returned only when that pid is our own child; for any other process
-    the code is unknowable and -1 means "it exited".
+    For a ``Popen`` the child is reaped and its return code returned (negative: killed by that
+    signal). The wait blocks on a pidfd, so it returns the moment the process exits (``Popen.wait``
+    sleeps in growing steps). For a bare pid, the code is returned only when that pid is our own
+    child; for any other process the code is unknowable and -1 means "it exited".
     """
-    if not isinstance(child_or_pid, int):
-        try:
-            return child_or_pid.wait(timeout)
-        except subprocess.TimeoutExpired:
-            return None
-    pid = child_or_pid
+    pid = child_or_pid if isinstance(child_or_pid, int) else child_or_pid.pid
+    if not isinstance(child_or_pid, int) and child_or_pid.poll() is not None:
+        return child_or_pid.returncode  # reaped: its pid may be another process's by now
     pidfd = _open_pidfd(pid)  # None: already gone
     if pidfd is not None:
         try:
@@ -419,6 +232,8 @@ def wait_exit(child_or_pid: ChildProcess | int, timeout: float | None) -> int | 
                 return None
         finally:
             os.close(pidfd)
+    if not isinstance(child_or_pid, int):
+        return child_or_pid.wait()  # exited: returns at once with the code
     try:
         reaped, status = os.waitpid(pid, os.WNOHANG)
     except ChildProcessError:

@@ -20,11 +20,12 @@ from typing import Any, Literal
 from filelock import FileLock
 
 from sidecar_fsm import procs
+from sidecar_fsm.config import parse_duration_seconds
 from sidecar_fsm.errors import ConfigError
 
 # Imported for their types and machines; each owns its concern (SQL, state changes).
 from sidecar_fsm.fsm import TERMINAL, InstanceMachine
-from sidecar_fsm.ready import prepared_temp_path
+from sidecar_fsm.ready import temp_files
 from sidecar_fsm.store import InstanceRecord, RunRecord, Store
 
 OwnerStatus = Literal["alive", "dead", "reused"]
@@ -101,8 +102,6 @@ def recorded_grace_seconds(run: RunRecord) -> float:
         if value is None:
             continue
         try:
-            from sidecar_fsm.config import parse_duration_seconds
-
             return float(parse_duration_seconds(value, f"run {run.run_id} shutdown_grace"))
         except ConfigError:
             break
@@ -139,12 +138,12 @@ def _plan_instance(
 
 
 def _stale_ready_files(instances: list[InstanceRecord]) -> list[str]:
-    """Ready files left behind, and the temp files prepared for them (a start cut short)."""
+    """Ready files left behind, and the temp files of proxies that died while writing one."""
     candidates = [
         path
         for inst in instances
         if inst.ready_path
-        for path in (inst.ready_path, prepared_temp_path(inst.ready_path))
+        for path in (inst.ready_path, *temp_files(inst.ready_path))
     ]
     return [path for path in candidates if os.path.lexists(path)]
 

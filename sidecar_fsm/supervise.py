@@ -1,331 +1,58 @@
 """One run's sidecar children on this host: spawn, await readiness, supervise, restart, drain, stop.
 
-Owns the processes a launcher run starts and every decision about them: the command line and
-environment they get, when an instance counts as ready, failed or restartable, and how it is
-ended. Each decision becomes an event fired on the instance's ``InstanceMachine`` with the facts
-it establishes (pid, start time, exit code, error, restart count, bound address) as arguments:
+Owns the processes a launcher run starts and every decision about them: when an instance counts
+as ready, failed or restartable, and how it is ended. Their command line and environment are
+``command``'s, their files ``runfiles``', the wording of failures ``messages``', the open
+database ``sharedstore``'s. About 540 lines, past one sitting's 400: start, restart and stop
+share the per-child steps (launch, record, kill, fail) and the run's state, which a further
+split would pass back and forth.
+Each decision becomes an event fired on the instance's ``InstanceMachine`` with the facts it
+establishes (pid, start time, exit code, error, restart count, bound address) as arguments:
 this module never sets a state, never writes SQL (``store`` does, inside the transition) and
 never signals a process except through ``procs``. It does not build the binary (``buildcache``),
 parse the config (``config``) or touch the caller's global config (``launcher``/``rewrite``).
+``sidecar_command``, ``sidecar_env`` and ``shared_store`` stay importable from here.
 
 Interrupts: once a process exists, any exception or ``KeyboardInterrupt`` out of ``start()``
-stops every child first. The few lines between creating a process and remembering it run with
-SIGINT held (``_interrupts_deferred``), since an interrupt there would leak a child nothing knows.
+stops every child first. The few lines between creating a process and recording it run with
+SIGINT held (``interrupts_deferred``), since an interrupt there would leak a child nothing knows.
 """
 
 from __future__ import annotations
 
-import atexit
 import contextlib
-import errno
 import os
 import signal
-import threading
+import subprocess
 import time
 import uuid
-from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from sidecar_fsm import procs
-from sidecar_fsm.config import H2PingSidecarConfig, SidecarInstanceConfig, is_loopback_host
+from sidecar_fsm.command import config_summary, sidecar_command, sidecar_env
+from sidecar_fsm.config import H2PingSidecarConfig, SidecarInstanceConfig
 from sidecar_fsm.errors import SidecarError
-from sidecar_fsm.fsm import STATES, TERMINAL, Firing, InstanceMachine, fire_together, new_run_table
+from sidecar_fsm.fsm import TERMINAL, Firing, InstanceMachine, fire_together
 from sidecar_fsm.hostname import host_name
-from sidecar_fsm.ready import ReadyOutcome, ReadyWait, prepared_temp_path, wait_all_ready
-from sidecar_fsm.store import InstanceRecord, NewInstance, Store
-from sidecar_fsm.urls import redact_url
+from sidecar_fsm.interrupts import interrupts_deferred
+from sidecar_fsm.messages import exit_message, log_failure_message, log_tail, port_clash_message, where
+from sidecar_fsm.ready import ReadyOutcome, ReadyWait, wait_all_ready
+from sidecar_fsm.runfiles import create_logs, remove_ready_files, run_file
+from sidecar_fsm.sharedstore import owner_identity, shared_store
+from sidecar_fsm.store import NewInstance, Store
 
-if TYPE_CHECKING:
-    from transitions import Machine
+__all__ = ["NodeSidecars", "shared_store", "sidecar_command", "sidecar_env"]
 
 # Time past `shutdown_grace` that `stop()` allows before SIGKILL: the proxy's own drain ends at
 # the grace, so this only covers exiting (flushing logs, removing its ready file) on a busy host.
 STOP_SLACK_SECONDS = 5.0
 # Waiting for a SIGKILLed child to be reaped; the kernel needs no cooperation, so this is generous.
 KILL_REAP_SECONDS = 5.0
-LOG_TAIL_LINES = 20
-_LOG_TAIL_BYTES = 16384
 # Exit statuses of a proxy that was asked to stop: 0 from its drain, -SIGTERM if the signal
 # arrived before Go installed its handler (the first milliseconds of the process).
 _CLEAN_STOP_CODES = (0, -signal.SIGTERM)
-_NON_TERMINAL = tuple(state for state in STATES if state not in TERMINAL)
-
-
-_shared_stores: dict[tuple[int, str], tuple[Store, tuple[int, int]]] = {}
-_shared_stores_lock = threading.Lock()
-
-
-def _file_id(path: Path) -> tuple[int, int] | None:
-    try:
-        status = os.stat(path)
-    except OSError:
-        return None
-    return status.st_dev, status.st_ino
-
-
-def shared_store(log_dir: str) -> Store:
-    """This process's ``Store`` for ``log_dir``'s host database, opened once and kept open.
-
-    Closing the last connection of a WAL database checkpoints it and fsyncs (about 20 ms), and
-    opening takes the migration lock: paying both on every run would cost more than the rest of
-    a warm start. One connection per process and database serves every run (``Store`` is
-    thread-safe); it is closed at interpreter exit. Keyed by pid as well: after ``fork`` the
-    child must not use its parent's SQLite handle. If the file was removed or replaced since
-    (a log dir cleaned between runs), a new connection is opened: writing to the unlinked file
-    would hide the run from every reader.
-    """
-    key = (os.getpid(), os.path.realpath(log_dir))
-    with _shared_stores_lock:
-        cached = _shared_stores.get(key)
-        if cached is not None:
-            store, file_id = cached
-            if _file_id(store.path) == file_id:
-                return store
-            with contextlib.suppress(Exception):
-                store.close()
-        store = Store.open(log_dir)
-        file_id_now = _file_id(store.path)
-        if file_id_now is not None:
-            _shared_stores[key] = (store, file_id_now)
-        return store
-
-
-_owner_identities: dict[int, procs.ProcessIdentity | None] = {}
-
-
-def _owner_identity() -> procs.ProcessIdentity | None:
-    """This process's identity (pid, start time), read once per process: it cannot change."""
-    pid = os.getpid()
-    if pid not in _owner_identities:
-        _owner_identities[pid] = procs.identity_of(pid)
-    return _owner_identities[pid]
-
-
-@atexit.register
-def _close_shared_stores() -> None:
-    with _shared_stores_lock:
-        for (pid, _), (store, _file) in list(_shared_stores.items()):
-            if pid == os.getpid():
-                with contextlib.suppress(Exception):
-                    store.close()
-        _shared_stores.clear()
-
-
-def sidecar_command(
-    binary: str, config: H2PingSidecarConfig, instance: SidecarInstanceConfig, ready_path: str
-) -> list[str]:
-    """The proxy's argv for ``instance``: every tuning flag from ``config``, explicit, nothing implied.
-
-    Pure apart from reading our own pid: with ``exit_with_owner`` the child gets
-    ``-exit-with-pid <this process>``, so a launcher killed with SIGKILL (no ``stop()``) leaves a
-    sidecar that drains and exits by itself instead of holding the port forever.
-    """
-    command = [
-        str(binary),
-        "-listen",
-        instance.listen,
-        "-upstream",
-        instance.upstream,
-        "-ping-interval",
-        config.ping_interval,
-        "-ping-timeout",
-        config.ping_timeout,
-        "-shutdown-grace",
-        config.shutdown_grace,
-        "-retry-body-limit",
-        str(config.retry_body_limit),
-        "-max-conn-age",
-        config.max_conn_age,
-        "-ready-file",
-        ready_path,
-    ]
-    if config.ca_file:
-        command += ["-ca-file", str(Path(config.ca_file).expanduser())]
-    if config.exit_with_owner:
-        command += ["-exit-with-pid", str(os.getpid())]
-    if config.insecure_skip_verify:
-        command.append("-insecure-skip-verify")
-    return command
-
-
-def sidecar_env(config: H2PingSidecarConfig) -> dict[str, str]:
-    """The child's environment: ours, plus the Go runtime limits, minus any ``http2debug`` in GODEBUG.
-
-    ``GODEBUG=http2debug=1`` makes net/http log every HTTP/2 frame, Authorization headers
-    included; the proxy refuses to start with it, so it is removed here rather than turned into a
-    startup failure caused by a debugging variable the user set for something else.
-    """
-    env = dict(os.environ)
-    godebug = env.pop("GODEBUG", None)
-    if godebug is not None:
-        kept = [
-            setting
-            for setting in godebug.split(",")
-            if setting.strip() and setting.split("=", 1)[0].strip() != "http2debug"
-        ]
-        if kept:
-            env["GODEBUG"] = ",".join(kept)
-    if config.gomemlimit is not None:
-        env["GOMEMLIMIT"] = str(config.gomemlimit)
-    if config.gomaxprocs is not None:
-        env["GOMAXPROCS"] = str(config.gomaxprocs)
-    return env
-
-
-_DEFERRED_SIGNALS = (signal.SIGINT, signal.SIGTERM)
-
-
-@contextlib.contextmanager
-def _interrupts_deferred() -> Iterator[None]:
-    """Hold SIGINT and SIGTERM for the body; then run their handlers for what arrived, in order.
-
-    Used around "create a process, remember it": an exception raised by a signal handler
-    between ``fork`` and the assignment that keeps the ``ChildProcess`` (Python's ``KeyboardInterrupt``,
-    a CLI's SIGTERM-to-exception handler) would leave a sidecar that ``stop()`` cannot see. Only
-    Python-level handlers are held (a default or ignored disposition has no exception to
-    defer), and only in the main thread, where Python runs them. The body is a few
-    milliseconds long, so the delay is invisible to the caller.
-    """
-    if threading.current_thread() is not threading.main_thread():
-        yield
-        return
-    pending: list[int] = []
-
-    def hold(signum: int, frame: Any) -> None:
-        pending.append(signum)
-
-    held: dict[int, Any] = {}
-    try:
-        for deferred in _DEFERRED_SIGNALS:
-            if callable(signal.getsignal(deferred)):
-                held[deferred] = signal.signal(deferred, hold)
-        yield
-    finally:
-        for restored, handler in held.items():
-            signal.signal(restored, handler)
-        for arrived in pending:
-            held[arrived](arrived, None)
-
-
-def log_tail(log_path: str, lines: int = LOG_TAIL_LINES) -> str:
-    """The last ``lines`` lines of a child's log, for error messages; never raises.
-
-    Reads only the end of the file: a sidecar that ran for days has a long log.
-    """
-    try:
-        with open(log_path, "rb") as log:
-            log.seek(0, os.SEEK_END)
-            size = log.tell()
-            log.seek(max(0, size - _LOG_TAIL_BYTES))
-            data = log.read()
-    except OSError as exc:
-        return f"(log {log_path} unreadable: {exc.strerror or exc})"
-    text = data.decode(errors="replace").splitlines()
-    if size > _LOG_TAIL_BYTES and text:
-        text = text[1:]  # the first line is probably cut
-    return "\n".join(text[-lines:]) or "(empty log)"
-
-
-class _RunFiles:
-    """A run's files, made on a helper thread while the run is recorded and its proxies start.
-
-    For each instance: its log, opened for the proxy's output, and the temporary file its proxy
-    writes its ready file into (``ready.prepared_temp_path``), created empty. Creating a file
-    costs 15 us on a quiet ext4, but up to 0.9 ms of kernel time on this project's ``/tmp`` after
-    many files in the directory's block group were deleted in the last minutes (ext4 skips
-    recently freed inodes one by one; a test suite or a loop of runs does that), and more on a
-    network file system: four logs on the launcher's critical path, one ready file on each
-    proxy's. The thread opens the logs while the run is recorded in the database (the second
-    core is idle then), and each launch waits for its own log only. It then makes the
-    temporary files while the proxies start, which look for theirs only when they are ready
-    to write it, milliseconds later; a proxy that finds none makes its own, so the race is
-    harmless. With their files prepared, 4 proxies were ready 1.7 ms sooner.
-
-    ``log_fd`` waits for that log only. A log that cannot be opened is raised by ``log_fd``
-    for that instance, as opening it in ``procs.spawn`` would have; a temporary file that
-    cannot be made is left to the proxy. ``wait`` before removing what it may have made.
-    """
-
-    def __init__(self, log_paths: list[str], ready_paths: list[str]) -> None:
-        self._log_paths = log_paths
-        self._temp_paths = [prepared_temp_path(path) for path in ready_paths]
-        # Filled in order by the thread; an entry per log once it was opened (or failed to be).
-        self._logs: list[int | OSError] = []
-        self._log_opened = threading.Condition()
-        self._thread = threading.Thread(target=self._make_all, name="sidecar-fsm-files", daemon=True)
-        self._thread.start()
-
-    def _make_all(self) -> None:
-        try:
-            for log_path in self._log_paths:
-                try:
-                    opened: int | OSError = procs.open_log(log_path)
-                except OSError as exc:
-                    opened = exc
-                with self._log_opened:
-                    self._logs.append(opened)
-                    self._log_opened.notify_all()
-        except BaseException as exc:  # never leave a launch waiting for a log that will not come
-            with self._log_opened:
-                while len(self._logs) < len(self._log_paths):
-                    self._logs.append(OSError(f"log not opened: {exc!r}"))
-                self._log_opened.notify_all()
-            raise
-        flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
-        for temp_path in self._temp_paths:
-            with contextlib.suppress(OSError):  # the proxy then makes its own
-                os.close(os.open(temp_path, flags, 0o644))
-
-    def log_fd(self, index: int) -> int:
-        with self._log_opened:
-            self._log_opened.wait_for(lambda: len(self._logs) > index)
-            opened = self._logs[index]
-        if isinstance(opened, OSError):
-            raise opened
-        return opened
-
-    def close_logs(self) -> None:
-        """Close every log descriptor (the children hold their own copies)."""
-        with self._log_opened:
-            self._log_opened.wait_for(lambda: len(self._logs) == len(self._log_paths))
-            opened_logs = self._logs
-            # A later log_fd gets an error, never a closed (or reused) descriptor number.
-            self._logs = [OSError(errno.EBADF, "log already closed") for _ in opened_logs]
-        for opened in opened_logs:
-            if isinstance(opened, int):
-                os.close(opened)
-
-    def wait(self) -> None:
-        """Return once every file this made exists (so that removing them removes them all)."""
-        self._thread.join()
-
-
-class _RunMachines:
-    """The state machines of one run's instances, each made on its first use.
-
-    Making them (the run's ``transitions`` table, then one model per instance) took 0.7 ms of a
-    warm start of 4, and until its proxies run a start has the cores to itself while the
-    proxies wait for it. A start first fires an event (``build`` with ``spawn``) after its
-    proxies were launched, so that is where the machines are made; a start cut short makes
-    them when it records why. A machine made later still starts in ``configured``, which is
-    right: every transition of the run's instances goes through these machines.
-    """
-
-    def __init__(self, store: Store) -> None:
-        self._store = store
-        self._table: Machine | None = None  # the run's machines live and die together
-        self._machines: dict[int, InstanceMachine] = {}
-
-    def of(self, record_id: int) -> InstanceMachine:
-        machine = self._machines.get(record_id)
-        if machine is None:
-            if self._table is None:
-                self._table = new_run_table()
-            machine = InstanceMachine(self._store, record_id, table=self._table)
-            self._machines[record_id] = machine
-        return machine
 
 
 @dataclass
@@ -334,14 +61,13 @@ class _Child:
 
     index: int
     instance: SidecarInstanceConfig
-    machines: _RunMachines
-    record_id: int
+    machine: InstanceMachine
     log_path: str
     ready_path: str
     # The address the proxy actually bound (from its ready file) once it was ready; until then the
     # configured one. A restart reuses it, so a `:0` instance keeps the port URLs were rewritten to.
     listen: str
-    process: procs.ChildProcess | None = None
+    process: subprocess.Popen[bytes] | None = None
     identity: procs.ProcessIdentity | None = None
     restart_count: int = 0
     error: str | None = None
@@ -349,10 +75,6 @@ class _Child:
     @property
     def name(self) -> str:
         return self.instance.name
-
-    @property
-    def machine(self) -> InstanceMachine:
-        return self.machines.of(self.record_id)
 
     @property
     def state(self) -> str:
@@ -388,20 +110,22 @@ class NodeSidecars:
         # Past shutdown_grace before SIGKILL; an attribute so a test need not wait the default.
         self.stop_slack_seconds = STOP_SLACK_SECONDS
         self._children: list[_Child] = []
-        self._files: _RunFiles | None = None
         self._started = False
         self._run_created = False
         self._stopped = False
 
+    @property
+    def running(self) -> bool:
+        """True from ``start()`` until ``stop()`` (which a failed ``start()`` calls itself)."""
+        return self._started and not self._stopped
+
     # -- naming -------------------------------------------------------------------------------
 
     def _path(self, instance: SidecarInstanceConfig, suffix: str) -> str:
-        # Run id in the name: concurrent runs sharing a log dir (same instance names, same host)
-        # never read, truncate or delete one another's log or readiness marker.
-        return os.path.join(self.log_dir, f"h2ping-{instance.name}-{self.host}-{self.run_id}{suffix}")
+        return run_file(self.log_dir, instance.name, self.host, self.run_id, suffix)
 
     def _where(self, child: _Child) -> str:
-        return f"h2-ping-sidecar '{child.name}' (run {self.run_id} on {self.host})"
+        return where(child.name, self.run_id, self.host)
 
     @property
     def instances_actual(self) -> list[SidecarInstanceConfig]:
@@ -409,33 +133,6 @@ class NodeSidecars:
         if not self._children:
             return list(self.instances)
         return [child.instance.model_copy(update={"listen": child.listen}) for child in self._children]
-
-    def config_summary(self) -> dict[str, Any]:
-        """What the run row keeps about the config: shape and tuning, never credentials.
-
-        Upstreams are origins already (config drops paths) and are redacted once more so that
-        no userinfo or query can reach the database whatever the config module accepts.
-        """
-        c = self.config
-        return {
-            "instances": [
-                {"name": i.name, "upstream": redact_url(i.upstream), "listen": i.listen}
-                for i in self.instances
-            ],
-            "binary": self.binary,
-            "ping_interval": c.ping_interval,
-            "ping_timeout": c.ping_timeout,
-            "shutdown_grace": c.shutdown_grace,
-            "max_conn_age": c.max_conn_age,
-            "retry_body_limit": c.retry_body_limit,
-            "startup_timeout_seconds": c.startup_timeout_seconds,
-            "exit_with_owner": c.exit_with_owner,
-            "restart": {"max_restarts": c.restart.max_restarts, "backoff": c.restart.backoff},
-            "ca_file": c.ca_file,
-            "insecure_skip_verify": c.insecure_skip_verify,
-            "gomemlimit": c.gomemlimit,
-            "gomaxprocs": c.gomaxprocs,
-        }
 
     # -- start --------------------------------------------------------------------------------
 
@@ -454,46 +151,30 @@ class NodeSidecars:
             )
         self._started = True
         try:
-            executable = os.path.isfile(self.binary) and os.access(self.binary, os.X_OK)
-            message = (
-                f"sidecar.binary: '{self.binary}' is not an executable file; build it or set sidecar.binary"
-            )
+            # The database first, then the logs, then the run row: an unusable log dir fails
+            # in one line with nothing recorded, started or left behind.
+            if self.store is None:
+                self.store = shared_store(self.log_dir)
             env = sidecar_env(self.config)
-            os.makedirs(self.log_dir, exist_ok=True)
-            files = self._files = _RunFiles(
-                [self._path(instance, ".log") for instance in self.instances],
-                [self._path(instance, ".ready") for instance in self.instances],
-            )
+            if not (os.path.isfile(self.binary) and os.access(self.binary, os.X_OK)):
+                self._fail_all(
+                    f"sidecar.binary: '{self.binary}' is not executable; build it or set sidecar.binary"
+                )
+            logs = create_logs(self.log_dir, [self._path(instance, ".log") for instance in self.instances])
             try:
-                # Three commits per start, not 3N + 2: the run with its instances (before any
-                # process exists, so a crash leaves the run on record), then every `build` and
-                # `spawn`, then every `ready`. Until the proxies run this process has the
-                # cores to itself and the proxies wait for it, so only what must precede them
-                # happens first; the rest is recorded while they start. `build` is recorded
+                # The run with its instances is recorded before any process exists, so a crash
+                # leaves the run on record; each instance's `build` and `spawn` (one commit)
+                # right after its own launch, so a launcher killed between two launches leaves
+                # every running sidecar recorded with its pid, for `reap`. `build` is recorded
                 # with `spawn` because the binary was resolved (or built) before the run.
                 self._open_run()
-                if not executable:
-                    for child in self._children:
-                        child.machine.fire("build", detail=self.binary, binary=self.binary)
-                        self._fail(child, message)
-                    raise SidecarError(message)
-                # One read of the inheritable descriptors and one deferral of SIGINT for all the
-                # launches: between two of them the proxies already started take the cores.
-                inheritable = procs.inheritable_fds()
-                with _interrupts_deferred():
-                    for child in self._children:
-                        self._launch(child, env, files=files, inheritable=inheritable)
+                for child, log in zip(self._children, logs, strict=True):
+                    with interrupts_deferred():
+                        self._launch(child, env, log=log)
+                        self._record_spawn(child)
             finally:
-                files.close_logs()
-            launched = [child for child in self._children if child.process is not None]
-            fire_together(
-                [self._build_firing(child) for child in launched]
-                + [
-                    Firing(child.machine, "spawn", f"pid {child.process.pid}", self._facts(child))
-                    for child in launched
-                    if child.process is not None
-                ]
-            )
+                for log in logs:
+                    os.close(log)
             errors = self._await_ready(self._children)
             if errors:
                 raise SidecarError("\n".join(errors))
@@ -509,6 +190,14 @@ class NodeSidecars:
             for child in self._children
         ]
 
+    def _fail_all(self, message: str) -> None:
+        """Record the run with every instance ``failed`` for ``message``, then raise it."""
+        self._open_run()
+        for child in self._children:
+            child.machine.fire("build", detail=self.binary, binary=self.binary)
+            self._fail(child, message)
+        raise SidecarError(message)
+
     def _open_run(self) -> None:
         """Record the run and every instance (state ``configured``) in one transaction.
 
@@ -517,10 +206,13 @@ class NodeSidecars:
         if self.store is None:
             self.store = shared_store(self.log_dir)
         store = self.store
-        owner = _owner_identity()
+        owner = owner_identity()
         with store.transaction():
             store.create_run(
-                self.run_id, os.getpid(), owner.start_time if owner else None, self.config_summary()
+                self.run_id,
+                os.getpid(),
+                owner.start_time if owner else None,
+                config_summary(self.config, self.instances, self.binary),
             )
             records = store.create_instances(
                 self.run_id,
@@ -537,40 +229,37 @@ class NodeSidecars:
                 ],
             )
         self._run_created = True
-        machines = _RunMachines(store)
         for index, (instance, record) in enumerate(zip(self.instances, records, strict=True)):
             assert record.log_path is not None and record.ready_path is not None
+            machine = InstanceMachine(store, record.id)
             self._children.append(
-                _Child(
-                    index,
-                    instance,
-                    machines,
-                    record.id,
-                    record.log_path,
-                    record.ready_path,
-                    listen=instance.listen,
-                )
+                _Child(index, instance, machine, record.log_path, record.ready_path, listen=instance.listen)
             )
 
     def _build_firing(self, child: _Child) -> Firing:
         return Firing(child.machine, "build", self.binary, {"binary": self.binary})
+
+    def _record_spawn(self, child: _Child) -> None:
+        """Record ``build`` and ``spawn`` (pid, start time) of ``child``'s new process in one commit."""
+        assert child.process is not None
+        spawn = Firing(child.machine, "spawn", f"pid {child.process.pid}", self._facts(child))
+        fire_together([self._build_firing(child), spawn])
 
     def _launch(
         self,
         child: _Child,
         env: dict[str, str],
         restart_of: int | None = None,
-        files: _RunFiles | None = None,
-        inheritable: list[int] | None = None,
+        log: int | None = None,
     ) -> None:
         """Start ``child``'s process on ``child.listen``; remembers it, records nothing yet.
 
-        Callers hold SIGINT (``_interrupts_deferred``) around this (a restart also around the
-        event that records it), so a process never exists without ``child.process`` naming it;
-        ``stop()`` ends a launched child whose spawn was not recorded yet. A log that cannot be
-        opened or an executable that cannot be started fails the instance and raises
-        ``SidecarError``. ``files`` has the log already open (a start); else it is opened here.
-        ``inheritable`` is passed on to ``procs.spawn``.
+        Callers hold SIGINT (``interrupts_deferred``) around this and the event that records it,
+        so a process never exists without ``child.process`` naming it; ``stop()`` ends a
+        launched child whose spawn was not recorded (that write failed). ``log`` is the log
+        ``create_logs`` opened (a start; it stays the caller's to close), else it is opened
+        here (a restart). A log that cannot be opened or an executable that cannot be started
+        fails the instance and raises ``SidecarError``.
         """
         if restart_of is not None:
             # The dead process's ready file; wait_all_ready insists on the new pid anyway, this
@@ -582,20 +271,18 @@ class NodeSidecars:
             instance = instance.model_copy(update={"listen": child.listen})
         argv = sidecar_command(self.binary, self.config, instance, child.ready_path)
         try:
-            log = files.log_fd(child.index) if files is not None else procs.open_log(child.log_path)
+            process = procs.spawn(argv, env, child.log_path if log is None else log)
         except OSError as exc:
-            problem = f"log '{child.log_path}' cannot be written ({exc}); check the log dir"
+            if log is None and exc.filename == child.log_path:
+                problem = log_failure_message(child.log_path, exc)
+            else:
+                problem = f"'{self.binary}' could not be started ({exc}); check sidecar.binary"
             raise self._launch_failed(child, problem, restart_of) from exc
-        try:
-            process = procs.spawn(argv, env, log, inheritable)
-        except OSError as exc:
-            problem = f"'{self.binary}' could not be started ({exc}); check sidecar.binary"
-            raise self._launch_failed(child, problem, restart_of) from exc
-        finally:
-            if files is None:
-                os.close(log)
         child.process = process
-        child.identity = None  # the previous process's, after a restart
+        # Start time only, no executable: a wrapper script that execs the proxy changes its exe
+        # after we look, and would then never be "ours" to signal. None if it exited already.
+        found = procs.identity_of(process.pid)
+        child.identity = procs.ProcessIdentity(process.pid, found.start_time, None) if found else None
 
     def _launch_failed(self, child: _Child, problem: str, exit_code: int | None) -> SidecarError:
         """Fail ``child`` whose process could not be started; the error for the caller to raise."""
@@ -605,33 +292,16 @@ class NodeSidecars:
         self._fail(child, message, exit_code=exit_code)
         return SidecarError(message)
 
-    def _identity(self, child: _Child) -> procs.ProcessIdentity | None:
-        """Pid and start time of ``child``'s current process, which every signal to it is checked against.
-
-        Start time only, no executable: a wrapper script that execs the proxy changes its exe
-        after we look, and would then never be "ours" to signal. Read on first need, not at
-        launch: until we reap the child its pid cannot be reused, so a later read is as good,
-        and /proc of a proxy that is still starting is slow to read (a start records its spawns
-        after every launch). None once the process has been reaped without being read.
-        """
-        process = child.process
-        if child.identity is None and process is not None and process.returncode is None:
-            start_time = procs.start_time_of(process.pid)
-            if start_time is not None:
-                child.identity = procs.ProcessIdentity(process.pid, start_time, None)
-        return child.identity
-
     def _facts(self, child: _Child) -> dict[str, Any]:
         assert child.process is not None
-        identity = self._identity(child)
         return {
             "pid": child.process.pid,
-            "pid_start_time": identity.start_time if identity else None,
+            "pid_start_time": child.identity.start_time if child.identity else None,
         }
 
     def _respawn(self, child: _Child, env: dict[str, str], exit_code: int) -> None:
         """Replace the dead process of a ``ready`` child on the same address; fire ``restart``."""
-        with _interrupts_deferred():
+        with interrupts_deferred():
             self._launch(child, env, restart_of=exit_code)
             assert child.process is not None
             attempt = child.restart_count + 1
@@ -649,7 +319,9 @@ class NodeSidecars:
     def _await_ready(self, children: list[_Child]) -> list[str]:
         """Wait for all ``children`` at once; fire ``ready`` or ``fail``; the failure messages."""
         waits = [
-            ReadyWait(child.name, child.ready_path, child.process) for child in children if child.process
+            ReadyWait(child.name, child.ready_path, child.process, child.listen)
+            for child in children
+            if child.process
         ]
         outcomes = wait_all_ready(waits, timeout=float(self.config.startup_timeout_seconds))
         bound: dict[str, str] = {}
@@ -657,8 +329,8 @@ class NodeSidecars:
             outcome = outcomes.get(child.name)
             if outcome is not None and outcome.info is not None:
                 bound[child.name] = outcome.info.listen
-        # One commit for every instance that came up: it is the last step before the caller
-        # gets its addresses, so it is on the start's critical path.
+        # One commit for every instance that came up, all or none: the caller gets its addresses
+        # right after it.
         fire_together(
             [
                 Firing(
@@ -693,43 +365,8 @@ class NodeSidecars:
         return message
 
     def _exit_message(self, child: _Child, exit_code: int, before_ready: bool) -> str:
-        tail = log_tail(child.log_path)
-        if "address already in use" in tail:
-            return self._port_clash_message(child)
-        when = "before it was ready" if before_ready else "unexpectedly"
-        return f"{self._where(child)}: exited with code {exit_code} {when}; see {child.log_path}"
-
-    def _port_clash_message(self, child: _Child) -> str:
-        where = f"sidecar.instances[{child.index}].listen: '{child.listen}'"
-        holder = self._listen_holder(child.listen)
-        if holder is None:
-            return f"{where} is already in use by another process; stop it or choose another port (or port 0)"
-        pid = f"pid {holder.pid}" if holder.pid else "no pid yet"
-        return (
-            f"{where} is already in use by run {holder.run_id} instance '{holder.name}' ({pid}); "
-            f"stop that run (sidecar-fsm status, sidecar-fsm reap) or choose another port"
-        )
-
-    def _listen_holder(self, listen: str) -> InstanceRecord | None:
-        """The live instance of another run on ``listen`` according to the database, if any."""
-        if self.store is None:
-            return None
-        try:
-            candidates = self.store.instances_in_states(_NON_TERMINAL)
-        except Exception:
-            return None  # a diagnosis; never let it hide the failure it explains
-        # Newest first; a record left non-terminal by a crashed run names the holder only when
-        # its process is provably still that sidecar (pid and start time), else it is skipped.
-        fallback: InstanceRecord | None = None
-        for record in reversed(candidates):
-            if record.run_id == self.run_id or not _same_address(record.listen, listen):
-                continue
-            if record.pid is not None and record.pid_start_time is not None:
-                if procs.is_ours(procs.ProcessIdentity(record.pid, record.pid_start_time, None)):
-                    return record
-            elif fallback is None:
-                fallback = record
-        return fallback
+        clash = port_clash_message(child.index, child.listen, self.store, self.run_id)
+        return exit_message(self._where(child), exit_code, before_ready, child.log_path, clash)
 
     # -- supervision --------------------------------------------------------------------------
 
@@ -827,9 +464,8 @@ class NodeSidecars:
             # back: a woken sidecar may take our CPU, and interleaving would make N sidecars
             # drain one after another instead of together.
             for child in draining:
-                identity = self._identity(child)
-                if identity is not None:
-                    procs.signal_if_ours(identity, signal.SIGTERM)
+                if child.identity is not None:
+                    procs.signal_if_ours(child.identity, signal.SIGTERM)
             deadline = time.monotonic() + self.config.shutdown_grace_seconds + self.stop_slack_seconds
             try:
                 for child in draining:
@@ -855,12 +491,7 @@ class NodeSidecars:
                     )
                     self._fail(child, message, exit_code=code, problems=problems)
         finally:
-            if self._files is not None:
-                self._files.wait()
-            for child in self._children:
-                Path(child.ready_path).unlink(missing_ok=True)
-                # Prepared at start; still there only if the proxy never wrote its ready file.
-                Path(prepared_temp_path(child.ready_path)).unlink(missing_ok=True)
+            remove_ready_files([child.ready_path for child in self._children])
             self._end_run(problems)
         if interrupted is not None:
             raise interrupted
@@ -883,9 +514,8 @@ class NodeSidecars:
         """SIGKILL ``child``'s process (through procs) and reap it; its exit code."""
         if child.process is None:
             return None
-        identity = self._identity(child)  # a start cut short may not have read it yet
-        if identity is not None and child.process.poll() is None:
-            procs.signal_if_ours(identity, signal.SIGKILL)
+        if child.identity is not None and child.process.poll() is None:
+            procs.signal_if_ours(child.identity, signal.SIGKILL)
         return procs.wait_exit(child.process, KILL_REAP_SECONDS)
 
     def _fail(
@@ -915,15 +545,3 @@ class NodeSidecars:
             child.machine.fire(event, detail=detail, **facts)
         except Exception as exc:
             problems.append(exc)
-
-
-def _same_address(a: str, b: str) -> bool:
-    """Whether two ``host:port`` listens name the same socket, loopback spellings included."""
-    if a == b:
-        return True
-    host_a, _, port_a = a.rpartition(":")
-    host_b, _, port_b = b.rpartition(":")
-    if port_a != port_b or port_a == "0":
-        return False
-    unbracket = str.maketrans("", "", "[]")
-    return is_loopback_host(host_a.translate(unbracket)) and is_loopback_host(host_b.translate(unbracket))

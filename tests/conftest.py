@@ -29,7 +29,6 @@ from helpers import ProcessRegistry, wait_until  # noqa: E402
 
 from sidecar_fsm import buildcache, procs  # noqa: E402
 from sidecar_fsm.lab import CertPaths, IdleRelay, TlsH2Origin, make_ca_and_cert  # noqa: E402
-from sidecar_fsm.procs import ChildProcess  # noqa: E402
 from sidecar_fsm.ready import ReadyWait, wait_all_ready  # noqa: E402
 
 _SIDECAR_READY_SECONDS = 30.0
@@ -107,7 +106,7 @@ def sidecar_binary(cache_dir: Path) -> Path:
 class RunningSidecar:
     """A proxy started by ``run_sidecar``: where it listens and how to reach its log."""
 
-    process: ChildProcess
+    process: subprocess.Popen[bytes]
     listen: str
     log_path: Path
     ready_path: Path
@@ -133,7 +132,7 @@ def run_sidecar(
     Binds ``127.0.0.1:0`` and learns the port from the ready file (never bind-close-reuse).
     Each proxy gets SIGTERM at the end of the test (then SIGKILL through the registry).
     """
-    started: list[ChildProcess] = []
+    started: list[subprocess.Popen[bytes]] = []
 
     def start(
         upstream: str,

@@ -20,12 +20,10 @@ from typing import TypeVar, Union
 
 import psutil
 
-from sidecar_fsm.procs import ChildProcess
-
 T = TypeVar("T")
 
 _POLL_SECONDS = 0.02
-_AnyPopen = Union["subprocess.Popen[bytes]", "subprocess.Popen[str]", ChildProcess]
+_AnyPopen = Union["subprocess.Popen[bytes]", "subprocess.Popen[str]"]
 
 
 def wait_until(predicate: Callable[[], T], timeout: float = 10.0, message: str = "condition") -> T:
@@ -54,7 +52,7 @@ class _PidRecord:
 class ProcessRegistry:
     """Processes a test started; ``end_all()`` ends each that still runs, and its descendants.
 
-    Popen and ChildProcess objects are reaped by ``wait``; bare pids (a grandchild whose pid a
+    Popen objects are reaped by ``wait``; bare pids (a grandchild whose pid a
     test learned from a ready file) are recorded with their start time so a pid reused by an
     unrelated process after ours exited is never signalled. Thread-safe. Registries nest: a
     test's registry also records into the session's, which is the safety net for session-scoped

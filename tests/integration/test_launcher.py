@@ -9,10 +9,12 @@ a child that misbehaves (exits early, never becomes ready); everything else runs
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import os
 import signal
 import socket
+import sqlite3
 import subprocess
 import sys
 import time
@@ -27,11 +29,19 @@ from helpers import ProcessRegistry, http11_request
 from omegaconf import DictConfig, OmegaConf
 from pydantic import ValidationError
 
-from sidecar_fsm import procs
+from sidecar_fsm import buildcache, procs
 from sidecar_fsm.errors import SidecarError
+from sidecar_fsm.hostname import host_name
 from sidecar_fsm.lab import IdleRelay, TlsH2Origin
-from sidecar_fsm.launcher import H2PingSidecarManager, NodeSidecars, start_h2_ping_sidecar
-from sidecar_fsm.store import InstanceRecord, Store, open_all_hosts
+from sidecar_fsm.launcher import (
+    H2PingSidecarManager,
+    NodeSidecars,
+    h2_ping_sidecar_config_from_global_config,
+    resolve_log_dir,
+    start_h2_ping_sidecar,
+)
+from sidecar_fsm.rewrite import BaseUrlPlan
+from sidecar_fsm.store import InstanceRecord, Store, database_path, open_all_hosts
 
 FULL_HISTORY = ["configured", "building", "spawned", "ready", "draining", "stopped"]
 
@@ -99,7 +109,7 @@ def states_path(log_dir: Path, instance_id: int) -> list[str]:
 
 def assert_nothing_left(log_dir: Path) -> None:
     """No run of ``log_dir`` is live, no recorded sidecar still runs, no child of ours remains,
-    and no ready file or prepared ready temp file is left behind."""
+    and no ready file or proxy temp file is left behind."""
     assert sorted(path.name for path in log_dir.glob("*.ready*")) == []
     assert sorted(path.name for path in log_dir.glob(".*.tmp*")) == []
     for run, instances in run_records(log_dir):
@@ -313,11 +323,79 @@ exec sleep 60
 """
 
 
+def test_stop_removes_the_temp_file_of_a_proxy_that_died_writing_its_ready_file(
+    tls_origin: TlsH2Origin,
+    sidecar_binary: Path,
+    log_dir: Path,
+    cache_dir: Path,
+    node_runs: list[NodeSidecars],
+) -> None:
+    """The launcher prepares no temp file; the proxy's own (``.<ready>.tmp-<random>``) goes at stop()."""
+
+    config = gym_config(tls_origin.url, tls_origin.ca_file, log_dir, cache_dir)
+    parsed = h2_ping_sidecar_config_from_global_config(config)
+    sidecars = NodeSidecars(parsed, parsed.instances, str(sidecar_binary), str(log_dir))
+    node_runs.append(sidecars)
+    sidecars.start()
+    assert list(log_dir.glob(".*.tmp*")) == []  # renamed into place by the proxy
+    ((_, (record,)),) = run_records(log_dir)
+    assert record.ready_path is not None
+    ready_path = Path(record.ready_path)
+    leftover = ready_path.with_name(f".{ready_path.name}.tmp-1234567")
+    leftover.write_text('{"pid": 1')
+    sidecars.stop()
+    assert not leftover.exists()
+    assert_nothing_left(log_dir)
+
+
+def test_each_launch_is_recorded_with_its_pid_before_the_next_launch(
+    tls_origin: TlsH2Origin,
+    sidecar_binary: Path,
+    log_dir: Path,
+    cache_dir: Path,
+    node_runs: list[NodeSidecars],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A launcher killed between two launches leaves every running sidecar on record with its pid.
+
+    What the database holds at the moment of each launch is read through a second connection
+    just before the real ``procs.spawn`` runs.
+    """
+
+    seen: list[list[tuple[str, str, int | None]]] = []
+    real_spawn = procs.spawn
+
+    def spawn_seeing_the_database(*args: Any, **kwargs: Any) -> Any:
+        with contextlib.closing(sqlite3.connect(f"file:{database_path(log_dir)}?mode=ro", uri=True)) as db:
+            seen.append(db.execute("SELECT name, state, pid FROM instances ORDER BY id").fetchall())
+        return real_spawn(*args, **kwargs)
+
+    monkeypatch.setattr(procs, "spawn", spawn_seeing_the_database)
+    instances = [
+        {"name": name, "upstream": tls_origin.url, "listen": "127.0.0.1:0"}
+        for name in ("first", "second", "third")
+    ]
+    config = gym_config(tls_origin.url, tls_origin.ca_file, log_dir, cache_dir, instances=instances)
+    parsed = h2_ping_sidecar_config_from_global_config(config)
+    sidecars = NodeSidecars(parsed, parsed.instances, str(sidecar_binary), str(log_dir))
+    node_runs.append(sidecars)
+    sidecars.start()
+    ((_, records),) = run_records(log_dir)
+    assert len(seen) == 3 and all(record.pid for record in records)
+    for index, rows in enumerate(seen):
+        earlier = [(record.name, "spawned", record.pid) for record in records[:index]]
+        assert rows[:index] == earlier, (
+            f"{records[index].name} launched before its predecessors were recorded"
+        )
+        assert rows[index] == (records[index].name, "configured", None)
+    sidecars.stop()
+    assert_nothing_left(log_dir)
+
+
 def test_stop_kills_what_outlives_the_grace(
     tls_origin: TlsH2Origin, log_dir: Path, tmp_path: Path, cache_dir: Path, node_runs: list[NodeSidecars]
 ) -> None:
     """A child that ignores SIGTERM: SIGKILL after grace + slack, and the record says so."""
-    from sidecar_fsm.launcher import h2_ping_sidecar_config_from_global_config
 
     binary = fake_binary(tmp_path / "deaf", _READY_BUT_DEAF)
     config = gym_config(
@@ -347,7 +425,6 @@ def test_stop_kills_what_outlives_the_grace(
 def test_interrupt_during_stop_kills_the_rest_then_propagates(
     tls_origin: TlsH2Origin, log_dir: Path, tmp_path: Path, cache_dir: Path, node_runs: list[NodeSidecars]
 ) -> None:
-    from sidecar_fsm.launcher import h2_ping_sidecar_config_from_global_config
 
     binary = fake_binary(tmp_path / "deaf", _READY_BUT_DEAF)
     config = gym_config(
@@ -400,7 +477,6 @@ def test_invalid_config_starts_nothing(
 def test_missing_go_and_no_prebuilt(
     tls_origin: TlsH2Origin, log_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from sidecar_fsm import buildcache
 
     monkeypatch.setattr(buildcache, "find_go", lambda: None)
     config = gym_config(tls_origin.url, tls_origin.ca_file, log_dir, tmp_path / "empty-cache")
@@ -409,6 +485,51 @@ def test_missing_go_and_no_prebuilt(
         start_h2_ping_sidecar(config)
     assert snapshot(config) == before
     assert run_records(log_dir) == []
+
+
+def test_manager_starts_again_after_stop_and_after_a_failed_start(
+    tls_origin: TlsH2Origin,
+    sidecar_binary: Path,
+    cache_dir: Path,
+    log_dir: Path,
+    managers: list[H2PingSidecarManager],
+) -> None:
+    """As NeMo Gym's can: each start() after stop() or a failure is a new run."""
+
+    with socket.socket() as holder:
+        holder.bind(("127.0.0.1", 0))
+        holder.listen()
+        port = holder.getsockname()[1]
+        instances = [{"name": "nvcf", "upstream": tls_origin.url, "listen": f"127.0.0.1:{port}"}]
+        config = gym_config(tls_origin.url, tls_origin.ca_file, log_dir, cache_dir, instances=instances)
+        parsed = h2_ping_sidecar_config_from_global_config(config)
+        manager = H2PingSidecarManager(
+            parsed, parsed.instances, sidecar_binary, resolve_log_dir(parsed, config)
+        )
+        managers.append(manager)
+        with pytest.raises(SidecarError, match="already in use"):
+            manager.start()  # the port is taken: a failed start
+    failed_run = manager.run_id
+    manager.start()  # the port is free now
+    with pytest.raises(SidecarError, match="already running; call stop"):
+        manager.start()
+    manager.check()
+    first_run = manager.run_id
+    manager.stop()
+    manager.start()
+    manager.check()
+    manager.stop()
+    runs = {
+        run.run_id: (run.outcome, [record.state for record in records])
+        for run, records in run_records(log_dir)
+    }
+    assert len({failed_run, first_run, manager.run_id}) == 3
+    assert runs == {
+        failed_run: ("failed", ["failed"]),
+        first_run: ("ended", ["stopped"]),
+        manager.run_id: ("ended", ["stopped"]),
+    }
+    assert_nothing_left(log_dir)
 
 
 def test_port_in_use_names_the_holder(
@@ -511,7 +632,6 @@ def test_stale_ready_file_is_not_readiness(
 ) -> None:
     binary = fake_binary(tmp_path / "never-ready", "exec sleep 60")
     config = gym_config(tls_origin.url, tls_origin.ca_file, log_dir, cache_dir, startup_timeout_seconds=0.3)
-    from sidecar_fsm.launcher import h2_ping_sidecar_config_from_global_config
 
     parsed = h2_ping_sidecar_config_from_global_config(config)
     sidecars = NodeSidecars(parsed, parsed.instances, str(binary), str(log_dir), run_id="stale0000000")
@@ -525,8 +645,6 @@ def test_stale_ready_file_is_not_readiness(
 def test_unwritable_log_fails_the_start_naming_it_and_leaves_nothing(
     tls_origin: TlsH2Origin, sidecar_binary: Path, log_dir: Path, cache_dir: Path
 ) -> None:
-    from sidecar_fsm.hostname import host_name
-    from sidecar_fsm.launcher import h2_ping_sidecar_config_from_global_config
 
     instances = [
         {"name": "first", "upstream": tls_origin.url, "listen": "127.0.0.1:0"},
@@ -537,14 +655,79 @@ def test_unwritable_log_fails_the_start_naming_it_and_leaves_nothing(
     sidecars = NodeSidecars(
         parsed, parsed.instances, str(sidecar_binary), str(log_dir), run_id="nolog0000000"
     )
-    # A directory where the second instance's log must go: opening it for writing fails.
+    # A directory where the second instance's log must go: creating it fails.
     blocked = log_dir / f"h2ping-second-{host_name()}-nolog0000000.log"
     blocked.mkdir(parents=True)
-    with pytest.raises(SidecarError, match=f"log '{blocked}' cannot be written .*; check the log dir"):
+    with pytest.raises(SidecarError) as raised:
         sidecars.start()
+    assert str(raised.value) == (
+        f"sidecar.log_dir: cannot create '{blocked}' (file exists); set sidecar.log_dir to a writable folder"
+    )
     assert_nothing_left(log_dir)
-    ((_, records),) = run_records(log_dir)
-    assert [record.state for record in records] == ["failed", "failed"]
+    assert run_records(log_dir) == []  # no run row: nothing was started
+    assert [path for path in log_dir.glob("*.log") if path.is_file()] == []  # the first log went too
+
+
+@pytest.fixture
+def small_tmpfs(tmp_path: Path) -> Iterator[Path]:
+    """A 2 MiB tmpfs with 64 inodes, mounted for the test (skipped where mounting is refused)."""
+    mount_point = tmp_path / "tmpfs"
+    mount_point.mkdir()
+    mounted = subprocess.run(
+        ["mount", "-t", "tmpfs", "-o", "size=2m,nr_inodes=64", "tmpfs", str(mount_point)],
+        capture_output=True,
+        text=True,
+    )
+    if mounted.returncode != 0:
+        pytest.skip(f"cannot mount a tmpfs here: {mounted.stderr.strip()}")
+    try:
+        yield mount_point
+    finally:
+        subprocess.run(["umount", "-l", str(mount_point)], check=False)
+
+
+@pytest.mark.parametrize("fault", ["read-only file system", "no space left on device"])
+def test_log_dir_that_breaks_after_the_database_opened_fails_in_one_line(
+    tls_origin: TlsH2Origin, sidecar_binary: Path, small_tmpfs: Path, cache_dir: Path, fault: str
+) -> None:
+    """A long-lived launcher keeps its database open; the log dir then turns read-only or fills up."""
+
+    log_dir = small_tmpfs / "logs"
+    store = Store.open(str(log_dir))
+    try:
+        if fault == "read-only file system":
+            # A read-only bind mount over the log dir: the open database keeps its descriptors
+            # (a tmpfs will not turn read-only while a file is open for writing).
+            subprocess.run(["mount", "--bind", str(log_dir), str(log_dir)], check=True)
+            subprocess.run(["mount", "-o", "remount,bind,ro", str(log_dir)], check=True)
+        else:
+            for index in range(1000):  # bounded: the tmpfs has 64 inodes
+                try:
+                    (small_tmpfs / f"filler-{index}").touch()
+                except OSError:
+                    break
+        config = gym_config(tls_origin.url, tls_origin.ca_file, log_dir, cache_dir)
+        parsed = h2_ping_sidecar_config_from_global_config(config)
+        sidecars = NodeSidecars(parsed, parsed.instances, str(sidecar_binary), str(log_dir), store=store)
+        with pytest.raises(SidecarError) as raised:
+            sidecars.start()
+        message = str(raised.value)
+        assert "\n" not in message
+        assert (
+            message.startswith(f"sidecar.log_dir: cannot create '{log_dir}/h2ping-")
+            and f"({fault})" in message
+        )
+        assert store.list_runs("all") == []
+        assert list(log_dir.glob("*.log")) == [] and list(log_dir.glob("*.ready*")) == []
+        assert not [
+            child
+            for child in psutil.Process().children(recursive=True)
+            if str(log_dir) in " ".join(_cmdline(child))
+        ]
+    finally:
+        store.close()
+        if fault == "read-only file system":
+            subprocess.run(["umount", str(log_dir)], check=False)
 
 
 _INTERRUPTED_START = """
@@ -605,7 +788,6 @@ def test_keyboard_interrupt_after_the_proxy_is_ready(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     """An interrupt while the config is being rewritten: the ready proxy is stopped, config untouched."""
-    from sidecar_fsm.rewrite import BaseUrlPlan
 
     calls: list[int] = []
 

@@ -15,8 +15,8 @@ import psutil
 import pytest
 from helpers import wait_until
 
-from sidecar_fsm import procs
-from sidecar_fsm.procs import ChildProcess, ProcessIdentity
+from sidecar_fsm import procs, ready
+from sidecar_fsm.procs import ProcessIdentity
 
 SLEEP = shutil.which("sleep") or "/bin/sleep"
 # Ignores SIGTERM, and says so on stdout once the handler is installed.
@@ -29,9 +29,9 @@ IGNORE_TERM = (
 
 
 @pytest.fixture
-def started() -> Iterator[list[ChildProcess]]:
+def started() -> Iterator[list[subprocess.Popen[bytes]]]:
     """Processes a test starts; all killed and reaped afterwards, pass or fail."""
-    processes: list[ChildProcess] = []
+    processes: list[subprocess.Popen[bytes]] = []
     yield processes
     for process in processes:
         if process.poll() is None:
@@ -39,7 +39,7 @@ def started() -> Iterator[list[ChildProcess]]:
         process.wait()
 
 
-def _spawn(started: list[ChildProcess], argv: list[str], log: Path) -> ChildProcess:
+def _spawn(started: list[subprocess.Popen[bytes]], argv: list[str], log: Path) -> subprocess.Popen[bytes]:
     process = procs.spawn(argv, dict(os.environ), str(log))
     started.append(process)
     return process
@@ -53,7 +53,7 @@ def _wait_for_text(path: Path, text: str, timeout: float = 10.0) -> None:
 
 
 def test_spawn_new_session_devnull_stdin_log_appended_and_no_inherited_fds(
-    tmp_path: Path, started: list[ChildProcess]
+    tmp_path: Path, started: list[subprocess.Popen[bytes]]
 ) -> None:
     log = tmp_path / "child.log"
     log.write_text("earlier run\n")
@@ -67,8 +67,8 @@ def test_spawn_new_session_devnull_stdin_log_appended_and_no_inherited_fds(
     assert os.getsid(child.pid) == child.pid
     assert os.getpgid(child.pid) == child.pid
 
-    # spawn returns once the child's exec is past its point of no return, which is before the
-    # kernel closes the close-on-exec descriptors: they may show for a moment, never run code.
+    # Popen returns once the exec succeeded; the kernel may still be closing the close-on-exec
+    # descriptors for a moment, before any of the new program's code runs.
     def child_fds() -> list[int]:
         return sorted(int(fd) for fd in os.listdir(f"/proc/{child.pid}/fd"))
 
@@ -93,40 +93,34 @@ def _signal_set(status: str, field: str) -> set[int]:
     return {number for number in range(1, 65) if mask & (1 << (number - 1))}
 
 
-def test_spawn_starts_the_child_with_no_signal_blocked_and_drain_signals_at_default(
-    tmp_path: Path, started: list[ChildProcess]
+def test_proxy_drains_on_sigterm_even_when_the_host_blocks_or_ignores_it(
+    tmp_path: Path, started: list[subprocess.Popen[bytes]], sidecar_binary: Path
 ) -> None:
-    """A host that blocks SIGTERM or ignores SIGINT must not hand that on: the proxy would never drain."""
-    previous_mask = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM, signal.SIGUSR1})
+    """A host that blocks SIGTERM or ignores SIGINT/SIGTERM hands that on to its children.
+
+    The Go runtime unblocks both and installs its handlers at start, so the proxy still drains
+    on the launcher's SIGTERM; Python's ignored SIGPIPE is put back to its default by spawn.
+    """
+    ready_path = tmp_path / "proxy.ready"
+    argv = [str(sidecar_binary), "-listen", "127.0.0.1:0", "-upstream", "https://127.0.0.1:9"]
+    argv += ["-ready-file", str(ready_path)]
+    previous_mask = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM, signal.SIGINT})
     previous_int = signal.signal(signal.SIGINT, signal.SIG_IGN)
+    previous_term = signal.signal(signal.SIGTERM, signal.SIG_IGN)
     try:
-        assert signal.SIGPIPE in _signal_set(Path("/proc/thread-self/status").read_text(), "SigIgn")
-        child = _spawn(started, [SLEEP, "30"], tmp_path / "log")
+        child = _spawn(started, argv, tmp_path / "log")
     finally:
+        signal.signal(signal.SIGTERM, previous_term)
         signal.signal(signal.SIGINT, previous_int)
         signal.pthread_sigmask(signal.SIG_SETMASK, previous_mask)
+    wait_until(lambda: ready.read_ready_file(ready_path, child.pid), 10, "the proxy's ready file")
     status = Path(f"/proc/{child.pid}/status").read_text()
-    assert _signal_set(status, "SigBlk") == set()
+    assert _signal_set(status, "SigBlk") & {signal.SIGINT, signal.SIGTERM} == set()
     assert _signal_set(status, "SigIgn") & {signal.SIGINT, signal.SIGTERM, signal.SIGPIPE} == set()
-    child.terminate()
-    assert child.wait(10) == -signal.SIGTERM
-
-
-def test_child_process_poll_wait_and_signals_follow_popen(
-    tmp_path: Path, started: list[ChildProcess]
-) -> None:
-    sleeper = _spawn(started, [SLEEP, "30"], tmp_path / "log")
-    assert sleeper.poll() is None
-    with pytest.raises(subprocess.TimeoutExpired):
-        sleeper.wait(0.05)
-    assert sleeper.returncode is None
-    sleeper.kill()
-    assert procs.wait_exit(sleeper, 10) == -signal.SIGKILL
-    assert sleeper.poll() == -signal.SIGKILL
-    sleeper.terminate()  # reaped: its pid may be another process's now, so nothing is sent
-    exits = _spawn(started, [sys.executable, "-c", "import sys; sys.exit(3)"], tmp_path / "log")
-    assert exits.wait(10) == 3
-    assert exits.returncode == 3
+    record = procs.identity_of(child.pid)
+    assert record is not None
+    assert procs.signal_if_ours(record, signal.SIGTERM)
+    assert procs.wait_exit(child, 10) == 0
 
 
 def test_spawn_failure_raises_oserror_and_leaves_no_child(tmp_path: Path) -> None:
@@ -139,12 +133,12 @@ def test_spawn_failure_raises_oserror_and_leaves_no_child(tmp_path: Path) -> Non
     ):
         with pytest.raises(error):
             procs.spawn(argv, dict(os.environ), str(tmp_path / "log"))
-    # glibc reaps a child whose exec failed before posix_spawn returns: no zombie is left.
+    # Popen reaps a child whose exec failed before it raises: no zombie is left.
     assert {child.pid for child in psutil.Process().children()} == before
 
 
 def test_identity_of_a_live_process_and_none_once_it_exits(
-    tmp_path: Path, started: list[ChildProcess]
+    tmp_path: Path, started: list[subprocess.Popen[bytes]]
 ) -> None:
     child = _spawn(started, [SLEEP, "30"], tmp_path / "log")
     identity = procs.identity_of(child.pid)
@@ -171,22 +165,8 @@ def test_identity_of_a_live_process_and_none_once_it_exits(
     assert procs.terminate(identity, 1) == "gone"
 
 
-def test_start_time_of_agrees_with_identity_of_until_the_child_is_reaped(
-    tmp_path: Path, started: list[ChildProcess]
-) -> None:
-    child = _spawn(started, [SLEEP, "30"], tmp_path / "log")
-    identity = procs.identity_of(child.pid)
-    assert identity is not None
-    # The launcher records this value and later proves identity with is_ours: they must agree.
-    assert procs.start_time_of(child.pid) == identity.start_time
-    assert procs.is_ours(ProcessIdentity(child.pid, identity.start_time, None))
-    child.kill()
-    child.wait()
-    assert procs.start_time_of(child.pid) is None
-
-
 def test_record_with_other_start_time_or_exe_is_never_signalled(
-    tmp_path: Path, started: list[ChildProcess]
+    tmp_path: Path, started: list[subprocess.Popen[bytes]]
 ) -> None:
     """A record whose pid now belongs to an unrelated process: nothing is sent, it survives."""
     unrelated = _spawn(started, [SLEEP, "30"], tmp_path / "log")
@@ -205,7 +185,9 @@ def test_record_with_other_start_time_or_exe_is_never_signalled(
     assert procs.identity_of(unrelated.pid) == actual
 
 
-def _spawn_at_pid(started: list[ChildProcess], pid: int, log: Path) -> ChildProcess | None:
+def _spawn_at_pid(
+    started: list[subprocess.Popen[bytes]], pid: int, log: Path
+) -> subprocess.Popen[bytes] | None:
     """Start `sleep` so the kernel hands it ``pid`` (needs a writable ns_last_pid); None if it did not."""
     for _ in range(20):
         try:
@@ -220,7 +202,7 @@ def _spawn_at_pid(started: list[ChildProcess], pid: int, log: Path) -> ChildProc
     return None
 
 
-def test_real_pid_reuse_is_never_signalled(tmp_path: Path, started: list[ChildProcess]) -> None:
+def test_real_pid_reuse_is_never_signalled(tmp_path: Path, started: list[subprocess.Popen[bytes]]) -> None:
     """The recorded process exits and the kernel gives its pid to a newcomer: the newcomer survives."""
     first = _spawn(started, [SLEEP, "30"], tmp_path / "log")
     record = procs.identity_of(first.pid)
@@ -241,7 +223,7 @@ def test_real_pid_reuse_is_never_signalled(tmp_path: Path, started: list[ChildPr
 
 
 def test_terminate_cooperative_process_returns_as_soon_as_it_exits(
-    tmp_path: Path, started: list[ChildProcess]
+    tmp_path: Path, started: list[subprocess.Popen[bytes]]
 ) -> None:
     child = _spawn(started, [SLEEP, "30"], tmp_path / "log")
     record = procs.identity_of(child.pid)
@@ -253,7 +235,9 @@ def test_terminate_cooperative_process_returns_as_soon_as_it_exits(
     assert procs.wait_exit(child, 1) == -signal.SIGTERM
 
 
-def test_process_ignoring_sigterm_is_killed_after_grace(tmp_path: Path, started: list[ChildProcess]) -> None:
+def test_process_ignoring_sigterm_is_killed_after_grace(
+    tmp_path: Path, started: list[subprocess.Popen[bytes]]
+) -> None:
     log = tmp_path / "log"
     child = _spawn(started, [sys.executable, "-c", IGNORE_TERM], log)
     _wait_for_text(log, "armed")
@@ -267,7 +251,7 @@ def test_process_ignoring_sigterm_is_killed_after_grace(tmp_path: Path, started:
     assert procs.wait_exit(child, 1) == -signal.SIGKILL
 
 
-def test_signal_if_ours_reaches_our_process(tmp_path: Path, started: list[ChildProcess]) -> None:
+def test_signal_if_ours_reaches_our_process(tmp_path: Path, started: list[subprocess.Popen[bytes]]) -> None:
     child = _spawn(started, [SLEEP, "30"], tmp_path / "log")
     record = procs.identity_of(child.pid)
     assert record is not None
@@ -275,7 +259,9 @@ def test_signal_if_ours_reaches_our_process(tmp_path: Path, started: list[ChildP
     assert procs.wait_exit(child, 10) == -signal.SIGUSR1
 
 
-def test_wait_exit_times_out_then_returns_code(tmp_path: Path, started: list[ChildProcess]) -> None:
+def test_wait_exit_times_out_then_returns_code(
+    tmp_path: Path, started: list[subprocess.Popen[bytes]]
+) -> None:
     child = _spawn(
         started, [sys.executable, "-c", "import sys, time; time.sleep(0.3); sys.exit(7)"], tmp_path / "l"
     )
@@ -289,7 +275,9 @@ def test_wait_exit_times_out_then_returns_code(tmp_path: Path, started: list[Chi
     assert procs.wait_exit(other.pid, 10) == -signal.SIGKILL  # our child by pid: reaped, code known
 
 
-def test_wait_exit_on_a_process_that_is_not_our_child(tmp_path: Path, started: list[ChildProcess]) -> None:
+def test_wait_exit_on_a_process_that_is_not_our_child(
+    tmp_path: Path, started: list[subprocess.Popen[bytes]]
+) -> None:
     """Its exit is seen through the pidfd; its code belongs to its parent, so -1 says "exited"."""
     shell = _spawn(started, ["/bin/sh", "-c", f"{SLEEP} 0.5 & echo $!"], tmp_path / "log")
     assert procs.wait_exit(shell, 10) == 0

@@ -21,7 +21,6 @@ from helpers import ProcessRegistry
 
 from sidecar_fsm import procs
 from sidecar_fsm.fsm import InstanceMachine
-from sidecar_fsm.ready import prepared_temp_path
 from sidecar_fsm.reap import owner_status, reap
 from sidecar_fsm.store import Store, database_path
 
@@ -199,9 +198,9 @@ def test_dry_run_changes_nothing_then_the_real_reap_does_what_it_said(
     instances = [("policy", identity, identity.exe), ("judge", other_identity, "/not/ours")]
     make_run(store, log_dir, dead_pid(), instances)
     ready_files = sorted(log_dir.glob("*.ready"))
-    # A start cut short also leaves the temp file the launcher prepared for a ready file.
-    prepared = Path(prepared_temp_path(str(ready_files[0])))
-    prepared.touch()
+    # A proxy killed between creating its temp file and renaming it leaves that file too.
+    leftover = ready_files[0].with_name(f".{ready_files[0].name}.tmp-4242")
+    leftover.touch()
     before = db_rows(store.path)
 
     plan = reap(store, dry_run=True)
@@ -213,15 +212,15 @@ def test_dry_run_changes_nothing_then_the_real_reap_does_what_it_said(
         "SIGTERM, mark failed",
         "mark failed (pid not ours)",
     ]
-    assert sorted(plan.runs[0].ready_files) == sorted(str(p) for p in [*ready_files, prepared])
-    assert prepared.exists()
+    assert sorted(plan.runs[0].ready_files) == sorted(str(p) for p in [*ready_files, leftover])
+    assert leftover.exists()
 
     done = reap(store)
     assert [i.action for i in done.runs[0].instances] == [i.action for i in plan.runs[0].instances]
     assert procs.wait_exit(proc, 5) is not None
     assert other.poll() is None
     assert list(log_dir.glob("*.ready")) == []
-    assert not prepared.exists()
+    assert not leftover.exists()
 
 
 def test_two_reapers_at_once_reap_each_run_exactly_once(store: Store, log_dir: Path) -> None:

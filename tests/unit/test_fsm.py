@@ -23,7 +23,6 @@ from sidecar_fsm.fsm import (
     MachineError,
     fire_together,
     legal_events,
-    new_run_table,
     target_of,
 )
 from sidecar_fsm.store import InstanceRecord, Store
@@ -256,10 +255,8 @@ def test_no_auto_transition_bypass_exists(store: Store) -> None:
     assert not any(name.startswith("to_") for name in machine._machine.events)
 
 
-@pytest.mark.parametrize("shared_table", [False, True], ids=["own tables", "one run table"])
-def test_threads_drive_different_instances_at_once(store: Store, shared_table: bool) -> None:
-    table = new_run_table() if shared_table else None
-    machines = [InstanceMachine(store, new_instance(store).id, table=table) for _ in range(40)]
+def test_threads_drive_different_instances_at_once(store: Store) -> None:
+    machines = [InstanceMachine(store, new_instance(store).id) for _ in range(40)]
     errors: list[BaseException] = []
 
     def drive(chunk: list[InstanceMachine]) -> None:
@@ -340,19 +337,3 @@ def test_fire_together_fires_a_machine_twice_in_order_and_rewinds_it_whole(store
     assert third.state == "configured"
     assert store.history(third.instance_id) == []
     assert store.get_instance(third.instance_id).state == "configured"  # type: ignore[union-attr]
-
-
-def test_machines_sharing_a_table_move_and_persist_independently(store: Store) -> None:
-    table = new_run_table()
-    first = InstanceMachine(store, new_instance(store).id, table=table)
-    second = InstanceMachine(store, new_instance(store).id, "configured", table=table)
-    first.fire("build")
-    first.fire("spawn", pid=1)
-    second.fire("stop")
-    with pytest.raises(MachineError):
-        second.fire("build")  # terminal: the shared table does not leak the other's state
-    assert (first.state, second.state) == ("spawned", "stopped")
-    assert [t.dest for t in store.history(first.instance_id)] == ["building", "spawned"]
-    assert [t.dest for t in store.history(second.instance_id)] == ["stopped"]
-    assert store.get_instance(first.instance_id).pid == 1  # type: ignore[union-attr]
-    assert store.get_instance(second.instance_id).pid is None  # type: ignore[union-attr]

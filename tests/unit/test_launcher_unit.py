@@ -6,6 +6,7 @@ No child processes: what needs a running proxy is in tests/integration/test_laun
 from __future__ import annotations
 
 import os
+import shutil
 import signal
 import tempfile
 from pathlib import Path
@@ -15,7 +16,7 @@ import pytest
 from omegaconf import OmegaConf
 from pydantic import ValidationError
 
-from sidecar_fsm import launcher, supervise
+from sidecar_fsm import buildcache, interrupts, launcher, messages, sharedstore, supervise
 from sidecar_fsm.config import H2PingSidecarConfig
 from sidecar_fsm.errors import SidecarError
 from sidecar_fsm.launcher import (
@@ -60,6 +61,7 @@ def test_every_spec_name_is_exported() -> None:
     assert SIDECAR_BINARY_NAME == "h2-ping-sidecar"
     assert (SIDECAR_SOURCE_DIR / "go.mod").is_file()
     assert issubclass(launcher.SidecarError, RuntimeError)
+    assert supervise.NodeSidecars is launcher.NodeSidecars
 
 
 def test_command_passes_every_tuning_flag_explicitly() -> None:
@@ -195,18 +197,29 @@ def test_config_errors_are_validation_errors(tmp_path: Path) -> None:
         start_h2_ping_sidecar(_gym_config(tmp_path, ping_timeout="-1s"))
 
 
-def test_resolve_binary_refuses_a_non_executable(tmp_path: Path) -> None:
+def test_resolve_binary_says_does_not_exist_or_not_executable(tmp_path: Path) -> None:
+    """NeMo Gym's words, one line each, for a binary that is missing and one that cannot run."""
+    missing = tmp_path / "missing"
+    with pytest.raises(SidecarError) as raised:
+        resolve_binary(_config(binary=str(missing), build_if_missing=False), {})
+    assert str(raised.value) == (
+        f"sidecar.binary: '{missing}' does not exist; "
+        "point it at a built h2-ping-sidecar or set build_if_missing: true"
+    )
     plain = tmp_path / "h2"
     plain.write_text("not a program")
-    with pytest.raises(SidecarError, match="is not executable"):
-        resolve_binary(_config(binary=str(plain), build_if_missing=False), {})
+    for not_runnable in (plain, tmp_path):  # a plain file, a directory
+        with pytest.raises(SidecarError) as raised:
+            resolve_binary(_config(binary=str(not_runnable), build_if_missing=False), {})
+        assert str(raised.value) == (
+            f"sidecar.binary: '{not_runnable}' is not executable; "
+            "make it executable (chmod +x) or point it at a built h2-ping-sidecar"
+        )
     plain.chmod(0o755)
     assert resolve_binary(_config(binary=str(plain)), {}) == plain
 
 
 def test_missing_go_and_no_prebuilt(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    from sidecar_fsm import buildcache
-
     monkeypatch.setattr(buildcache, "find_go", lambda: None)
     config = _gym_config(tmp_path)
     before = OmegaConf.to_container(config)
@@ -219,10 +232,10 @@ def test_missing_go_and_no_prebuilt(tmp_path: Path, monkeypatch: pytest.MonkeyPa
 def test_log_tail_reads_only_the_end(tmp_path: Path) -> None:
     log = tmp_path / "x.log"
     log.write_text("".join(f"line {i}\n" for i in range(10000)))
-    assert supervise.log_tail(str(log), lines=3) == "line 9997\nline 9998\nline 9999"
-    assert supervise.log_tail(str(tmp_path / "missing.log")).startswith("(log ")
+    assert messages.log_tail(str(log), lines=3) == "line 9997\nline 9998\nline 9999"
+    assert messages.log_tail(str(tmp_path / "missing.log")).startswith("(log ")
     (tmp_path / "empty.log").write_text("")
-    assert supervise.log_tail(str(tmp_path / "empty.log")) == "(empty log)"
+    assert messages.log_tail(str(tmp_path / "empty.log")) == "(empty log)"
 
 
 @pytest.mark.parametrize(
@@ -237,12 +250,12 @@ def test_log_tail_reads_only_the_end(tmp_path: Path) -> None:
     ],
 )
 def test_same_address(a: str, b: str, same: bool) -> None:
-    assert supervise._same_address(a, b) is same
+    assert messages.same_address(a, b) is same
 
 
 def test_interrupt_held_until_the_block_ends() -> None:
     reached_end = False
-    with pytest.raises(KeyboardInterrupt), supervise._interrupts_deferred():
+    with pytest.raises(KeyboardInterrupt), interrupts.interrupts_deferred():
         os.kill(os.getpid(), signal.SIGINT)
         # Python runs handlers between bytecodes: a few statements give it the chance to raise.
         for _ in range(1000):
@@ -260,7 +273,7 @@ def test_callers_own_handlers_are_held_then_run() -> None:
         for signum in (signal.SIGINT, signal.SIGTERM)
     }
     try:
-        with supervise._interrupts_deferred():
+        with interrupts.interrupts_deferred():
             inside[0] = True
             os.kill(os.getpid(), signal.SIGTERM)
             os.kill(os.getpid(), signal.SIGINT)
@@ -275,14 +288,12 @@ def test_callers_own_handlers_are_held_then_run() -> None:
 
 
 def test_shared_store_is_reused_until_its_file_is_replaced(tmp_path: Path) -> None:
-    import shutil
-
-    first = supervise.shared_store(str(tmp_path / "logs"))
-    assert supervise.shared_store(str(tmp_path / "logs")) is first
+    first = sharedstore.shared_store(str(tmp_path / "logs"))
+    assert sharedstore.shared_store(str(tmp_path / "logs")) is first
     # A log dir cleaned between two runs of one process: the next run must not write to the
     # unlinked file, where no reader would ever see it.
     shutil.rmtree(tmp_path / "logs")
-    second = supervise.shared_store(str(tmp_path / "logs"))
+    second = sharedstore.shared_store(str(tmp_path / "logs"))
     assert second is not first
     assert second.path.exists()
     second.create_run("r1", os.getpid(), None, {})

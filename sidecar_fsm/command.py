@@ -1,0 +1,106 @@
+"""What a sidecar is started with: its command line and environment, and the run row's summary of them.
+
+Owns ``sidecar_command`` and ``sidecar_env`` (importable from ``sidecar_fsm.launcher`` too, as
+NeMo Gym's launcher exports them) and ``config_summary`` (credential-free, for the database).
+Must not start anything, open files or read the config's source: it turns a validated
+``H2PingSidecarConfig`` into argv, environment and a summary, nothing more.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any
+
+from sidecar_fsm.config import H2PingSidecarConfig, SidecarInstanceConfig
+from sidecar_fsm.urls import redact_url
+
+
+def sidecar_command(
+    binary: str, config: H2PingSidecarConfig, instance: SidecarInstanceConfig, ready_path: str
+) -> list[str]:
+    """The proxy's argv for ``instance``: every tuning flag from ``config``, explicit, nothing implied.
+
+    Pure apart from reading our own pid: with ``exit_with_owner`` the child gets
+    ``-exit-with-pid <this process>``, so a launcher killed with SIGKILL (no ``stop()``) leaves a
+    sidecar that drains and exits by itself instead of holding the port forever.
+    """
+    command = [
+        str(binary),
+        "-listen",
+        instance.listen,
+        "-upstream",
+        instance.upstream,
+        "-ping-interval",
+        config.ping_interval,
+        "-ping-timeout",
+        config.ping_timeout,
+        "-shutdown-grace",
+        config.shutdown_grace,
+        "-retry-body-limit",
+        str(config.retry_body_limit),
+        "-max-conn-age",
+        config.max_conn_age,
+        "-ready-file",
+        ready_path,
+    ]
+    if config.ca_file:
+        command += ["-ca-file", str(Path(config.ca_file).expanduser())]
+    if config.exit_with_owner:
+        command += ["-exit-with-pid", str(os.getpid())]
+    if config.insecure_skip_verify:
+        command.append("-insecure-skip-verify")
+    return command
+
+
+def sidecar_env(config: H2PingSidecarConfig) -> dict[str, str]:
+    """The child's environment: ours, plus the Go runtime limits, minus any ``http2debug`` in GODEBUG.
+
+    ``GODEBUG=http2debug=1`` makes net/http log every HTTP/2 frame, Authorization headers
+    included; the proxy refuses to start with it, so it is removed here rather than turned into a
+    startup failure caused by a debugging variable the user set for something else.
+    """
+    env = dict(os.environ)
+    godebug = env.pop("GODEBUG", None)
+    if godebug is not None:
+        kept = [
+            setting
+            for setting in godebug.split(",")
+            if setting.strip() and setting.split("=", 1)[0].strip() != "http2debug"
+        ]
+        if kept:
+            env["GODEBUG"] = ",".join(kept)
+    if config.gomemlimit is not None:
+        env["GOMEMLIMIT"] = str(config.gomemlimit)
+    if config.gomaxprocs is not None:
+        env["GOMAXPROCS"] = str(config.gomaxprocs)
+    return env
+
+
+def config_summary(
+    config: H2PingSidecarConfig, instances: list[SidecarInstanceConfig], binary: str
+) -> dict[str, Any]:
+    """What the run row keeps about what its sidecars were started with: shape and tuning, never credentials.
+
+    Upstreams are origins already (config drops paths) and are redacted once more so that
+    no userinfo or query can reach the database whatever the config module accepts.
+    """
+    c = config
+    return {
+        "instances": [
+            {"name": i.name, "upstream": redact_url(i.upstream), "listen": i.listen} for i in instances
+        ],
+        "binary": binary,
+        "ping_interval": c.ping_interval,
+        "ping_timeout": c.ping_timeout,
+        "shutdown_grace": c.shutdown_grace,
+        "max_conn_age": c.max_conn_age,
+        "retry_body_limit": c.retry_body_limit,
+        "startup_timeout_seconds": c.startup_timeout_seconds,
+        "exit_with_owner": c.exit_with_owner,
+        "restart": {"max_restarts": c.restart.max_restarts, "backoff": c.restart.backoff},
+        "ca_file": c.ca_file,
+        "insecure_skip_verify": c.insecure_skip_verify,
+        "gomemlimit": c.gomemlimit,
+        "gomaxprocs": c.gomaxprocs,
+    }

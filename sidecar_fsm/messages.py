@@ -1,0 +1,106 @@
+"""The wording of a run's failures: one first line naming the instance and what to do, then its log tail.
+
+Owns the messages ``supervise`` raises and records (exit before ready, unexpected exit, a port
+already in use and by whom, a log that cannot be created) and reading the end of a log for them.
+Must not change state or signal anything; the one database read (who holds a port) is a
+diagnosis and never fails the caller.
+"""
+
+from __future__ import annotations
+
+import os
+
+from sidecar_fsm import procs
+from sidecar_fsm.config import is_loopback_host
+from sidecar_fsm.fsm import NON_TERMINAL
+from sidecar_fsm.store import InstanceRecord, Store
+
+LOG_TAIL_LINES = 20
+_LOG_TAIL_BYTES = 16384
+
+
+def log_tail(log_path: str, lines: int = LOG_TAIL_LINES) -> str:
+    """The last ``lines`` lines of a child's log, for error messages; never raises.
+
+    Reads only the end of the file: a sidecar that ran for days has a long log.
+    """
+    try:
+        with open(log_path, "rb") as log:
+            log.seek(0, os.SEEK_END)
+            size = log.tell()
+            log.seek(max(0, size - _LOG_TAIL_BYTES))
+            data = log.read()
+    except OSError as exc:
+        return f"(log {log_path} unreadable: {exc.strerror or exc})"
+    text = data.decode(errors="replace").splitlines()
+    if size > _LOG_TAIL_BYTES and text:
+        text = text[1:]  # the first line is probably cut
+    return "\n".join(text[-lines:]) or "(empty log)"
+
+
+def where(name: str, run_id: str, host: str) -> str:
+    """How every message names an instance: which sidecar, which run, which host."""
+    return f"h2-ping-sidecar '{name}' (run {run_id} on {host})"
+
+
+def exit_message(
+    place: str, exit_code: int, before_ready: bool, log_path: str, port_clash: str | None
+) -> str:
+    """The first line for a process that exited; ``port_clash`` replaces it when the log says so."""
+    if port_clash is not None and "address already in use" in log_tail(log_path):
+        return port_clash
+    when = "before it was ready" if before_ready else "unexpectedly"
+    return f"{place}: exited with code {exit_code} {when}; see {log_path}"
+
+
+def port_clash_message(index: int, listen: str, store: Store | None, run_id: str) -> str:
+    """``sidecar.instances[i].listen`` is taken: by which run and instance if the database knows."""
+    place = f"sidecar.instances[{index}].listen: '{listen}'"
+    holder = _listen_holder(listen, store, run_id)
+    if holder is None:
+        return f"{place} is already in use by another process; stop it or choose another port (or port 0)"
+    pid = f"pid {holder.pid}" if holder.pid else "no pid yet"
+    return (
+        f"{place} is already in use by run {holder.run_id} instance '{holder.name}' ({pid}); "
+        f"stop that run (sidecar-fsm status, sidecar-fsm reap) or choose another port"
+    )
+
+
+def log_failure_message(path: str, error: OSError) -> str:
+    """A log (or the log dir) that cannot be created: the path, the reason, what to do."""
+    reason = (error.strerror or str(error)).lower()
+    return f"sidecar.log_dir: cannot create '{path}' ({reason}); set sidecar.log_dir to a writable folder"
+
+
+def _listen_holder(listen: str, store: Store | None, run_id: str) -> InstanceRecord | None:
+    """The live instance of another run on ``listen`` according to the database, if any."""
+    if store is None:
+        return None
+    try:
+        candidates = store.instances_in_states(NON_TERMINAL)
+    except Exception:
+        return None  # a diagnosis; never let it hide the failure it explains
+    # Newest first; a record left non-terminal by a crashed run names the holder only when
+    # its process is provably still that sidecar (pid and start time), else it is skipped.
+    fallback: InstanceRecord | None = None
+    for record in reversed(candidates):
+        if record.run_id == run_id or not same_address(record.listen, listen):
+            continue
+        if record.pid is not None and record.pid_start_time is not None:
+            if procs.is_ours(procs.ProcessIdentity(record.pid, record.pid_start_time, None)):
+                return record
+        elif fallback is None:
+            fallback = record
+    return fallback
+
+
+def same_address(a: str, b: str) -> bool:
+    """Whether two ``host:port`` listens name the same socket, loopback spellings included."""
+    if a == b:
+        return True
+    host_a, _, port_a = a.rpartition(":")
+    host_b, _, port_b = b.rpartition(":")
+    if port_a != port_b or port_a == "0":
+        return False
+    unbracket = str.maketrans("", "", "[]")
+    return is_loopback_host(host_a.translate(unbracket)) and is_loopback_host(host_b.translate(unbracket))

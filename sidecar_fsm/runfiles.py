@@ -1,0 +1,52 @@
+"""A run's files in the log dir: their names, creating its logs, removing its ready files.
+
+Owns the naming ``h2ping-<instance>-<host>-<run id>.log`` / ``.ready`` (the run id keeps runs
+that share a log dir from ever touching one another's files), creating every log of a start
+(all or none) and removing ready files with any temp file a proxy left beside them. Must not
+start or signal processes, or record state.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+from sidecar_fsm.errors import SidecarError
+from sidecar_fsm.messages import log_failure_message
+from sidecar_fsm.ready import temp_files
+
+
+def run_file(log_dir: str, instance: str, host: str, run_id: str, suffix: str) -> str:
+    """The path of one instance's ``.log`` or ``.ready`` file in ``log_dir``. Pure."""
+    return os.path.join(log_dir, f"h2ping-{instance}-{host}-{run_id}{suffix}")
+
+
+def create_logs(log_dir: str, paths: list[str]) -> list[int]:
+    """Create (O_EXCL) and open for appending every log in ``paths``: all, or none and ``SidecarError``.
+
+    A log dir or log that cannot be made (a path through a file, an entry in the way, no
+    permission, a read-only or full file system) raises one line naming the path and the
+    reason, with every file made here removed again. O_EXCL: the names carry the run id, so a
+    file already there is not ours and is neither written nor removed. The descriptors are
+    close-on-exec and the caller's to close.
+    """
+    opened: list[tuple[str, int]] = []
+    path = log_dir
+    try:
+        os.makedirs(log_dir, exist_ok=True)
+        for path in paths:
+            flags = os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC
+            opened.append((path, os.open(path, flags, 0o644)))
+    except OSError as exc:
+        for made, fd in opened:
+            os.close(fd)
+            os.unlink(made)
+        raise SidecarError(log_failure_message(path, exc)) from exc
+    return [fd for _, fd in opened]
+
+
+def remove_ready_files(ready_paths: list[str]) -> None:
+    """Remove each ready file and any temp file a proxy that died mid-write left beside it. Idempotent."""
+    for ready_path in ready_paths:
+        for path in [ready_path, *temp_files(ready_path)]:
+            Path(path).unlink(missing_ok=True)

@@ -1,0 +1,74 @@
+"""This process's open ``Store`` per log dir, and this process's identity as a run's owner.
+
+Owns the per-process cache of open host databases (closed at interpreter exit) and reading the
+owner's pid and start time once. Must not write anything itself: runs and instances are written
+by ``supervise`` through ``fsm`` and ``store``.
+"""
+
+from __future__ import annotations
+
+import atexit
+import contextlib
+import os
+import threading
+from pathlib import Path
+
+from sidecar_fsm import procs
+from sidecar_fsm.store import Store
+
+_shared_stores: dict[tuple[int, str], tuple[Store, tuple[int, int]]] = {}
+_shared_stores_lock = threading.Lock()
+_owner_identities: dict[int, procs.ProcessIdentity | None] = {}
+
+
+def _file_id(path: Path) -> tuple[int, int] | None:
+    try:
+        status = os.stat(path)
+    except OSError:
+        return None
+    return status.st_dev, status.st_ino
+
+
+def shared_store(log_dir: str) -> Store:
+    """This process's ``Store`` for ``log_dir``'s host database, opened once and kept open.
+
+    Opening takes the migration lock and closing the last connection of a WAL database
+    checkpoints it, so a process that starts many runs (tests, a long Gym session restarting its
+    sidecars) keeps one connection per database (``Store`` is thread-safe); it is closed at
+    interpreter exit. Keyed by pid as well: after ``fork`` the child must not use its parent's
+    SQLite handle. If the file was removed or replaced since (a log dir cleaned between runs), a
+    new connection is opened: writing to the unlinked file would hide the run from every reader.
+    Raises what ``Store.open`` raises for a database that cannot be used.
+    """
+    key = (os.getpid(), os.path.realpath(log_dir))
+    with _shared_stores_lock:
+        cached = _shared_stores.get(key)
+        if cached is not None:
+            store, file_id = cached
+            if _file_id(store.path) == file_id:
+                return store
+            with contextlib.suppress(Exception):
+                store.close()
+        store = Store.open(log_dir)
+        file_id_now = _file_id(store.path)
+        if file_id_now is not None:
+            _shared_stores[key] = (store, file_id_now)
+        return store
+
+
+def owner_identity() -> procs.ProcessIdentity | None:
+    """This process's identity (pid, start time), read once per process: it cannot change."""
+    pid = os.getpid()
+    if pid not in _owner_identities:
+        _owner_identities[pid] = procs.identity_of(pid)
+    return _owner_identities[pid]
+
+
+@atexit.register
+def _close_shared_stores() -> None:
+    with _shared_stores_lock:
+        for (pid, _), (store, _file) in list(_shared_stores.items()):
+            if pid == os.getpid():
+                with contextlib.suppress(Exception):
+                    store.close()
+        _shared_stores.clear()

@@ -86,14 +86,7 @@ func startProxy(t *testing.T, originURL, caFile string, args ...string) *inProce
 	}
 	srv := newServer(cfg, up, logger)
 	open := &atomic.Int64{}
-	srv.ConnState = func(_ net.Conn, st http.ConnState) {
-		switch st {
-		case http.StateNew:
-			open.Add(1)
-		case http.StateClosed, http.StateHijacked:
-			open.Add(-1)
-		}
-	}
+	srv.ConnState = countOpen(open)
 	go srv.Serve(ln)
 	t.Cleanup(func() {
 		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
@@ -104,6 +97,18 @@ func startProxy(t *testing.T, originURL, caFile string, args ...string) *inProce
 		up.pool.close()
 	})
 	return &inProcessProxy{url: "http://" + ln.Addr().String(), addr: ln.Addr().String(), up: up, srv: srv, logs: logs, open: open}
+}
+
+// countOpen is a ConnState hook that keeps open at the number of connections not closed.
+func countOpen(open *atomic.Int64) func(net.Conn, http.ConnState) {
+	return func(_ net.Conn, st http.ConnState) {
+		switch st {
+		case http.StateNew:
+			open.Add(1)
+		case http.StateClosed, http.StateHijacked:
+			open.Add(-1)
+		}
+	}
 }
 
 // waitFor polls cond until it holds or the deadline passes; failures name what.

@@ -84,8 +84,17 @@ func newProxy(cfg *Config, up *upstream, logger *log.Logger) http.Handler {
 		BufferPool: &bufferPool{},
 		ErrorLog:   log.New(&dropClientGone{logger: logger}, "", 0),
 		ErrorHandler: func(w http.ResponseWriter, r *http.Request, err error) {
+			if r.Method == http.MethodConnect {
+				// Not proxied; the status net/http's own ReverseProxy default gives.
+				w.WriteHeader(http.StatusMethodNotAllowed)
+				return
+			}
 			if r.Context().Err() != nil && errors.Is(err, context.Canceled) {
-				return // the client went away: nobody reads an answer, nothing failed
+				// The client went away (or half-closed, which net/http takes for the
+				// same): nothing failed, so nothing is logged. A half-closed client may
+				// still read this; without it the Server would send an empty 200.
+				http.Error(w, "h2-ping-sidecar: request cancelled: the client closed its connection", http.StatusBadGateway)
+				return
 			}
 			var cbe *clientBodyError
 			if errors.As(err, &cbe) {

@@ -18,6 +18,10 @@ Must not touch go/ (a profiling variant is built from a copy in a temp dir), mus
 anything but loopback, and must leave no process behind: every child runs in its own session
 and its process group is killed in a finally, whatever happened. Each phase has a deadline.
 
+Paired builds (`--phases paired --compare old=BIN --compare new=BIN ...`): c=16, concurrent
+waits (`--paired-scale 2000,10000`) and GOAWAY churn for two or more binaries in one run, their
+runs rotated or alternated, ratios against the first; the table goes to --report alone.
+
 Run: .venv/bin/python bench/proxy.py            (about 3-4 minutes)
      .venv/bin/python bench/proxy.py --quick    (one short repetition, for tuning)
 Needs wrk, haproxy (Debian: apt-get install -y wrk haproxy) and Go (.venv/bin/go); nghttp
@@ -535,23 +539,28 @@ async def one_shot(
 def phase_scale(
     args: argparse.Namespace, kids: Children, work: Path, sidecar_bin: Path, origin_bin: Path
 ) -> dict[str, Any]:
-    n = args.scale_requests
+    return scale_once(kids, work, sidecar_bin, origin_bin, args.scale_requests, "5s", "sidecar-scale")
+
+
+def scale_once(
+    kids: Children, work: Path, sidecar_bin: Path, origin_bin: Path, n: int, wait: str, name: str
+) -> dict[str, Any]:
+    """`n` concurrent one-connection requests, each waiting `wait` for its first byte behind a
+    relay that drops connections idle 3 s: outcome, peak RSS, handshakes vs connections used."""
     origin = start_origin(kids, origin_bin, work, relay_idle="3s")
-    sc = start_sidecar(
-        kids, sidecar_bin, work, origin.relay, origin.ca, "-ping-interval", "1s", name="sidecar-scale"
-    )
+    sc = start_sidecar(kids, sidecar_bin, work, origin.relay, origin.ca, "-ping-interval", "1s", name=name)
     origin.reset()
 
     async def main() -> Outcome:
         out = Outcome()
         await asyncio.gather(
-            *(one_shot(sc.listen, f"/wait?first_byte=5s&id=s{i}", out, timeout=60) for i in range(n))
+            *(one_shot(sc.listen, f"/wait?first_byte={wait}&id=s{i}", out, timeout=120) for i in range(n))
         )
         return out
 
     cpu0 = cpu_seconds(sc.proc.pid)
     t0 = time.monotonic()
-    out = asyncio.run(asyncio.wait_for(main(), timeout=90))
+    out = asyncio.run(asyncio.wait_for(main(), timeout=180))
     wall = time.monotonic() - t0
     cpu = cpu_seconds(sc.proc.pid) - cpu0
     st = origin.stats()
@@ -1241,8 +1250,8 @@ def build_table(r: dict[str, Any]) -> list[list[str]]:
                 "-",
                 "-",
                 "",
-                "< 80",
-                pf(sc["peak_rss_mib"] < 80),
+                "< 120",  # issue 14: net/http's Server, ~40 KiB per waiting request
+                pf(sc["peak_rss_mib"] < 120),
             ]
         )
         hs = sc["handshakes"] / max(1, sc["conns_with_requests"])
@@ -1572,7 +1581,134 @@ def write_report(path: Path, r: dict[str, Any], rows: list[list[str]], command: 
 # --------------------------------------------------------------------------- main
 
 
+# --------------------------------------------------------------------------- paired builds
+
+
+def phase_paired(args: argparse.Namespace, kids: Children, work: Path, origin_bin: Path) -> dict[str, Any]:
+    """Builds side by side in one run (`--compare LABEL=BINARY`, the first is the baseline):
+    wrk c=16 with the builds' runs rotated in every repetition, then `--paired-scale` waits
+    and GOAWAY churn with the builds alternated run by run. Ratios are build/baseline, the
+    median of per-repetition ratios (runs seconds apart on this noisy machine)."""
+    builds: dict[str, Path] = args.compare
+    names = list(builds)
+    wrk = shutil.which("wrk")
+    if wrk is None:
+        raise BenchError(f"wrk: not installed; {INSTALL_HINT}")
+    lua = work / "report.lua"
+    lua.write_text(WRK_LUA)
+    res: dict[str, Any] = {"builds": {k: str(v) for k, v in builds.items()}}
+
+    origin = start_origin(kids, origin_bin, work)
+    scs = {
+        k: start_sidecar(kids, b, work, origin.tls, origin.ca, name=f"paired-{k}") for k, b in builds.items()
+    }
+    for sc in scs.values():  # warm up: connections, TLS sessions, heaps
+        run_wrk(wrk, lua, sc.listen, 16, 1, sc.proc.pid, origin.proc.pid)
+    raw: dict[str, list[WrkResult]] = {k: [] for k in names}
+    for rep in range(args.reps):
+        for k in names[rep % len(names) :] + names[: rep % len(names)]:
+            raw[k].append(
+                run_wrk(wrk, lua, scs[k].listen, 16, args.duration, scs[k].proc.pid, origin.proc.pid)
+            )
+    tput: dict[str, dict[str, float]] = {}
+    for k in names:
+        row = {
+            "rps": statistics.median(r.rps for r in raw[k]),
+            "p99_ms": statistics.median(r.p99_ms for r in raw[k]),
+            "cpu_us": statistics.median(r.cpu_us_per_req for r in raw[k]),
+            "errors": sum(r.errors for r in raw[k]),
+        }
+        for key, attr in (("rps", "rps"), ("p99_ms", "p99_ms"), ("cpu_us", "cpu_us_per_req")):
+            row[key + "_ratio"] = statistics.median(
+                getattr(a, attr) / getattr(b, attr) for a, b in zip(raw[k], raw[names[0]], strict=True)
+            )
+        tput[k] = row
+    res["c16"] = tput
+    kids.close()
+
+    res["scale"] = {}
+    for n in args.paired_scale:
+        runs: dict[str, list[dict[str, Any]]] = {k: [] for k in names}
+        for rep in range(args.paired_scale_reps):
+            for k in names[rep % len(names) :] + names[: rep % len(names)]:
+                runs[k].append(
+                    scale_once(kids, work, builds[k], origin_bin, n, args.paired_wait, f"scale-{k}")
+                )
+                kids.close()
+        res["scale"][n] = runs
+
+    goaway: dict[str, list[float]] = {k: [] for k in names}
+    goaway_ok: dict[str, int] = {k: 0 for k in names}
+    for rep in range(args.goaway_reps):
+        for k in names[rep % len(names) :] + names[: rep % len(names)]:
+            origin = start_origin(kids, origin_bin, work, goaway_every=5)
+            sc = start_sidecar(kids, builds[k], work, origin.tls, origin.ca, name=f"goaway-{k}")
+            asyncio.run(one_shot(sc.listen, "/wait?first_byte=0s", Outcome(), 10))
+            out = asyncio.run(asyncio.wait_for(echo_load(sc.listen, 1000, 50, 1024, timeout=30), timeout=90))
+            goaway[k].append(out.pct(99))
+            goaway_ok[k] += out.ok
+            kids.close()
+    res["goaway"] = {
+        k: {"p99_s": statistics.median(v), "runs": v, "ok": goaway_ok[k]} for k, v in goaway.items()
+    }
+    return res
+
+
+def paired_report(r: dict[str, Any], command: str) -> str:
+    names = list(r["builds"])
+    lines = [
+        "# bench/proxy.py paired builds",
+        "",
+        f"Run {time.strftime('%Y-%m-%d %H:%M:%S UTC', time.gmtime())} by `{command}`; load average "
+        f"before/after {r['load_before']} / {r['load_after']}. Builds (the first is the baseline):",
+        "",
+    ]
+    lines += [f"- `{k}`: {v}" for k, v in r["builds"].items()]
+    lines += ["", "| metric | " + " | ".join(names) + " |", "|---|" + "--:|" * len(names)]
+    c16 = r["c16"]
+
+    def row(label: str, cells: list[str]) -> None:
+        lines.append(f"| {label} | " + " | ".join(cells) + " |")
+
+    row("c=16 req/s (ratio)", [f"{c16[k]['rps']:,.0f} ({c16[k]['rps_ratio']:.3f}x)" for k in names])
+    row("c=16 CPU us/req (ratio)", [f"{c16[k]['cpu_us']:.1f} ({c16[k]['cpu_us_ratio']:.3f}x)" for k in names])
+    row("c=16 p99 ms (ratio)", [f"{c16[k]['p99_ms']:.2f} ({c16[k]['p99_ms_ratio']:.3f}x)" for k in names])
+    row("c=16 wrk errors", [str(c16[k]["errors"]) for k in names])
+    for n, runs in r["scale"].items():
+        row(
+            f"{n} waits: peak RSS MiB, median (runs)",
+            [
+                f"{statistics.median(x['peak_rss_mib'] for x in runs[k]):.1f} ("
+                + ", ".join(f"{x['peak_rss_mib']:.1f}" for x in runs[k])
+                + ")"
+                for k in names
+            ],
+        )
+        row(f"{n} waits: ok", [" ".join(f"{x['ok']}/{x['n']}" for x in runs[k]) for k in names])
+        row(
+            f"{n} waits: TLS handshakes / conns used",
+            [" ".join(f"{x['handshakes']}/{x['conns_with_requests']}" for x in runs[k]) for k in names],
+        )
+        row(f"{n} waits: sidecar CPU s", [" ".join(f"{x['cpu_s']:.2f}" for x in runs[k]) for k in names])
+    g = r["goaway"]
+    row(
+        "GOAWAY/5 p99 s, median (runs)",
+        [f"{g[k]['p99_s']:.3f} (" + ", ".join(f"{x:.3f}" for x in g[k]["runs"]) + ")" for k in names],
+    )
+    row("GOAWAY/5 byte-exact", [str(g[k]["ok"]) for k in names])
+    lines += [
+        "",
+        f"c=16: wrk, {r['reps']} x {r['duration']:g} s per build, the builds' order rotated each repetition, "
+        "one origin for all. Waits: GET /wait behind a relay dropping connections idle 3 s, "
+        "one connection per request, -ping-interval 1s; peak RSS = VmHWM. GOAWAY: origin drains "
+        "each connection after 5 requests; 1000 POSTs of 1 KiB at concurrency 50.",
+        "",
+    ]
+    return "\n".join(lines)
+
+
 PHASES = ("throughput", "scale", "goaway", "start", "longwait", "profile")
+# "paired" runs only with --compare and is reported on its own (paired_report).
 
 
 def go_revision() -> str:
@@ -1630,11 +1766,37 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         "--report", type=Path, default=DEFAULT_REPORT, help=f"markdown output (default {DEFAULT_REPORT})"
     )
     ap.add_argument("--no-readme", action="store_true", help="do not write the figures into README.md")
+    ap.add_argument(
+        "--compare",
+        action="append",
+        default=[],
+        metavar="LABEL=BINARY",
+        help="with --phases paired: builds to measure side by side (repeat; the first is the baseline)",
+    )
+    ap.add_argument(
+        "--paired-scale",
+        default="2000",
+        help="comma-separated wait counts for --phases paired (default 2000)",
+    )
+    ap.add_argument("--paired-scale-reps", type=int, default=2, help="alternated runs per build and count")
+    ap.add_argument(
+        "--paired-wait", default="5s", help="first-byte wait of the paired scale runs (default 5s)"
+    )
     a = ap.parse_args(argv)
+    a.paired_scale = [int(x) for x in a.paired_scale.split(",") if x.strip()]
+    compare: dict[str, Path] = {}
+    for item in a.compare:
+        label, sep, path = item.partition("=")
+        if not sep or not label or not Path(path).is_file():
+            ap.error(f"--compare: '{item}' must be LABEL=BINARY with an existing binary")
+        compare[label] = Path(path).resolve()
+    a.compare = compare
+    if "paired" in a.phases and (len(compare) < 2 or a.phases != "paired"):
+        ap.error("--phases paired: give it alone, with two or more --compare LABEL=BINARY")
     a.conc = [int(x) for x in a.conc.split(",")]
     a.phases = [x.strip() for x in a.phases.split(",") if x.strip()]
     for name in a.phases:
-        if name not in PHASES:
+        if name not in (*PHASES, "paired"):
             ap.error(f"--phases: '{name}' is not a phase; choose from {', '.join(PHASES)}")
     if a.quick:
         a.reps, a.duration, a.starts, a.goaway_reps = 1, 2.0, 10, 1
@@ -1649,6 +1811,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
     command = ".venv/bin/python bench/proxy.py " + " ".join(sys.argv[1:] if argv is None else argv)
     nofile = raise_nofile()
+    if "paired" in args.phases and nofile < max(args.paired_scale) + 1000:
+        print(
+            f"bench: RLIMIT_NOFILE {nofile} is too low for --paired-scale; ulimit -n 20000", file=sys.stderr
+        )
+        return 2
     if "scale" in args.phases and nofile < 3 * args.scale_requests + 1000:
         print(
             f"bench: RLIMIT_NOFILE {nofile} is too low for the scale phase; ulimit -n 20000", file=sys.stderr
@@ -1689,6 +1856,22 @@ def main(argv: Sequence[str] | None = None) -> int:
         except (BenchError, subprocess.TimeoutExpired) as e:
             print(f"bench: {e}", file=sys.stderr)
             return 1
+        if args.phases == ["paired"]:
+            try:
+                results["paired"] = phase_paired(args, kids, work, origin_bin)
+            finally:
+                kids.close()
+            results["paired"].update(
+                load_before=results["load_before"],
+                load_after=Path("/proc/loadavg").read_text().split()[0],
+                reps=args.reps,
+                duration=args.duration,
+            )
+            text = paired_report(results["paired"], command)
+            args.report.write_text(text)
+            print(text)
+            print(f"figures written to {args.report}")
+            return 0
         phases: dict[str, Callable[[], Any]] = {
             "throughput": lambda: phase_throughput(args, kids, work, sidecar_bin, origin_bin),
             "scale": lambda: phase_scale(args, kids, work, sidecar_bin, origin_bin),

@@ -226,8 +226,7 @@ func redactURL(value string) string {
 }
 
 // readCAFile reads and checks -ca-file now, before binding, so a typo fails fast. The
-// system roots are merged in lazily at the first dial: loading them costs milliseconds
-// that would otherwise delay the ready file.
+// system roots are merged in at the first dial (transport.go), off the start-up path.
 func readCAFile(path string) ([]byte, error) {
 	pem, err := os.ReadFile(path)
 	if err != nil {

@@ -12,6 +12,7 @@ import (
 	"path/filepath"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 )
@@ -62,8 +63,10 @@ type inProcessProxy struct {
 	url  string
 	addr string
 	up   *upstream
-	srv  *server
+	srv  *http.Server
 	logs *logBuffer
+	// open counts client connections the server has not closed yet.
+	open *atomic.Int64
 }
 
 func startProxy(t *testing.T, originURL, caFile string, args ...string) *inProcessProxy {
@@ -82,16 +85,30 @@ func startProxy(t *testing.T, originURL, caFile string, args ...string) *inProce
 		t.Fatal(err)
 	}
 	srv := newServer(cfg, up, logger)
-	go srv.serve(ln)
+	open := &atomic.Int64{}
+	srv.ConnState = countOpen(open)
+	go srv.Serve(ln)
 	t.Cleanup(func() {
 		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 		defer cancel()
-		if srv.shutdown(ctx) != nil {
-			srv.close()
+		if srv.Shutdown(ctx) != nil {
+			srv.Close()
 		}
 		up.pool.close()
 	})
-	return &inProcessProxy{url: "http://" + ln.Addr().String(), addr: ln.Addr().String(), up: up, srv: srv, logs: logs}
+	return &inProcessProxy{url: "http://" + ln.Addr().String(), addr: ln.Addr().String(), up: up, srv: srv, logs: logs, open: open}
+}
+
+// countOpen is a ConnState hook that keeps open at the number of connections not closed.
+func countOpen(open *atomic.Int64) func(net.Conn, http.ConnState) {
+	return func(_ net.Conn, st http.ConnState) {
+		switch st {
+		case http.StateNew:
+			open.Add(1)
+		case http.StateClosed, http.StateHijacked:
+			open.Add(-1)
+		}
+	}
 }
 
 // waitFor polls cond until it holds or the deadline passes; failures name what.

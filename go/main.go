@@ -13,6 +13,7 @@ import (
 	"io"
 	"log"
 	"net"
+	"net/http"
 	"os"
 	"os/signal"
 	"syscall"
@@ -49,7 +50,7 @@ func run(args []string, getenv func(string) string, stdout, stderr io.Writer) in
 	up.pool = newPool(up.newClientConn, cfg.MaxConnAge)
 	srv := newServer(cfg, up, logger)
 	served := make(chan error, 1)
-	go func() { served <- srv.serve(ln) }()
+	go func() { served <- srv.Serve(ln) }()
 
 	pid := os.Getpid()
 	if cfg.ReadyFile != "" {
@@ -84,8 +85,9 @@ func run(args []string, getenv func(string) string, stdout, stderr io.Writer) in
 }
 
 // drain stops accepting, lets in-flight requests finish for up to ShutdownGrace, then
-// closes the upstream connections. A second signal ends the drain at once.
-func drain(srv *server, up *upstream, cfg *Config, sigs <-chan os.Signal, logger *log.Logger) {
+// closes the upstream connections. A second signal ends the drain at once: closing the
+// client connections cancels their requests, which resets the upstream streams.
+func drain(srv *http.Server, up *upstream, cfg *Config, sigs <-chan os.Signal, logger *log.Logger) {
 	ctx, cancel := context.WithTimeout(context.Background(), cfg.ShutdownGrace)
 	defer cancel()
 	go func() {
@@ -96,9 +98,13 @@ func drain(srv *server, up *upstream, cfg *Config, sigs <-chan os.Signal, logger
 		case <-ctx.Done():
 		}
 	}()
-	if err := srv.shutdown(ctx); err != nil {
+	// Shutdown closes the listener and idle keep-alive connections at once, gives a
+	// connection that has not sent its first request 5 s to do so, and waits for the
+	// requests in flight, whose responses go out with Connection: close. It cancels
+	// nothing: a request waits as long as ctx allows.
+	if err := srv.Shutdown(ctx); err != nil {
 		logger.Printf("drain cut short (%v): closing remaining requests", err)
-		srv.close()
+		srv.Close()
 	} else {
 		logger.Printf("drained")
 	}

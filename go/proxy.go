@@ -1,195 +1,142 @@
 package main
 
-// proxy.go owns what happens to one request between reading its head (frontend.go) and
-// writing its response (response.go): the body read before the upstream wait, the
-// outgoing request (origin rewrite, upstream Host, hop-by-hop headers), and the one-line
-// 502. It keeps the behaviour the proxy had on httputil.ReverseProxy (same outgoing
-// request, same 502 body and log line), without ReverseProxy's per-request copies.
+// proxy.go owns the client side: net/http's Server (HTTP/1.1 only) with an
+// httputil.ReverseProxy handler whose Transport is the upstream (retrybody.go, pool.go).
+// Both are the standard library's on purpose: they parse, frame and forward every raw
+// request exactly as a reference net/http proxy does (go/differential_test.go checks it),
+// where our own front end once lost and forged request bytes. Here live the server's
+// settings, the outgoing request (origin rewrite, upstream Host), the one-line 502 and the
+// 400 for a client body that cannot be read.
+//
+// Must not: log request headers (Authorization) or the query, hijack client connections,
+// or set a read/write timeout that would end a request waiting for its first byte.
 
 import (
+	"bytes"
 	"context"
 	"errors"
-	"io"
+	"log"
 	"net/http"
-	"net/url"
+	"net/http/httputil"
 	"strings"
+	"sync"
+	"time"
 )
 
-// serveOne answers one request whose first bytes are pending. keep: the connection may
-// carry another request; linger: it is closed after an error answer with input unread.
-func (c *clientConn) serveOne() (keep, linger bool) {
-	req, ok := c.readRequest()
-	if !ok {
-		return false, true
-	}
-	keep = !req.Close
+const (
+	// readHeaderTimeout bounds reading one request head. Clients are local and send a
+	// head at once; it only frees a connection whose head never ends. It does not apply
+	// to the wait for the response (no ReadTimeout or WriteTimeout is set: waiting for
+	// the first byte for many minutes is the point) nor to idle keep-alive connections.
+	readHeaderTimeout = time.Minute
+	// copyBufSize is the response copy buffer, pooled: ReverseProxy otherwise allocates
+	// 32 KiB per response, which the response burst of thousands of waits all at once
+	// turned into RSS. The HTTP/2 flow-control window buffers upstream data anyway.
+	copyBufSize = 8 << 10
+)
 
-	// Expect as net/http handles it: 100 Continue before reading an HTTP/1.1 body (the
-	// header is still forwarded; the upstream's own 100 is not waited for), 417 for any
-	// other expectation.
-	if expect := req.Header.Get("Expect"); expect != "" {
-		if !strings.EqualFold(expect, "100-continue") {
-			c.writePlain(http.StatusExpectationFailed, "")
-			return false, true
-		}
-		if req.ProtoAtLeast(1, 1) && req.Body != http.NoBody {
-			if _, err := io.WriteString(c.rwc, "HTTP/1.1 100 Continue\r\n\r\n"); err != nil {
-				return false, false
+// newServer returns the client-facing server: HTTP/1.1 only (no h2c), net/http's limits
+// (MaxHeaderBytes 1 MiB, 431 above; 400 for malformed heads), no timeout on the wait.
+func newServer(cfg *Config, up *upstream, logger *log.Logger) *http.Server {
+	var protos http.Protocols
+	protos.SetHTTP1(true)
+	return &http.Server{
+		Handler:           newProxy(cfg, up, logger),
+		Protocols:         &protos,
+		ReadHeaderTimeout: readHeaderTimeout,
+		MaxHeaderBytes:    http.DefaultMaxHeaderBytes,
+		ErrorLog:          log.New(&dropClientGone{logger: logger}, "", 0),
+	}
+}
+
+// newProxy returns the handler: the client's method, path, query, headers and body go to
+// the upstream origin, which sees its own host name as :authority. ReverseProxy removes
+// hop-by-hop and client-sent forwarding headers and adds none (Rewrite), adds no Go
+// User-Agent, forwards 1xx and trailers, and flushes every write of a text/event-stream or
+// unknown-length response, so SSE events reach the client as they arrive.
+//
+// A client that goes away cancels the request's context (net/http's background read
+// after the body), which resets the upstream stream; ErrorHandler then stays silent.
+func newProxy(cfg *Config, up *upstream, logger *log.Logger) http.Handler {
+	origin := *cfg.Upstream
+	upstreamName := cfg.Upstream.String()
+	return &httputil.ReverseProxy{
+		Rewrite: func(pr *httputil.ProxyRequest) {
+			pr.Out.URL.Scheme = origin.Scheme
+			pr.Out.URL.Host = origin.Host
+			// Empty Host: the transport sends URL.Host, the upstream's own name, not the
+			// loopback address the client called.
+			pr.Out.Host = ""
+			// net/http's Server has already answered Expect: 100-continue when the body
+			// was read (upstream.RoundTrip reads it before sending); forwarded, it would
+			// make the upstream send a second 100 Continue that ReverseProxy passes on.
+			pr.Out.Header.Del("Expect")
+		},
+		// A response with trailers must go out chunked: with the upstream's
+		// Content-Length the server would write a fixed-length body and drop them.
+		ModifyResponse: func(res *http.Response) error {
+			if len(res.Trailer) > 0 {
+				res.Header.Del("Content-Length")
 			}
-		}
-	}
-
-	// A body up to -retry-body-limit is read now, so the reader goes back to the pool
-	// before the wait and the body can be re-sent after a GOAWAY; a larger one streams
-	// from the reader, which the connection then keeps until the response is done.
-	var buf []byte
-	var stream *onceBody
-	if req.Body != http.NoBody {
-		b, rest, err := readBody(req.Body, req.ContentLength, c.s.cfg.RetryBodyLimit)
-		if err != nil {
-			if !isNetError(err) && !errors.Is(err, io.ErrUnexpectedEOF) && !errors.Is(err, io.EOF) {
-				c.writePlain(http.StatusBadRequest, "malformed request body")
+			return nil
+		},
+		Transport:  up,
+		BufferPool: &bufferPool{},
+		ErrorLog:   log.New(&dropClientGone{logger: logger}, "", 0),
+		ErrorHandler: func(w http.ResponseWriter, r *http.Request, err error) {
+			if r.Method == http.MethodConnect {
+				// Not proxied; the status net/http's own ReverseProxy default gives.
+				w.WriteHeader(http.StatusMethodNotAllowed)
+				return
 			}
-			return false, true
-		}
-		if rest != nil {
-			stream = &onceBody{r: rest, onEOF: c.startWatch}
-		} else {
-			buf = b
-		}
-	}
-
-	ctx, cancel := context.WithCancel(context.Background())
-	defer cancel()
-	c.cancel = cancel
-	if stream == nil {
-		c.releaseReader()
-		c.startWatch()
-	}
-	out := c.s.outgoing(req, ctx)
-	resp, err := c.s.up.send(out, buf, stream)
-	// A drain that began while the request waited answers it with Connection: close.
-	keep = keep && !c.s.draining.Load()
-	if err == nil {
-		keep = c.writeResponse(ctx, req, resp, keep)
-	} else if ctx.Err() != nil && errors.Is(err, context.Canceled) {
-		// The client went away: not an upstream failure, nobody reads an answer.
-		keep = false
-	} else {
-		keep = c.writeBadGateway(req, err, keep)
-	}
-	bodyDone := c.stopWatch()
-	if stream != nil {
-		if !bodyDone {
-			// The upstream answered before the client's body was read to its end: the
-			// rest cannot be skipped safely, and the transport may still read it. The
-			// watcher state stays stopped, so the body's late EOF starts no watcher.
-			c.forgetReader()
-			return false, false
-		}
-		c.releaseReader()
-	}
-	if !keep || c.gone {
-		return false, false
-	}
-	c.resetWatch()
-	return true, false
-}
-
-// hopHeaders are removed from requests and responses (RFC 9110 section 7.6.1, and the
-// older ones ReverseProxy removes too), besides those the Connection header names.
-var hopHeaders = []string{
-	"Connection", "Proxy-Connection", "Keep-Alive", "Proxy-Authenticate",
-	"Proxy-Authorization", "Te", "Trailer", "Transfer-Encoding", "Upgrade",
-}
-
-func removeHopHeaders(h http.Header) {
-	for _, v := range h["Connection"] {
-		for _, name := range strings.Split(v, ",") {
-			if name = strings.TrimSpace(name); name != "" {
-				h.Del(name)
+			if r.Context().Err() != nil && errors.Is(err, context.Canceled) {
+				// The client went away (or half-closed, which net/http takes for the
+				// same): nothing failed, so nothing is logged. A half-closed client may
+				// still read this; without it the Server would send an empty 200.
+				http.Error(w, "h2-ping-sidecar: request cancelled: the client closed its connection", http.StatusBadGateway)
+				return
 			}
-		}
-	}
-	for _, name := range hopHeaders {
-		delete(h, name)
-	}
-}
-
-// outgoing turns the client's request into the upstream's, as the ReverseProxy Rewrite
-// did: method, path and query kept; scheme and host the upstream's; Host empty, so the
-// origin sees its own name as :authority; hop-by-hop and client-sent forwarding headers
-// removed, none added; no Go User-Agent added when the client sent none. The head is
-// reused, not copied (the client's request is not needed again).
-func (s *server) outgoing(req *http.Request, ctx context.Context) *http.Request {
-	out := req.WithContext(ctx)
-	out.URL.Scheme = s.cfg.Upstream.Scheme
-	out.URL.Host = s.cfg.Upstream.Host
-	out.URL.RawQuery = cleanQuery(out.URL.RawQuery)
-	out.Host = ""
-	out.RequestURI = ""
-	out.Close = false
-	h := out.Header
-	teTrailers := false
-	for _, v := range h["Te"] {
-		for _, tok := range strings.Split(v, ",") {
-			if strings.EqualFold(strings.TrimSpace(tok), "trailers") {
-				teTrailers = true
+			var cbe *clientBodyError
+			if errors.As(err, &cbe) {
+				// The client's own body is broken (bad chunk, short body): its fault, not
+				// the upstream's, so a 400 as net/http gives for a bad head, and the
+				// connection closes since the rest of its input cannot be framed.
+				w.Header().Set("Connection", "close")
+				http.Error(w, "400 Bad Request: malformed request body", http.StatusBadRequest)
+				return
 			}
-		}
+			logger.Printf("%s %s: 502: %s", r.Method, r.URL.Path, oneLine(err.Error()))
+			h := w.Header()
+			h.Set("Content-Type", "text/plain; charset=utf-8")
+			h.Set("X-Content-Type-Options", "nosniff")
+			w.WriteHeader(http.StatusBadGateway)
+			w.Write([]byte("h2-ping-sidecar: upstream " + upstreamName + ": " + oneLine(err.Error()) + "\n"))
+		},
 	}
-	removeHopHeaders(h)
-	if teTrailers {
-		h["Te"] = []string{"trailers"}
-	}
-	delete(h, "Host")
-	delete(h, "Forwarded")
-	delete(h, "X-Forwarded-For")
-	delete(h, "X-Forwarded-Host")
-	delete(h, "X-Forwarded-Proto")
-	if _, ok := h["User-Agent"]; !ok {
-		h["User-Agent"] = []string{""}
-	}
-	return out
-}
-
-// cleanQuery drops query parameters that url.ParseQuery rejects (a ';' or a bad %
-// escape), as ReverseProxy does; a clean query, the usual case, is returned unchanged.
-func cleanQuery(q string) string {
-	for i := 0; i < len(q); i++ {
-		switch q[i] {
-		case ';':
-			return reencodeQuery(q)
-		case '%':
-			if i+2 >= len(q) || !isHex(q[i+1]) || !isHex(q[i+2]) {
-				return reencodeQuery(q)
-			}
-			i += 2
-		}
-	}
-	return q
-}
-
-func reencodeQuery(q string) string {
-	v, _ := url.ParseQuery(q)
-	return v.Encode()
-}
-
-func isHex(b byte) bool {
-	return '0' <= b && b <= '9' || 'a' <= b && b <= 'f' || 'A' <= b && b <= 'F'
-}
-
-// writeBadGateway answers an upstream failure with 502 and one line naming the error.
-// Only method and path are logged: headers (Authorization) and the query never are.
-func (c *clientConn) writeBadGateway(req *http.Request, err error, keep bool) bool {
-	msg := "h2-ping-sidecar: upstream " + c.s.upstreamName + ": " + oneLine(err.Error())
-	c.s.logger.Printf("%s %s: 502: %s", req.Method, req.URL.Path, oneLine(err.Error()))
-	return c.writeSimple(req, http.StatusBadGateway, []string{
-		"Content-Type", "text/plain; charset=utf-8",
-		"X-Content-Type-Options", "nosniff",
-	}, msg+"\n", keep)
 }
 
 func oneLine(s string) string {
 	return strings.Join(strings.Fields(s), " ")
+}
+
+type bufferPool struct{ p sync.Pool }
+
+func (b *bufferPool) Get() []byte {
+	if v, ok := b.p.Get().(*[]byte); ok {
+		return *v
+	}
+	return make([]byte, copyBufSize)
+}
+
+func (b *bufferPool) Put(buf []byte) { b.p.Put(&buf) }
+
+// dropClientGone filters log lines of net/http and ReverseProxy: a copy that ends
+// because the client disconnected ("context canceled") is not an upstream error.
+type dropClientGone struct{ logger *log.Logger }
+
+func (d *dropClientGone) Write(p []byte) (int, error) {
+	if !bytes.Contains(p, []byte("context canceled")) {
+		d.logger.Print(string(bytes.TrimRight(p, "\n")))
+	}
+	return len(p), nil
 }

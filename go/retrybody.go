@@ -45,38 +45,55 @@ func classify(err error) failure {
 	return failOther
 }
 
-// send sends req on a pooled connection and re-sends it on another one when a graceful
-// GOAWAY (or REFUSED_STREAM) refused it, at once: Go's Transport backs off a second before
-// its second retry, which put p99 over 1 s under GOAWAY churn.
+// clientBodyError is a failure to read the client's request body (a malformed chunk, a
+// body shorter than its Content-Length): the proxy answers it with 400, not 502.
+type clientBodyError struct{ err error }
+
+func (e *clientBodyError) Error() string {
+	return "reading the request body from the client: " + e.err.Error()
+}
+func (e *clientBodyError) Unwrap() error { return e.err }
+
+// RoundTrip sends req on a pooled connection and re-sends it on another one when a
+// graceful GOAWAY (or REFUSED_STREAM) refused it, at once: Go's Transport backs off a
+// second before its second retry, which put p99 over 1 s under GOAWAY churn.
 //
-// The front end has already read a body up to RetryBodyLimit into buf (before a stream
-// slot is taken, so a slow uploader does not hold one), and it is replayed from there; a
-// larger body comes as stream and is re-sent only if the connection failed before any of
-// it was read. req's own Body is ignored.
-func (u *upstream) send(req *http.Request, buf []byte, stream *onceBody) (*http.Response, error) {
-	out := req
+// A body up to RetryBodyLimit is read into memory first (before a stream slot is taken,
+// so a slow uploader does not hold one) and replayed from there; a larger body streams
+// and is re-sent only if the connection failed before any of it was read.
+func (u *upstream) RoundTrip(req *http.Request) (*http.Response, error) {
+	var buf []byte
+	var stream *onceBody
+	if req.Body != nil && req.Body != http.NoBody {
+		b, rest, err := readBody(req.Body, req.ContentLength, u.cfg.RetryBodyLimit)
+		if err != nil {
+			return nil, &clientBodyError{err}
+		}
+		if rest != nil {
+			stream = &onceBody{r: rest}
+		} else {
+			buf = b
+		}
+	}
 	for attempt := 1; ; attempt++ {
 		c, err := u.pool.acquire(req.Context())
 		if err != nil {
 			return nil, err
 		}
-		// The first attempt sends req itself (the front end's own outgoing request). A
-		// re-send of a body gets its own copy: the refused stream may still hold the
-		// request it was given.
-		if attempt > 1 && (stream != nil || buf != nil) {
-			out = req.WithContext(req.Context())
-		}
+		// req is ReverseProxy's own outgoing copy and is sent unchanged when it has no
+		// body; a shallow copy is made only to swap in a replayable or streamed body.
+		out := req
 		switch {
 		case stream != nil:
+			out = req.WithContext(req.Context())
 			out.Body = stream // ContentLength stays the client's (-1 when chunked)
+			out.GetBody = nil
 		case buf != nil:
+			out = req.WithContext(req.Context())
 			out.Body = io.NopCloser(bytes.NewReader(buf))
 			out.ContentLength = int64(len(buf))
-		default:
-			out.Body = nil
-			out.ContentLength = 0
+			out.GetBody = nil
 		}
-		out.GetBody = nil
 		resp, err := c.cc.RoundTrip(out)
 		if err == nil {
 			return resp, nil
@@ -127,23 +144,15 @@ func readBody(body io.Reader, contentLength, limit int64) ([]byte, io.Reader, er
 // onceBody is a streamed (unbuffered) request body. It records whether the transport
 // read from it, and its Close does nothing: the http2 client closes a request body when a
 // stream fails, which would make a never-read body impossible to send on the next
-// connection. onEOF (if set) runs once, when the body has been read to its end: the front
-// end then starts watching for the client going away.
+// connection. ReverseProxy closes the client's body itself when the handler returns.
 type onceBody struct {
 	r       io.Reader
 	touched atomic.Bool
-	onEOF   func()
 }
 
-// Read is called by one transport goroutine at a time (the stream's body writer).
 func (b *onceBody) Read(p []byte) (int, error) {
 	b.touched.Store(true)
-	n, err := b.r.Read(p)
-	if err == io.EOF && b.onEOF != nil {
-		b.onEOF()
-		b.onEOF = nil
-	}
-	return n, err
+	return b.r.Read(p)
 }
 
 func (b *onceBody) Close() error { return nil }

@@ -66,8 +66,9 @@ func (u *upstream) newClientConn(ctx context.Context) (*http.ClientConn, error) 
 	return u.tr.NewClientConn(ctx, "https", u.cfg.UpstreamAddr)
 }
 
-// tlsConfig is built at the first dial, not at start: x509.SystemCertPool reads the
-// system bundle, which would add milliseconds between exec and the ready file.
+// tlsConfig is built at the first dial, not at start: x509.SystemCertPool reads and parses
+// the whole system bundle, work that readiness (and a launcher starting many proxies at
+// once) need not wait for.
 func (u *upstream) tlsConfig() *tls.Config {
 	u.tlsOnce.Do(func() {
 		conf := &tls.Config{

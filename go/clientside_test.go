@@ -263,7 +263,7 @@ func TestDrainClosesIdleConnectionAndFinishesInFlight(t *testing.T) {
 	go func() {
 		ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 		defer cancel()
-		drained <- p.srv.shutdown(ctx)
+		drained <- p.srv.Shutdown(ctx)
 	}()
 	if !idle.closed() {
 		t.Fatalf("idle keep-alive connection during the drain: got open; want closed")
@@ -313,7 +313,7 @@ func TestOversizedHeadersGet431(t *testing.T) {
 	origin := newH2Origin(t, http.HandlerFunc(echoHandler))
 	p := startProxy(t, origin.URL, caFileOf(t, origin))
 	r := dialRaw(t, p.addr)
-	go io.WriteString(r.c, "GET / HTTP/1.1\r\nHost: x\r\nX-Big: "+strings.Repeat("a", maxHeaderBytes+headerSlack)+"\r\n\r\n")
+	go io.WriteString(r.c, "GET / HTTP/1.1\r\nHost: x\r\nX-Big: "+strings.Repeat("a", http.DefaultMaxHeaderBytes+4096)+"\r\n\r\n")
 	resp, _ := r.response("GET")
 	if resp.StatusCode != http.StatusRequestHeaderFieldsTooLarge {
 		t.Fatalf("got %d; want 431", resp.StatusCode)
@@ -373,11 +373,7 @@ func TestClientGoneMidStreamCancelsUpstreamQuietly(t *testing.T) {
 	case <-time.After(10 * time.Second):
 		t.Fatalf("origin stream: got still live 10s after the client closed; want cancelled")
 	}
-	waitFor(t, "the proxy to drop the connection", 5*time.Second, func() bool {
-		p.srv.mu.Lock()
-		defer p.srv.mu.Unlock()
-		return len(p.srv.conns) == 0
-	})
+	waitFor(t, "the proxy to drop the connection", 5*time.Second, func() bool { return p.open.Load() == 0 })
 	if logs := p.logs.String(); logs != "" {
 		t.Fatalf("log: got %q; want nothing for a client that went away", logs)
 	}

@@ -585,3 +585,42 @@ func TestFrameScannerFindsFramesWhereverTheStreamIsCut(t *testing.T) {
 		}
 	}
 }
+
+// TestMetricsCountClientDisconnectsAndRotations: a client that goes away while its request
+// waits is counted (and no response for it); a connection retired by -max-conn-age is.
+func TestMetricsCountClientDisconnectsAndRotations(t *testing.T) {
+	arrived, release := make(chan struct{}, 1), make(chan struct{})
+	origin := newH2Origin(t, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		arrived <- struct{}{}
+		select {
+		case <-release:
+		case <-r.Context().Done():
+		}
+	}))
+	t.Cleanup(func() { close(release) })
+	p := runSidecar(t, "-upstream", origin.URL, "-ca-file", caFileOf(t, origin),
+		"-max-conn-age", "300ms", "-metrics-listen", "127.0.0.1:0")
+	c, err := net.Dial("tcp", p.info.Listen)
+	if err != nil {
+		t.Fatal(err)
+	}
+	io.WriteString(c, "GET /wait HTTP/1.1\r\nHost: x\r\n\r\n")
+	<-arrived
+	waitMetrics(t, p, "1 in flight", func(m map[string]float64) bool { return m["h2ping_requests_in_flight"] == 1 })
+	c.Close()
+	m := waitMetrics(t, p, "the disconnect counted", func(m map[string]float64) bool {
+		return m["h2ping_requests_in_flight"] == 0 && m["h2ping_client_disconnects_total"] == 1
+	})
+	for k, v := range m {
+		if strings.HasPrefix(k, "h2ping_responses_total{") {
+			t.Errorf("%s: got %v; want no response counted for a client that went away", k, v)
+		}
+	}
+	if m["h2ping_requests_total"] != 1 || m[`h2ping_upstream_errors_total{kind="other"}`] != 0 || m[`h2ping_upstream_errors_total{kind="reset"}`] != 0 {
+		t.Errorf("requests %v, errors other %v reset %v; want 1, 0, 0 (a client going away is no upstream error)",
+			m["h2ping_requests_total"], m[`h2ping_upstream_errors_total{kind="other"}`], m[`h2ping_upstream_errors_total{kind="reset"}`])
+	}
+	waitMetrics(t, p, "a rotation", func(m map[string]float64) bool {
+		return m["h2ping_rotations_total"] >= 1 && m["h2ping_upstream_connections"] == 0
+	})
+}

@@ -60,6 +60,21 @@ func waitMetrics(t *testing.T, p *sidecarProc, what string, cond func(map[string
 	}
 }
 
+// checkBalance asserts that every request received is in flight, answered or abandoned;
+// only at a quiet moment (a request is counted received just before it is in flight).
+func checkBalance(t *testing.T, m map[string]float64) {
+	t.Helper()
+	sum := m["h2ping_requests_in_flight"] + m["h2ping_client_disconnects_total"]
+	for k, v := range m {
+		if strings.HasPrefix(k, "h2ping_responses_total{") {
+			sum += v
+		}
+	}
+	if sum != m["h2ping_requests_total"] {
+		t.Errorf("in flight + responses + disconnects: got %v; want requests_total %v", sum, m["h2ping_requests_total"])
+	}
+}
+
 var (
 	metricName = regexp.MustCompile(`^[a-zA-Z_:][a-zA-Z0-9_:]*$`)
 	labelPair  = regexp.MustCompile(`^([a-zA-Z_][a-zA-Z0-9_]*)="((?:[^"\\\n]|\\[\\"n])*)"$`)
@@ -224,6 +239,7 @@ func TestMetricsDuringASlowRequest(t *testing.T) {
 	after := waitMetrics(t, p, "the request done", func(m map[string]float64) bool {
 		return m["h2ping_requests_in_flight"] == 0
 	})
+	checkBalance(t, after)
 	want := map[string]float64{
 		"h2ping_oldest_request_age_seconds":           0,
 		"h2ping_requests_total":                       1,
@@ -312,6 +328,7 @@ func TestMetricsGOAWAYRefusalIsCountedAndRetried(t *testing.T) {
 	m := waitMetrics(t, p, "both requests done", func(m map[string]float64) bool {
 		return m["h2ping_requests_in_flight"] == 0 && m[`h2ping_responses_total{code="200"}`] == 2
 	})
+	checkBalance(t, m)
 	if m["h2ping_goaways_total"] < 1 || m["h2ping_retries_total"] != 1 {
 		t.Fatalf("goaways %v, retries %v; want >= 1 and 1", m["h2ping_goaways_total"], m["h2ping_retries_total"])
 	}
@@ -611,6 +628,7 @@ func TestMetricsCountClientDisconnectsAndRotations(t *testing.T) {
 	m := waitMetrics(t, p, "the disconnect counted", func(m map[string]float64) bool {
 		return m["h2ping_requests_in_flight"] == 0 && m["h2ping_client_disconnects_total"] == 1
 	})
+	checkBalance(t, m)
 	for k, v := range m {
 		if strings.HasPrefix(k, "h2ping_responses_total{") {
 			t.Errorf("%s: got %v; want no response counted for a client that went away", k, v)

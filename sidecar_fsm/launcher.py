@@ -20,6 +20,7 @@ from typing import Any
 
 from omegaconf import DictConfig
 
+from sidecar_fsm import binaryflags
 from sidecar_fsm.buildcache import (
     SIDECAR_BINARY_NAME,
     build_sidecar,
@@ -160,12 +161,26 @@ class H2PingSidecarManager:
         """
         if self._sidecars is not None and self._sidecars.running:
             raise SidecarError(f"run {self.run_id}: already running; call stop() first")
-        sidecars = NodeSidecars(self.config, self.instances, self._binary, self._log_dir)
+        sidecars = NodeSidecars(
+            self.config, self.instances, self._binary, self._log_dir, flags=self._binary_flags()
+        )
         self._sidecars = sidecars
         self.run_id = sidecars.run_id
         # NodeSidecars.start() stops its children before any exception leaves it.
         for line in sidecars.start():
             print(f"h2-ping-sidecar {line}", flush=True)
+
+    def _binary_flags(self) -> binaryflags.BinaryFlags | None:
+        """What a user-named binary accepts (remembered per file, so asked once); None for ours.
+
+        ``start_h2_ping_sidecar`` has already asked and printed the warnings; a manager built
+        directly by a caller is judged here, so Gym's binary never gets a flag it would exit on.
+        Raises ``ConfigError`` for a setting the binary cannot honour, before anything starts.
+        """
+        if not self.config.binary:
+            return None
+        flags, _ = binaryflags.check(self._binary, self.config, self.instances)
+        return flags
 
     def check(self) -> None:
         """Raise ``SidecarError`` if any sidecar stopped. Called from Gym's poll loop."""
@@ -194,8 +209,9 @@ def start_h2_ping_sidecar(global_config_dict: DictConfig) -> H2PingSidecarManage
     Returns the manager to poll and stop, or None when the block is absent or disabled. Call it
     before the config is serialized for the servers. Order, which is the guarantee:
     1. validate the block, dry-run the rewrite (unparseable URLs), check ``ca_file``,
-       resolve (and if needed build) the binary: a failure here starts no process and leaves
-       ``global_config_dict`` exactly as it was;
+       resolve (and if needed build) the binary and, for a ``sidecar.binary``, learn its flags
+       (``binaryflags``: warnings printed, what it cannot honour refused): a failure here starts
+       no process and leaves ``global_config_dict`` exactly as it was;
     2. start every instance and await them together;
     3. rewrite ``global_config_dict`` with the addresses actually bound (``:0`` resolved), print
        each change, warn when nothing matched.
@@ -220,6 +236,13 @@ def start_h2_ping_sidecar(global_config_dict: DictConfig) -> H2PingSidecarManage
                 flush=True,
             )
     binary = resolve_binary(config, global_config_dict)
+    if config.binary:
+        # A user-named binary may be NeMo Gym's, which lacks some of our flags: refuse what it
+        # cannot honour now, with nothing started; the build cache's binary is built from our
+        # go/ and has every flag, so it is not asked (that costs a process start).
+        _, notes = binaryflags.check(binary, config, instances)
+        for note in notes:
+            print(note, flush=True)
     log_dir = resolve_log_dir(config, global_config_dict)
 
     manager = H2PingSidecarManager(config, instances, binary, log_dir)

@@ -288,3 +288,30 @@ def test_top_refuses_a_bad_interval_and_an_unknown_run_in_one_line(log_dir: Path
     assert unknown.stderr.startswith("sidecar-fsm top --run: run 'nosuchrun' is not recorded in ")
     missing = top("--log-dir", str(tmp_path / "nowhere"))
     assert missing.returncode == 1 and "does not exist" in missing.stderr
+
+
+def test_top_into_a_pipe_prints_frame_after_frame_until_sigint(
+    log_dir: Path, process_registry: ProcessRegistry
+) -> None:
+    """Not a terminal: nothing to redraw in place, so frames follow one another (``top -b``)."""
+    with Store.open(log_dir):
+        pass  # an empty database: top shows that there is no live run, frame after frame
+    top = subprocess.Popen(
+        [sys.executable, "-m", "sidecar_fsm", "top", "--interval", "0.2", "--log-dir", str(log_dir)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        stdin=subprocess.DEVNULL,
+    )
+    process_registry.add(top)
+    assert top.stdout is not None
+    seen = bytearray()
+    try:
+        _read_until(top.stdout.fileno(), seen, lambda text: text.count("no live runs") >= 2, 30)
+    finally:
+        top.send_signal(signal.SIGINT)
+        out, err = top.communicate(timeout=20)
+    text = (seen + out).decode()
+    assert top.returncode == 0, err
+    assert err == b"" and "\x1b[" not in text  # plain text, no cursor movement
+    assert text.startswith("sidecar-fsm top: 0 live runs in ")
+    assert text.count("sidecar-fsm top: 0 live runs in ") >= 2

@@ -14,7 +14,12 @@ parse config values (``config`` does).
 from __future__ import annotations
 
 import contextlib
+import copy
 import os
+
+# Not used here: NeMo Gym's own tests choose the Go toolchain by patching launcher.shutil.which,
+# which find_go reads, so the name stays where Gym's callers look for it.
+import shutil  # noqa: F401
 from pathlib import Path
 from typing import Any
 
@@ -38,7 +43,7 @@ from sidecar_fsm.config import (
 from sidecar_fsm.errors import ConfigError, SidecarError
 from sidecar_fsm.interrupts import interrupts_deferred
 from sidecar_fsm.resources import SIDECAR_SOURCE_DIR, default_log_dir
-from sidecar_fsm.rewrite import RewrittenUrl, find_base_urls, rewrite_base_urls
+from sidecar_fsm.rewrite import RewrittenUrl, rewrite_base_urls
 from sidecar_fsm.supervise import NodeSidecars
 from sidecar_fsm.urls import redact_url
 
@@ -223,9 +228,11 @@ def start_h2_ping_sidecar(global_config_dict: DictConfig) -> H2PingSidecarManage
     if not config.enabled:
         return None
     instances = list(config.instances)
-    # Found before a process exists, so an unparseable model base_url fails here; read-only (no
-    # copy of the DictConfig needed); applied once the bound addresses are known.
-    plan = find_base_urls(global_config_dict, instances) if config.rewrite_base_urls else None
+    if config.rewrite_base_urls:
+        # The same rewrite on a throwaway copy, before a process exists: an unparseable model
+        # base_url fails here, with the caller's config untouched (NeMo Gym's order, and its
+        # tests count the calls).
+        rewrite_base_urls(copy.deepcopy(global_config_dict), instances)
     _check_readable_file("sidecar.ca_file", config.ca_file)
     for instance in instances:
         if not is_loopback_host(instance.listen_host):
@@ -248,12 +255,12 @@ def start_h2_ping_sidecar(global_config_dict: DictConfig) -> H2PingSidecarManage
     manager = H2PingSidecarManager(config, instances, binary, log_dir)
     try:
         manager.start()
-        if plan is not None:
-            # In-memory and microseconds long, but a KeyboardInterrupt in the middle would leave
-            # the caller's config half rewritten with its sidecars stopped: SIGINT waits until
-            # it is done, and is then handled by the except below like any other interrupt.
+        if config.rewrite_base_urls:
+            # In memory and short, but a KeyboardInterrupt in the middle would leave the
+            # caller's config half rewritten with its sidecars stopped: SIGINT waits until it
+            # is done, and is then handled by the except below like any other interrupt.
             with interrupts_deferred():
-                changes = plan.apply(global_config_dict, manager.instances_actual)
+                changes = rewrite_base_urls(global_config_dict, manager.instances_actual)
             for change in changes:
                 # Base URLs may carry credentials (userinfo, ?api-key=): never print them.
                 old, new = redact_url(change.old), redact_url(change.new)

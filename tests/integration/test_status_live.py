@@ -78,6 +78,16 @@ def status_json(log_dir: Path) -> dict[str, dict[str, Any]]:
     return {inst["name"]: inst for run in json.loads(done.stdout)["runs"] for inst in run["instances"]}
 
 
+def database_files(log_dir: Path) -> dict[str, tuple[int, int]]:
+    """(size, mtime) of the state database and its WAL; the -shm index is shared memory that
+    readers touch by design (their read marks), so it is left out."""
+    return {
+        path.name: (path.stat().st_size, path.stat().st_mtime_ns)
+        for path in (log_dir / "sidecar-fsm").iterdir()
+        if path.name.endswith((".db", ".db-wal"))
+    }
+
+
 def test_the_launcher_records_the_metrics_address_only_when_asked(
     log_dir: Path, cache_dir: Path, sidecar_binary: Path, tls_origin: TlsH2Origin
 ) -> None:
@@ -151,6 +161,7 @@ def test_a_stopped_sidecar_reads_no_answer_and_status_still_shows_the_others(
             judge_pid = next(i.pid for i in store.instances_of(str(manager.run_id)) if i.name == "judge")
         assert judge_pid is not None
         wait_until(lambda: status_json(log_dir)["policy"]["live"]["upstream_up"], 10, "the start-up dial")
+        written = database_files(log_dir)
         os.kill(judge_pid, signal.SIGSTOP)
         try:
             instances = status_json(log_dir)
@@ -168,6 +179,7 @@ def test_a_stopped_sidecar_reads_no_answer_and_status_still_shows_the_others(
             assert cli.main(["status", "--log-dir", str(log_dir)]) == 0
             took = time.monotonic() - started
             table = capsys.readouterr().out
+            assert database_files(log_dir) == written  # reading wrote nothing
         finally:
             os.kill(judge_pid, signal.SIGCONT)
     assert took < live.SCRAPE_TIMEOUT_SECONDS + 2.0, took

@@ -1,14 +1,64 @@
 package main
 
 import (
+	"context"
+	"crypto/tls"
 	"errors"
 	"fmt"
+	"io"
+	"log"
+	"net"
+	"net/http"
+	"net/http/httptest"
+	"os"
+	"os/exec"
+	"path/filepath"
 	"regexp"
 	"strconv"
 	"strings"
+	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 )
+
+// scrape GETs /metrics from a running sidecar and parses it strictly.
+func scrape(t *testing.T, p *sidecarProc) map[string]float64 {
+	t.Helper()
+	resp, err := http.Get("http://" + p.info.Metrics + "/metrics")
+	if err != nil {
+		t.Fatalf("GET /metrics: got %v; want a response", err)
+	}
+	defer resp.Body.Close()
+	body, _ := io.ReadAll(resp.Body)
+	if resp.StatusCode != http.StatusOK {
+		t.Fatalf("GET /metrics: got %d %q; want 200", resp.StatusCode, body)
+	}
+	if ct := resp.Header.Get("Content-Type"); !strings.HasPrefix(ct, "text/plain; version=0.0.4") {
+		t.Fatalf("Content-Type: got %q; want text/plain; version=0.0.4", ct)
+	}
+	m, err := parseExposition(string(body))
+	if err != nil {
+		t.Fatalf("exposition: got %v; want valid text format 0.0.4:\n%s", err, body)
+	}
+	return m
+}
+
+// waitMetrics scrapes until cond holds (deadline 10 s) and returns that scrape.
+func waitMetrics(t *testing.T, p *sidecarProc, what string, cond func(map[string]float64) bool) map[string]float64 {
+	t.Helper()
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		m := scrape(t, p)
+		if cond(m) {
+			return m
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("waiting for %s: got timeout; last scrape %v; stderr: %s", what, m, p.stderr)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
 
 var (
 	metricName = regexp.MustCompile(`^[a-zA-Z_:][a-zA-Z0-9_:]*$`)
@@ -125,6 +175,342 @@ func TestExpositionCheckerRejectsWhatParsersReject(t *testing.T) {
 		if _, err := parseExposition(text); err == nil {
 			t.Errorf("%s: got valid; want an error", name)
 		}
+	}
+}
+
+// TestMetricsDuringASlowRequest: while a request waits, it is in flight with a growing
+// age and PINGs go out and come back; afterwards nothing is in flight and its 200 counted.
+func TestMetricsDuringASlowRequest(t *testing.T) {
+	arrived, release := make(chan struct{}), make(chan struct{})
+	origin := newH2Origin(t, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		close(arrived)
+		<-release
+		io.WriteString(w, "late")
+	}))
+	p := runSidecar(t, "-upstream", origin.URL, "-ca-file", caFileOf(t, origin),
+		"-ping-interval", "50ms", "-metrics-listen", "127.0.0.1:0")
+	if host, port, err := net.SplitHostPort(p.info.Metrics); err != nil || host != "127.0.0.1" || port == "0" {
+		t.Fatalf("ready file metrics: got %q; want the bound 127.0.0.1 port", p.info.Metrics)
+	}
+	done := make(chan error, 1)
+	go func() {
+		resp, err := http.Get(p.url() + "/slow")
+		if err == nil {
+			_, err = io.ReadAll(resp.Body)
+			resp.Body.Close()
+		}
+		done <- err
+	}()
+	<-arrived
+	first := waitMetrics(t, p, "1 in flight", func(m map[string]float64) bool {
+		return m["h2ping_requests_in_flight"] == 1 && m["h2ping_oldest_request_age_seconds"] > 0
+	})
+	during := waitMetrics(t, p, "PINGs sent and all acknowledged", func(m map[string]float64) bool {
+		return m["h2ping_pings_sent_total"] >= 2 && m["h2ping_ping_acks_total"] == m["h2ping_pings_sent_total"]
+	})
+	if during["h2ping_oldest_request_age_seconds"] <= first["h2ping_oldest_request_age_seconds"] {
+		t.Fatalf("oldest age: got %v then %v; want it to grow", first["h2ping_oldest_request_age_seconds"], during["h2ping_oldest_request_age_seconds"])
+	}
+	if rtt := during["h2ping_ping_rtt_seconds"]; rtt <= 0 || rtt > 5 {
+		t.Fatalf("ping rtt: got %v; want a loopback round trip above 0", rtt)
+	}
+	if during["h2ping_requests_in_flight"] != 1 || during["h2ping_upstream_up"] != 1 {
+		t.Fatalf("during: got in flight %v, up %v; want 1 and 1 %v", during["h2ping_requests_in_flight"], during["h2ping_upstream_up"], during)
+	}
+	close(release)
+	if err := <-done; err != nil {
+		t.Fatalf("slow request: got %v; want its response", err)
+	}
+	after := waitMetrics(t, p, "the request done", func(m map[string]float64) bool {
+		return m["h2ping_requests_in_flight"] == 0
+	})
+	want := map[string]float64{
+		"h2ping_oldest_request_age_seconds":           0,
+		"h2ping_requests_total":                       1,
+		`h2ping_responses_total{code="200"}`:          1,
+		"h2ping_client_disconnects_total":             0,
+		`h2ping_upstream_errors_total{kind="dial"}`:   0,
+		`h2ping_upstream_errors_total{kind="reset"}`:  0,
+		`h2ping_upstream_dials_total{result="error"}`: 0,
+		"h2ping_upstream_up":                          1,
+		"h2ping_goaways_total":                        0,
+		"h2ping_retries_total":                        0,
+		"h2ping_rotations_total":                      0,
+	}
+	for k, v := range want {
+		if after[k] != v {
+			t.Errorf("%s: got %v; want %v", k, after[k], v)
+		}
+	}
+	// The start-up check's connection carried the request: one dial, one connection.
+	if after[`h2ping_upstream_dials_total{result="ok"}`] != 1 || after["h2ping_upstream_connections"] != 1 {
+		t.Errorf("dials ok %v, connections open %v; want 1 and 1", after[`h2ping_upstream_dials_total{result="ok"}`], after["h2ping_upstream_connections"])
+	}
+}
+
+// TestMetricsGOAWAYRefusalIsCountedAndRetried: a POST refused by a graceful GOAWAY is
+// re-sent on a fresh connection; the GOAWAY and the re-send are counted, and a graceful
+// GOAWAY is no upstream error.
+func TestMetricsGOAWAYRefusalIsCountedAndRetried(t *testing.T) {
+	slowIn, release := make(chan struct{}), make(chan struct{})
+	var slowOnce atomic.Bool
+	o := newConnOrigin(t, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.URL.Path == "/slow" {
+			if slowOnce.CompareAndSwap(false, true) {
+				close(slowIn)
+			}
+			<-release
+			return
+		}
+		io.Copy(w, r.Body)
+	}), 0)
+	var releaseOnce sync.Once
+	closeRelease := func() { releaseOnce.Do(func() { close(release) }) }
+	t.Cleanup(closeRelease)
+	p := runSidecar(t, "-upstream", o.url, "-ca-file", o.caFile, "-metrics-listen", "127.0.0.1:0")
+	// The start-up check's connection is the one the slow request then uses.
+	waitMetrics(t, p, "the start-up check", func(m map[string]float64) bool {
+		return m[`h2ping_upstream_dials_total{result="ok"}`] == 1
+	})
+	slowDone := make(chan error, 1)
+	go func() {
+		resp, err := http.Get(p.url() + "/slow")
+		if err == nil {
+			resp.Body.Close()
+		}
+		slowDone <- err
+	}()
+	<-slowIn
+	first := o.connections()[0]
+	first.gate.pause()
+	go first.srv.Shutdown(context.Background())
+	waitFor(t, "the GOAWAY to be written and held", 5*time.Second, func() bool { return first.gate.blockedWriters() > 0 })
+	readBefore := first.gate.read.Load()
+	body := strings.Repeat("b", 100)
+	done := make(chan string, 1)
+	go func() {
+		resp, err := http.Post(p.url()+"/post", "text/plain", strings.NewReader(body))
+		if err != nil {
+			done <- err.Error()
+			return
+		}
+		defer resp.Body.Close()
+		b, _ := io.ReadAll(resp.Body)
+		done <- fmt.Sprintf("%d %s", resp.StatusCode, b)
+	}()
+	waitFor(t, "the POST to reach the first connection", 5*time.Second, func() bool {
+		return first.gate.read.Load() >= readBefore+int64(len(body))
+	})
+	first.gate.resume()
+	if got := <-done; got != "200 "+body {
+		t.Fatalf("POST: got %q; want 200 and the body echoed", got)
+	}
+	closeRelease()
+	if err := <-slowDone; err != nil {
+		t.Fatalf("slow request: got %v; want it to finish", err)
+	}
+	m := waitMetrics(t, p, "both requests done", func(m map[string]float64) bool {
+		return m["h2ping_requests_in_flight"] == 0 && m[`h2ping_responses_total{code="200"}`] == 2
+	})
+	if m["h2ping_goaways_total"] < 1 || m["h2ping_retries_total"] != 1 {
+		t.Fatalf("goaways %v, retries %v; want >= 1 and 1", m["h2ping_goaways_total"], m["h2ping_retries_total"])
+	}
+	for _, k := range kindNames {
+		if v := m[`h2ping_upstream_errors_total{kind="`+k+`"}`]; v != 0 {
+			t.Errorf("errors{kind=%q}: got %v; want 0 (a graceful GOAWAY is no error)", k, v)
+		}
+	}
+	if m["h2ping_upstream_up"] != 1 {
+		t.Errorf("up: got %v; want 1", m["h2ping_upstream_up"])
+	}
+}
+
+// TestMetricsShowABadUpstreamWithoutARequest: right after readiness the proxy dials once,
+// so a closed port, an untrusted certificate or a server without h2 shows as down, with
+// its kind and one log line, within 2 s and before any request.
+func TestMetricsShowABadUpstreamWithoutARequest(t *testing.T) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	closed := ln.Addr().String()
+	ln.Close() // nothing listens there now: connection refused
+	h2 := newH2Origin(t, http.HandlerFunc(echoHandler))
+	h1 := httptest.NewUnstartedServer(http.HandlerFunc(echoHandler))
+	h1.Config.ErrorLog = log.New(io.Discard, "", 0) // the refused handshake is expected
+	h1.StartTLS()                                   // offers http/1.1 only
+	t.Cleanup(h1.Close)
+	cases := []struct {
+		name, kind, logged string
+		args               []string
+	}{
+		{"closed port", "dial", "connection refused", []string{"-upstream", "https://" + closed}},
+		{"untrusted certificate", "tls", "certificate", []string{"-upstream", h2.URL}},
+		{"no h2", "alpn", "h2", []string{"-upstream", h1.URL, "-ca-file", caFileOf(t, h1)}},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			p := runSidecar(t, append(tc.args, "-metrics-listen", "127.0.0.1:0")...)
+			readyAt := time.Now()
+			var m map[string]float64
+			for {
+				m = scrape(t, p)
+				if m[`h2ping_upstream_dials_total{result="error"}`] == 1 {
+					break
+				}
+				if time.Since(readyAt) > 2*time.Second {
+					t.Fatalf("dial error: got none 2 s after ready; want one; last scrape %v", m)
+				}
+				time.Sleep(10 * time.Millisecond)
+			}
+			if m["h2ping_upstream_up"] != 0 || m[`h2ping_upstream_errors_total{kind="`+tc.kind+`"}`] != 1 || m["h2ping_requests_total"] != 0 {
+				t.Fatalf("got up %v, errors{kind=%q} %v, requests %v; want 0, 1, 0", m["h2ping_upstream_up"], tc.kind,
+					m[`h2ping_upstream_errors_total{kind="`+tc.kind+`"}`], m["h2ping_requests_total"])
+			}
+			waitFor(t, "the upstream check's log line", 2*time.Second, func() bool {
+				return strings.Contains(p.stderr.String(), "upstream check: ")
+			})
+			var line string
+			for _, l := range strings.Split(p.stderr.String(), "\n") {
+				if strings.Contains(l, "upstream check: ") {
+					line = l
+				}
+			}
+			if !strings.Contains(line, tc.logged) {
+				t.Fatalf("log: got %q; want one line naming %q", line, tc.logged)
+			}
+		})
+	}
+}
+
+// silentH2Origin accepts TLS with ALPN h2, answers the HTTP/2 preface with an empty
+// SETTINGS and its ACK, then reads everything and answers nothing (no PING ACK, no
+// response): an upstream that hangs. With reset set it instead resets the TCP connection
+// as soon as a request's HEADERS arrive.
+func silentH2Origin(t *testing.T, reset bool) (url, caFile string) {
+	t.Helper()
+	donor := httptest.NewUnstartedServer(nil)
+	donor.EnableHTTP2 = true
+	donor.StartTLS()
+	conf := &tls.Config{Certificates: donor.TLS.Certificates, NextProtos: []string{"h2"}}
+	caFile = caFileOf(t, donor)
+	donor.Close()
+	ln, err := tls.Listen("tcp", "127.0.0.1:0", conf)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var mu sync.Mutex
+	var conns []net.Conn
+	t.Cleanup(func() {
+		ln.Close()
+		mu.Lock()
+		defer mu.Unlock()
+		for _, c := range conns {
+			c.Close()
+		}
+	})
+	go func() {
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			mu.Lock()
+			conns = append(conns, c)
+			mu.Unlock()
+			go func() {
+				// SETTINGS (empty) and SETTINGS ACK: type 0x4, flags 0 and 0x1.
+				c.Write([]byte{0, 0, 0, 4, 0, 0, 0, 0, 0, 0, 0, 0, 4, 1, 0, 0, 0, 0})
+				preface := make([]byte, clientPrefaceLen)
+				if _, err := io.ReadFull(c, preface); err != nil {
+					return
+				}
+				hdr := make([]byte, 9)
+				for {
+					if _, err := io.ReadFull(c, hdr); err != nil {
+						return
+					}
+					n := int(hdr[0])<<16 | int(hdr[1])<<8 | int(hdr[2])
+					if _, err := io.CopyN(io.Discard, c, int64(n)); err != nil {
+						return
+					}
+					if reset && hdr[3] == frameHeaders {
+						c.(*tls.Conn).NetConn().(*net.TCPConn).SetLinger(0)
+						c.(*tls.Conn).NetConn().Close()
+						return
+					}
+				}
+			}()
+		}
+	}()
+	return "https://" + ln.Addr().String(), caFile
+}
+
+// TestMetricsPingTimeoutAndReset: a connection closed for an unanswered PING and one the
+// upstream resets are each counted under their kind, and mark the upstream down.
+func TestMetricsPingTimeoutAndReset(t *testing.T) {
+	for _, tc := range []struct {
+		kind  string
+		reset bool
+	}{{"ping_timeout", false}, {"reset", true}} {
+		t.Run(tc.kind, func(t *testing.T) {
+			url, ca := silentH2Origin(t, tc.reset)
+			p := runSidecar(t, "-upstream", url, "-ca-file", ca, "-ping-interval", "50ms", "-ping-timeout", "200ms",
+				"-metrics-listen", "127.0.0.1:0")
+			waitMetrics(t, p, "the start-up check", func(m map[string]float64) bool {
+				return m["h2ping_upstream_up"] == 1
+			})
+			code, _ := get(t, p.url()+"/hangs")
+			if code != http.StatusBadGateway {
+				t.Fatalf("request: got %d; want 502", code)
+			}
+			m := waitMetrics(t, p, "the error and the 502 counted", func(m map[string]float64) bool {
+				return m[`h2ping_upstream_errors_total{kind="`+tc.kind+`"}`] >= 1 && m["h2ping_requests_in_flight"] == 0
+			})
+			if m["h2ping_upstream_up"] != 0 || m[`h2ping_responses_total{code="502"}`] != 1 || m["h2ping_upstream_connections"] != 0 {
+				t.Fatalf("got up %v, 502s %v, connections %v; want 0, 1, 0", m["h2ping_upstream_up"],
+					m[`h2ping_responses_total{code="502"}`], m["h2ping_upstream_connections"])
+			}
+			if tc.kind == "ping_timeout" && m["h2ping_pings_sent_total"] <= m["h2ping_ping_acks_total"] {
+				t.Fatalf("pings sent %v, acks %v; want more sent than acknowledged", m["h2ping_pings_sent_total"], m["h2ping_ping_acks_total"])
+			}
+		})
+	}
+}
+
+func TestMetricsListenFlagIsCheckedBeforeBinding(t *testing.T) {
+	busy, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer busy.Close()
+	for _, tc := range []struct{ value, want string }{
+		{"0.0.0.0:0", "not loopback"},
+		{":9100", "not loopback"},
+		{"10.1.2.3:9100", "not loopback"},
+		{"127.0.0.1", "host:port"},
+		{"127.0.0.1:70000", "port"},
+		{busy.Addr().String(), "in use"},
+	} {
+		t.Run(tc.value, func(t *testing.T) {
+			ready := filepath.Join(t.TempDir(), "ready")
+			cmd := exec.Command(sidecarBin, "-upstream", "https://example.com", "-listen", "127.0.0.1:0",
+				"-ready-file", ready, "-metrics-listen", tc.value)
+			var stderr strings.Builder
+			cmd.Stderr = &stderr
+			err := cmd.Run()
+			var ee *exec.ExitError
+			if !errors.As(err, &ee) || ee.ExitCode() != 2 {
+				t.Fatalf("exit: got %v; want exit status 2; stderr %q", err, stderr.String())
+			}
+			line := stderr.String()
+			if strings.Count(line, "\n") != 1 || !strings.Contains(line, `-metrics-listen "`+tc.value+`"`) || !strings.Contains(line, tc.want) {
+				t.Fatalf("stderr: got %q; want one line naming -metrics-listen %q and %q", line, tc.value, tc.want)
+			}
+			if _, err := os.Stat(ready); !os.IsNotExist(err) {
+				t.Fatalf("ready file: got %v; want none", err)
+			}
+		})
 	}
 }
 

@@ -206,17 +206,21 @@ func (m *meters) begin(e *flightEntry) {
 	m.flight.add(e)
 }
 
-// end takes a request out of flight and counts its status code (0: none was sent). gone:
-// the client went away before the response was complete.
+// end takes a request out of flight and counts it either as a response with its status
+// code (0: the handler wrote none) or, when the client went away before the response was
+// complete, as a disconnect, whatever was written to the dead connection. So every request
+// received is in flight, answered or abandoned: requests_total = in_flight +
+// sum(responses_total) + client_disconnects_total.
 func (m *meters) end(e *flightEntry, code int, gone bool) {
 	m.flight.remove(e)
 	if gone {
 		m.clientGone.Add(1)
+		return
 	}
-	if code == 0 && !gone {
+	if code == 0 {
 		code = http.StatusOK // net/http sends 200 for a handler that wrote nothing
 	}
-	if code > 0 && code < maxCode {
+	if code < maxCode {
 		m.responses[code].Add(1)
 	}
 }
@@ -270,7 +274,7 @@ func (m *meters) appendText(b []byte, now time.Time) []byte {
 	b = gauge(b, "h2ping_requests_in_flight", "Client requests received and not yet answered in full.", float64(n))
 	b = gauge(b, "h2ping_oldest_request_age_seconds", "Age of the oldest request in flight (0 when idle).", age.Seconds())
 	b = counter(b, "h2ping_requests_total", "Client requests received.", m.requests.Load())
-	b = head(b, "h2ping_responses_total", "Responses sent to clients, by status code.", "counter")
+	b = head(b, "h2ping_responses_total", "Responses completed to clients, by status code.", "counter")
 	for code := range m.responses {
 		if v := m.responses[code].Load(); v > 0 {
 			b = sample(b, "h2ping_responses_total", "code", strconv.Itoa(code), v)

@@ -60,6 +60,21 @@ func waitMetrics(t *testing.T, p *sidecarProc, what string, cond func(map[string
 	}
 }
 
+// checkBalance asserts that every request received is in flight, answered or abandoned;
+// only at a quiet moment (a request is counted received just before it is in flight).
+func checkBalance(t *testing.T, m map[string]float64) {
+	t.Helper()
+	sum := m["h2ping_requests_in_flight"] + m["h2ping_client_disconnects_total"]
+	for k, v := range m {
+		if strings.HasPrefix(k, "h2ping_responses_total{") {
+			sum += v
+		}
+	}
+	if sum != m["h2ping_requests_total"] {
+		t.Errorf("in flight + responses + disconnects: got %v; want requests_total %v", sum, m["h2ping_requests_total"])
+	}
+}
+
 var (
 	metricName = regexp.MustCompile(`^[a-zA-Z_:][a-zA-Z0-9_:]*$`)
 	labelPair  = regexp.MustCompile(`^([a-zA-Z_][a-zA-Z0-9_]*)="((?:[^"\\\n]|\\[\\"n])*)"$`)
@@ -224,6 +239,7 @@ func TestMetricsDuringASlowRequest(t *testing.T) {
 	after := waitMetrics(t, p, "the request done", func(m map[string]float64) bool {
 		return m["h2ping_requests_in_flight"] == 0
 	})
+	checkBalance(t, after)
 	want := map[string]float64{
 		"h2ping_oldest_request_age_seconds":           0,
 		"h2ping_requests_total":                       1,
@@ -312,6 +328,7 @@ func TestMetricsGOAWAYRefusalIsCountedAndRetried(t *testing.T) {
 	m := waitMetrics(t, p, "both requests done", func(m map[string]float64) bool {
 		return m["h2ping_requests_in_flight"] == 0 && m[`h2ping_responses_total{code="200"}`] == 2
 	})
+	checkBalance(t, m)
 	if m["h2ping_goaways_total"] < 1 || m["h2ping_retries_total"] != 1 {
 		t.Fatalf("goaways %v, retries %v; want >= 1 and 1", m["h2ping_goaways_total"], m["h2ping_retries_total"])
 	}
@@ -584,4 +601,44 @@ func TestFrameScannerFindsFramesWhereverTheStreamIsCut(t *testing.T) {
 			t.Fatalf("cut %d: got pings, acks, goaways, resets %v, rtt bits %d; want 1 1 1 1 and an rtt", cut, got, m.pingRTT.Load())
 		}
 	}
+}
+
+// TestMetricsCountClientDisconnectsAndRotations: a client that goes away while its request
+// waits is counted (and no response for it); a connection retired by -max-conn-age is.
+func TestMetricsCountClientDisconnectsAndRotations(t *testing.T) {
+	arrived, release := make(chan struct{}, 1), make(chan struct{})
+	origin := newH2Origin(t, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		arrived <- struct{}{}
+		select {
+		case <-release:
+		case <-r.Context().Done():
+		}
+	}))
+	t.Cleanup(func() { close(release) })
+	p := runSidecar(t, "-upstream", origin.URL, "-ca-file", caFileOf(t, origin),
+		"-max-conn-age", "300ms", "-metrics-listen", "127.0.0.1:0")
+	c, err := net.Dial("tcp", p.info.Listen)
+	if err != nil {
+		t.Fatal(err)
+	}
+	io.WriteString(c, "GET /wait HTTP/1.1\r\nHost: x\r\n\r\n")
+	<-arrived
+	waitMetrics(t, p, "1 in flight", func(m map[string]float64) bool { return m["h2ping_requests_in_flight"] == 1 })
+	c.Close()
+	m := waitMetrics(t, p, "the disconnect counted", func(m map[string]float64) bool {
+		return m["h2ping_requests_in_flight"] == 0 && m["h2ping_client_disconnects_total"] == 1
+	})
+	checkBalance(t, m)
+	for k, v := range m {
+		if strings.HasPrefix(k, "h2ping_responses_total{") {
+			t.Errorf("%s: got %v; want no response counted for a client that went away", k, v)
+		}
+	}
+	if m["h2ping_requests_total"] != 1 || m[`h2ping_upstream_errors_total{kind="other"}`] != 0 || m[`h2ping_upstream_errors_total{kind="reset"}`] != 0 {
+		t.Errorf("requests %v, errors other %v reset %v; want 1, 0, 0 (a client going away is no upstream error)",
+			m["h2ping_requests_total"], m[`h2ping_upstream_errors_total{kind="other"}`], m[`h2ping_upstream_errors_total{kind="reset"}`])
+	}
+	waitMetrics(t, p, "a rotation", func(m map[string]float64) bool {
+		return m["h2ping_rotations_total"] >= 1 && m["h2ping_upstream_connections"] == 0
+	})
 }

@@ -1,6 +1,7 @@
 package main
 
 import (
+	"bytes"
 	"context"
 	"crypto/tls"
 	"errors"
@@ -641,4 +642,37 @@ func TestMetricsCountClientDisconnectsAndRotations(t *testing.T) {
 	waitMetrics(t, p, "a rotation", func(m map[string]float64) bool {
 		return m["h2ping_rotations_total"] >= 1 && m["h2ping_upstream_connections"] == 0
 	})
+}
+
+// BenchmarkRequestCounting is what metrics.wrap adds to one request (in flight, counts, the
+// status code): compare with the proxy's CPU per request in bench/results/metrics.md.
+func BenchmarkRequestCounting(b *testing.B) {
+	m := &meters{}
+	h := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { w.WriteHeader(http.StatusOK) })
+	wrapped := m.wrap(h)
+	r := httptest.NewRequest("GET", "/", nil)
+	w := httptest.NewRecorder()
+	b.Run("bare", func(b *testing.B) {
+		for b.Loop() {
+			h.ServeHTTP(w, r)
+		}
+	})
+	b.Run("counted", func(b *testing.B) {
+		for b.Loop() {
+			wrapped.ServeHTTP(w, r)
+		}
+	})
+}
+
+// BenchmarkFrameWatch is the watcher's cost per byte of upstream traffic, in 16 KiB DATA
+// frames as a large response arrives.
+func BenchmarkFrameWatch(b *testing.B) {
+	m := &meters{}
+	c := m.watch(nil, time.Minute)
+	frame := append([]byte{0, 0x40, 0, 0, 0, 0, 0, 0, 1}, make([]byte, 16384)...)
+	buf := bytes.Repeat(frame, 4)
+	b.SetBytes(int64(len(buf)))
+	for b.Loop() {
+		c.in.feed(buf, c)
+	}
 }

@@ -43,6 +43,7 @@ const (
 
 	errCodeNo      = 0x0
 	errCodeRefused = 0x7
+	errCodeCancel  = 0x8
 
 	// clientPrefaceLen is "PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n", sent before the first frame.
 	clientPrefaceLen = 24
@@ -177,7 +178,9 @@ func (c *watchedConn) frame(sent bool, typ, flags byte, data []byte) {
 			m.upstreamFailed(kindReset)
 		}
 	case typ == frameRSTStream && !sent:
-		if code := be32(data); code != errCodeNo && code != errCodeRefused {
+		// REFUSED_STREAM is re-sent (a retry, not a failure); CANCEL is also what a server
+		// answers to a stream the proxy itself cancelled because its client went away.
+		if code := be32(data); code != errCodeNo && code != errCodeRefused && code != errCodeCancel {
 			m.upstreamFailed(kindReset)
 		}
 	case typ == frameHeaders && !sent:

@@ -4,10 +4,10 @@ package main
 // serves them as GET /metrics in the Prometheus text format 0.0.4 (SPEC, "Metrics").
 //
 // The counters are process-wide (stats), like expvar's: the process has one front end and
-// one upstream, and a package variable keeps each hook elsewhere to one line. Counting is
-// on whether or not -metrics-listen is set; it is a handful of atomic adds per request,
-// less than the request's own allocations. Only the in-flight set (the oldest request's
-// age) is kept when the endpoint is on, since nobody could read it otherwise.
+// one upstream, and a package variable keeps each hook elsewhere to one line. The upstream
+// counters are atomic adds on events (dials, PINGs, GOAWAYs) and count whether or not
+// -metrics-listen is set; the per-request part (wrap: in flight, status codes, one small
+// allocation per request) runs only with it, since nobody could read it otherwise.
 //
 // The frames of the upstream connections (PINGs, GOAWAY, RST_STREAM) are read by
 // framewatch.go; this file only stores what it reports.
@@ -41,8 +41,9 @@ const (
 	// kindPingTimeout: a PING went unanswered for -ping-timeout; the connection was closed.
 	kindPingTimeout
 	// kindReset: the upstream ended a connection or a stream with an error: TCP reset,
-	// closed without GOAWAY, GOAWAY or RST_STREAM with an error code (REFUSED_STREAM
-	// excepted: it is re-sent, see h2ping_retries_total).
+	// closed without GOAWAY, GOAWAY or RST_STREAM with an error code (REFUSED_STREAM and
+	// CANCEL excepted: the first is re-sent, see h2ping_retries_total, the second answers
+	// a stream the proxy cancelled).
 	kindReset
 	// kindOther: anything else (a protocol violation the client detected, a read error).
 	kindOther

@@ -586,6 +586,7 @@ func TestFrameScannerFindsFramesWhereverTheStreamIsCut(t *testing.T) {
 	in = append(in, frame(frameHeaders, 0x4, make([]byte, 30)...)...)
 	in = append(in, frame(framePing, flagAck, ping...)...)
 	in = append(in, frame(frameRSTStream, 0, 0, 0, 0, errCodeRefused)...) // refused: re-sent, no error
+	in = append(in, frame(frameRSTStream, 0, 0, 0, 0, errCodeCancel)...)  // answers our cancel: no error
 	in = append(in, frame(frameRSTStream, 0, 0, 0, 0, 0x2)...)            // INTERNAL_ERROR
 	in = append(in, frame(frameGoAway, 0, 0, 0, 0, 5, 0, 0, 0, 0)...)     // graceful
 	for _, cut := range []int{1, 2, 3, 7, 9, 10, 17, 64, 1 << 20} {

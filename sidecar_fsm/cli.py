@@ -3,10 +3,11 @@
 Owns parsing the command line (global options before or after the command), choosing the log
 dir and the build cache, opening the right databases, judging what runs now at a recorded pid
 (through ``procs``, read-only), calling the module that does the work (launcher, store, reap,
-buildcache, demo) and mapping the outcome to an exit code: 0 success, 1 a failure (a missing
-log dir or run included), 2 bad usage or config (``ConfigError``, ``SchemaTooNewError``, a bad
-argument), always with a one-line message on stderr, never a traceback. Must not format output
-(``render`` does), speak SQL (``store``), change state (``fsm``) or signal a process (``procs``).
+buildcache, demo; ``live`` scrapes the proxies' figures, ``top`` redraws them) and mapping the
+outcome to an exit code: 0 success, 1 a failure (a missing log dir or run included), 2 bad
+usage or config (``ConfigError``, ``SchemaTooNewError``, a bad argument), always with a
+one-line message on stderr, never a traceback. Must not format output (``render`` does), speak
+SQL (``store``), change state (``fsm``) or signal a process (``procs``).
 
 A new subcommand is a ``cmd_<name>(args) -> exit code`` function and one ``add_command`` line
 in ``build_parser``. Longer than the usual module: every command's path from argv to exit code

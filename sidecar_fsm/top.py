@@ -1,4 +1,5 @@
-"""The ``top`` display: one frame of text redrawn in place on the terminal until Ctrl-C.
+"""The ``top`` display: one frame of text redrawn in place on a terminal until Ctrl-C (printed
+frame after frame into a pipe or a log, where nothing can be redrawn).
 
 Owns rich's ``Live`` display, the pace of the frames and a clean end: on Ctrl-C (or SIGTERM)
 the display stops, the terminal is restored (cursor shown, last frame left in place) and the

@@ -55,6 +55,23 @@ _USAGE_LINE = re.compile(r"^\s*\t(?P<usage>.*)$")
 
 _USE_OURS = "or leave sidecar.binary unset to use sidecar-fsm's proxy"
 
+# NeMo Gym's proxy's flags: what a binary that prints no flag list (a wrapper script, a test
+# double) is assumed to accept, since Gym's launcher passes exactly these and nothing else.
+# Passing it one of ours could make it exit 2; giving it fewer only costs the warnings below.
+GYM_FLAGS = frozenset(
+    {
+        "listen",
+        "upstream",
+        "ping-interval",
+        "ping-timeout",
+        "shutdown-grace",
+        "retry-body-limit",
+        "max-conn-age",
+        "ready-file",
+        "insecure-skip-verify",
+    }
+)
+
 
 @dataclass(frozen=True)
 class BinaryFlags:
@@ -69,6 +86,8 @@ class BinaryFlags:
     accepted: frozenset[str]
     takes_value: frozenset[str]
     reports_listen: bool
+    # False when -h printed no flag list and Gym's flags were assumed (GYM_FLAGS).
+    learned: bool = True
 
 
 def parse_usage(path: str, text: str) -> BinaryFlags:
@@ -116,8 +135,10 @@ def binary_flags(binary: str | os.PathLike[str]) -> BinaryFlags:
     or replaced in place (a rename gives a new inode) is asked again, never judged by its
     predecessor's answer. Failures are not remembered: a timeout on a loaded node may pass.
     Thread-safe; two threads asking at once may both run ``-h`` (harmless, same answer).
-    Raises ``SidecarError`` (one line naming the path) when the binary cannot be run, does not
-    answer within ``HELP_TIMEOUT_SECONDS``, or prints no Go flag usage.
+    A binary that runs but prints no Go flag usage (a wrapper script, Gym's test doubles) is
+    taken to accept NeMo Gym's flags (``GYM_FLAGS``), which is all Gym's launcher ever passed it.
+    Raises ``SidecarError`` (one line naming the path) when the binary cannot be run or does not
+    answer within ``HELP_TIMEOUT_SECONDS``.
     """
     path = os.path.abspath(os.fspath(binary))
     try:
@@ -166,10 +187,12 @@ def _ask(path: str) -> BinaryFlags:
     text = result.stdout.decode("utf-8", errors="replace")
     flags = parse_usage(path, text)
     if not flags.accepted:
-        first = next((line.strip() for line in text.splitlines() if line.strip()), "no output")
-        raise SidecarError(
-            f"'{path}': -h printed no Go flag usage (exit {result.returncode}: {first[:120]}); "
-            "point sidecar.binary at a built h2-ping-sidecar"
+        return BinaryFlags(
+            path,
+            GYM_FLAGS,
+            GYM_FLAGS - _NO_VALUE_FLAGS,
+            reports_listen=False,
+            learned=False,
         )
     return flags
 
@@ -236,6 +259,11 @@ def refusals(
 def warnings(config: H2PingSidecarConfig, flags: BinaryFlags) -> list[str]:
     """One line per setting that will be dropped with a visible cost; pure, print them and go on."""
     lines = []
+    if not flags.learned:
+        lines.append(
+            f"WARNING: sidecar.binary '{flags.path}' printed no flag list for -h, so it is given "
+            "NeMo Gym's flags only (no -exit-with-pid, -ca-file or -metrics-listen)"
+        )
     if config.exit_with_owner and "exit-with-pid" not in flags.accepted:
         lines.append(
             f"WARNING: sidecar.binary '{flags.path}' has no -exit-with-pid, so a sidecar whose "

@@ -25,10 +25,11 @@ import select
 import signal
 import sys
 import tempfile
+import warnings
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from types import FrameType
-from typing import TYPE_CHECKING, Any, NoReturn
+from typing import TYPE_CHECKING, Any, NoReturn, TextIO
 
 from omegaconf import DictConfig, OmegaConf, open_dict
 from omegaconf.errors import OmegaConfBaseException
@@ -37,7 +38,7 @@ from yaml import MarkedYAMLError, YAMLError
 from sidecar_fsm import procs, render, top
 from sidecar_fsm.buildcache import CACHE_DIR_KEY, ensure_binary, user_cache_dir
 from sidecar_fsm.cluster import DEFAULT_ADDRESS, ClusterUnavailableError, reap_cluster
-from sidecar_fsm.errors import ConfigError, SchemaTooNewError, SidecarError
+from sidecar_fsm.errors import ConfigError, ConfigWarning, SchemaTooNewError, SidecarError
 from sidecar_fsm.gymexec import ExecFailed, exec_command
 from sidecar_fsm.hostname import host_name
 from sidecar_fsm.live import scrape_all
@@ -723,9 +724,30 @@ def _parse(argv: Sequence[str] | None) -> argparse.Namespace:
     return args
 
 
+def _config_warning_line(
+    message: Warning | str,
+    category: type[Warning],
+    filename: str,
+    lineno: int,
+    file: TextIO | None = None,
+    line: str | None = None,
+) -> None:
+    """Print a ``ConfigWarning`` as the one line it is; any other warning as Python would."""
+    if issubclass(category, ConfigWarning):
+        _err(f"{PROG}: warning: {message}")
+    else:
+        _show_python_warning(message, category, filename, lineno, file, line)
+
+
+_show_python_warning = warnings.showwarning
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Run one command; the exit code (0 ok, 1 failure, 2 bad usage or config)."""
     where = PROG
+    # Python's default form adds the file, line and source of the warn() call: noise for a user
+    # who only needs to know that an upstream's path is dropped.
+    warnings.showwarning = _config_warning_line
     try:
         args = _parse(argv)
         where = f"{PROG} {args.command}"

@@ -516,3 +516,32 @@ def test_an_unforeseen_filesystem_fault_is_one_line_naming_the_command_and_path(
     assert done.stderr.count("\n") == 1 and "Traceback" not in done.stderr, done.stderr
     assert done.stderr.startswith("sidecar-fsm start: ") and str(a_file) in done.stderr, done.stderr
     assert a_file.read_text() == "mine\n"
+
+
+def test_an_upstream_path_is_dropped_with_one_warning_line(tmp_path: Path) -> None:
+    """The warning names the field and the value in one line, not Python's file:line form."""
+    config = tmp_path / "gym.yaml"
+    missing = tmp_path / "no-such-binary"
+    config.write_text(
+        yaml.safe_dump(
+            {
+                "sidecar": {
+                    "enabled": True,
+                    "binary": str(missing),
+                    "build_if_missing": False,
+                    "instances": [
+                        {"name": "policy", "upstream": "https://api.example.com/v1", "listen": "127.0.0.1:0"}
+                    ],
+                }
+            }
+        )
+    )
+    done = cli(tmp_path / "logs", "start", str(config))
+    assert done.returncode == 1, done.stderr
+    warning, error = done.stderr.strip().splitlines()
+    assert warning.startswith(
+        "sidecar-fsm: warning: sidecar.instances[0].upstream: 'https://api.example.com/v1'"
+    )
+    assert "dropped" in warning
+    assert "does not exist" in error
+    assert "Traceback" not in done.stderr and not (tmp_path / "logs").exists()

@@ -20,6 +20,7 @@ from typing import Any
 
 from omegaconf import DictConfig
 
+from sidecar_fsm import crashpoints
 from sidecar_fsm.buildcache import (
     SIDECAR_BINARY_NAME,
     build_sidecar,
@@ -231,6 +232,7 @@ def start_h2_ping_sidecar(global_config_dict: DictConfig) -> H2PingSidecarManage
             # it is done, and is then handled by the except below like any other interrupt.
             with interrupts_deferred():
                 changes = plan.apply(global_config_dict, manager.instances_actual)
+            crashpoints.hit("rewritten")
             for change in changes:
                 # Base URLs may carry credentials (userinfo, ?api-key=): never print them.
                 old, new = redact_url(change.old), redact_url(change.new)

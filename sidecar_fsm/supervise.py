@@ -30,7 +30,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from sidecar_fsm import procs
+from sidecar_fsm import crashpoints, procs
 from sidecar_fsm.command import config_summary, sidecar_command, sidecar_env
 from sidecar_fsm.config import H2PingSidecarConfig, SidecarInstanceConfig
 from sidecar_fsm.errors import SidecarError
@@ -195,6 +195,7 @@ class NodeSidecars:
         self._open_run()
         for child in self._children:
             child.machine.fire("build", detail=self.binary, binary=self.binary)
+            crashpoints.hit("launch-failed-recorded")
             self._fail(child, message)
         raise SidecarError(message)
 
@@ -228,6 +229,7 @@ class NodeSidecars:
                     for instance in self.instances
                 ],
             )
+        crashpoints.hit("run-recorded")
         self._run_created = True
         for index, (instance, record) in enumerate(zip(self.instances, records, strict=True)):
             assert record.log_path is not None and record.ready_path is not None
@@ -244,6 +246,7 @@ class NodeSidecars:
         assert child.process is not None
         spawn = Firing(child.machine, "spawn", f"pid {child.process.pid}", self._facts(child))
         fire_together([self._build_firing(child), spawn])
+        crashpoints.hit("spawn-recorded")
 
     def _launch(
         self,
@@ -272,6 +275,7 @@ class NodeSidecars:
         argv = sidecar_command(self.binary, self.config, instance, child.ready_path)
         try:
             process = procs.spawn(argv, env, child.log_path if log is None else log)
+            crashpoints.hit("launched")
         except OSError as exc:
             if log is None and exc.filename == child.log_path:
                 problem = log_failure_message(child.log_path, exc)
@@ -289,6 +293,7 @@ class NodeSidecars:
         message = f"{self._where(child)}: {problem}"
         if child.state == "configured":  # a start, which records `build` with the `spawn` that failed
             fire_together([self._build_firing(child)])
+            crashpoints.hit("launch-failed-recorded")
         self._fail(child, message, exit_code=exit_code)
         return SidecarError(message)
 
@@ -314,6 +319,7 @@ class NodeSidecars:
                 restart_count=attempt,
                 **self._facts(child),
             )
+            crashpoints.hit("restart-recorded")
             child.restart_count = attempt
 
     def _await_ready(self, children: list[_Child]) -> list[str]:
@@ -340,6 +346,7 @@ class NodeSidecars:
                 if child.name in bound
             ]
         )
+        crashpoints.hit("ready-recorded")
         errors: list[str] = []
         for child in children:
             if child.name in bound:
@@ -448,7 +455,9 @@ class NodeSidecars:
                     )
                     self._fail(child, message, exit_code=code, problems=problems)
                 elif state in ("configured", "building"):
-                    self._fire_collecting(problems, child, "stop", detail="stopped before a process existed")
+                    self._fire_collecting(
+                        problems, child, "stop", "stop-recorded", detail="stopped before a process existed"
+                    )
                 elif state in ("spawned", "ready"):
                     code = child.process.poll() if child.process else None
                     if code is not None:
@@ -458,7 +467,7 @@ class NodeSidecars:
                         )
                         self._fail(child, message, exit_code=code, problems=problems)
                         continue
-                    self._fire_collecting(problems, child, "drain", detail="SIGTERM")
+                    self._fire_collecting(problems, child, "drain", "drain-recorded", detail="SIGTERM")
                     draining.append(child)
             # Every drain is on record before the first signal, then the signals go out back to
             # back: a woken sidecar may take our CPU, and interleaving would make N sidecars
@@ -466,6 +475,7 @@ class NodeSidecars:
             for child in draining:
                 if child.identity is not None:
                     procs.signal_if_ours(child.identity, signal.SIGTERM)
+                    crashpoints.hit("sigterm-sent")
             deadline = time.monotonic() + self.config.shutdown_grace_seconds + self.stop_slack_seconds
             try:
                 for child in draining:
@@ -483,7 +493,9 @@ class NodeSidecars:
                     message = f"{self._where(child)}: {reason} (shutdown_grace {grace}); see {child.log_path}"
                     self._fail(child, message, exit_code=code, problems=problems)
                 elif code in _CLEAN_STOP_CODES:
-                    self._fire_collecting(problems, child, "stop", detail=f"exit {code}", exit_code=code)
+                    self._fire_collecting(
+                        problems, child, "stop", "stopped-recorded", detail=f"exit {code}", exit_code=code
+                    )
                 else:
                     message = (
                         f"{self._where(child)}: exited with code {code} while draining; "
@@ -507,6 +519,7 @@ class NodeSidecars:
             if self._run_created:
                 failed = any(child.state == "failed" for child in self._children)
                 self.store.end_run(self.run_id, "failed" if failed else "ended")
+                crashpoints.hit("run-ended")
         except Exception as exc:
             problems.append(exc)
 
@@ -516,6 +529,7 @@ class NodeSidecars:
             return None
         if child.identity is not None and child.process.poll() is None:
             procs.signal_if_ours(child.identity, signal.SIGKILL)
+            crashpoints.hit("sigkill-sent")
         return procs.wait_exit(child.process, KILL_REAP_SECONDS)
 
     def _fail(
@@ -534,14 +548,22 @@ class NodeSidecars:
         detail = message.split("\n", 1)[0]
         if problems is None:
             child.machine.fire("fail", detail=detail, **facts)
+            crashpoints.hit("fail-recorded")
         else:
-            self._fire_collecting(problems, child, "fail", detail=detail, **facts)
+            self._fire_collecting(problems, child, "fail", "fail-recorded", detail=detail, **facts)
 
     @staticmethod
     def _fire_collecting(
-        problems: list[BaseException], child: _Child, event: str, detail: str | None = None, **facts: Any
+        problems: list[BaseException],
+        child: _Child,
+        event: str,
+        point: str,
+        detail: str | None = None,
+        **facts: Any,
     ) -> None:
+        """Fire ``event`` on ``child``, then pass crash ``point``; a failed write joins ``problems``."""
         try:
             child.machine.fire(event, detail=detail, **facts)
+            crashpoints.hit(point)
         except Exception as exc:
             problems.append(exc)

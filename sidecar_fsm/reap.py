@@ -7,6 +7,12 @@ and ``store.end_run(run, "reaped")``. Must not signal a process itself (``procs`
 proving pid, start time and executable), set a state column (``fsm`` does), touch a run whose
 owner is alive, or reach another host: only this host's database is reaped, because a reap can
 only signal processes on its own host.
+
+An instance's processes are its recorded one and every one ``procs.find_ours`` proves ours
+without a pid (executable, the run's ready path in its argv, started after the run): a launcher
+killed between a spawn and its commit, or mid-restart, leaves exactly such a process, in any
+state. The search is what makes "every process a run may have started can be found" hold at
+every instant, which no order of commits can: a pid exists only after the spawn.
 """
 
 from __future__ import annotations

@@ -121,6 +121,7 @@ def _identity(inst: InstanceRecord) -> procs.ProcessIdentity | None:
 _RESULTS = {
     "exited": "drained and exited after SIGTERM",
     "exited-by-itself": "drained and exited by itself (exit_with_owner)",
+    "exited-drained": "finished the drain its launcher had begun, and exited",
     "killed": "killed with SIGKILL after the {grace:g}s grace",
     "gone": "process had already exited",
     "not-ours": "pid {pid} belongs to another process; not signalled",
@@ -151,7 +152,8 @@ def _plan_instance(
     ):
         identities.insert(0, recorded)
     if identities:
-        action = "wait for its drain, mark failed" if self_draining else "SIGTERM, mark failed"
+        draining = self_draining or inst.state == "draining"
+        action = "wait for its drain, mark failed" if draining else "SIGTERM, mark failed"
         unrecorded = [str(identity.pid) for identity in identities if identity.pid != inst.pid]
         if unrecorded:
             action += f" (unrecorded pid {', '.join(unrecorded)})"
@@ -241,7 +243,7 @@ def _reap_run(store: Store, run: RunRecord, owner: OwnerStatus, dry_run: bool) -
 
 # When an instance had more than one process (its recorded one and one a restart had started),
 # the result reported is the most forceful that was needed.
-_SEVERITY = ("gone", "exited", "exited-by-itself", "killed")
+_SEVERITY = ("gone", "exited", "exited-by-itself", "exited-drained", "killed")
 
 
 def _reap_instance(
@@ -262,11 +264,21 @@ def _reap_instance(
         if machine.state in ("spawned", "ready"):
             machine.fire("drain", detail=f"reap: {reason}")
             crashpoints.hit("reap-drain-recorded")
+        # A row the launcher left `draining` had its SIGTERM sent (the drain is committed just
+        # before it): a second SIGTERM would end that drain at once and cut the requests it is
+        # finishing, so reap waits out the grace, as stop() would have, then SIGKILLs. Only a
+        # launcher killed in the few lines between the commit and the signal leaves a draining
+        # row whose process got none: it serves until the same deadline, then is killed.
+        launcher_drain = inst.state == "draining"
         outcomes: list[str] = []
         for identity in identities:
-            ended = procs.terminate(identity, grace, send_sigterm=not self_draining)
+            ended: str = procs.terminate(identity, grace, send_sigterm=not (self_draining or launcher_drain))
             crashpoints.hit("reap-ended")
-            outcomes.append("exited-by-itself" if ended == "exited" and self_draining else ended)
+            if ended == "exited" and launcher_drain:
+                ended = "exited-drained"
+            elif ended == "exited" and self_draining:
+                ended = "exited-by-itself"
+            outcomes.append(ended)
         outcome = max(outcomes, key=lambda each: _SEVERITY.index(each) if each in _SEVERITY else -1)
     text = _RESULTS[outcome].format(grace=grace, pid=inst.pid)
     error = f"reaped: {reason}; {text}"

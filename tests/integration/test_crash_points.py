@@ -23,13 +23,14 @@ import socket
 import sqlite3
 import subprocess
 import sys
+import threading
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
 import psutil
 import pytest
-from helpers import ProcessRegistry
+from helpers import ProcessRegistry, http11_request, wait_until
 
 import sidecar_fsm
 from sidecar_fsm import cli, crashpoints, fsm
@@ -448,3 +449,65 @@ def _drive(driver: subprocess.Popen[str], scenario: str, when: str, log_dir: Pat
         os.kill(_pid_of(log_dir, "fixed"), signal.SIGSTOP)
     driver.stdin.write("stop\n")
     driver.stdin.flush()
+
+
+@pytest.mark.parametrize("exit_with_owner", [False, True], ids=["no-exit-with-owner", "exit-with-owner"])
+def test_launcher_killed_mid_drain_reap_lets_the_request_finish(
+    exit_with_owner: bool,
+    sidecar_binary: Path,
+    tls_origin: Any,
+    log_dir: Path,
+    process_registry: ProcessRegistry,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """The launcher dies right after its SIGTERM: the proxy is draining a request. Reap must not
+    send a second SIGTERM (which ends a drain at once): the request gets its answer."""
+    sidecar = {
+        "enabled": True,
+        "binary": str(sidecar_binary),
+        "instances": [{"name": "policy", "upstream": tls_origin.url, "listen": "127.0.0.1:0"}],
+        "ca_file": str(tls_origin.ca_file),
+        "shutdown_grace": "20s",
+        "exit_with_owner": exit_with_owner,
+        "log_dir": str(log_dir),
+    }
+    spec = {"mode": "api", "config": {"sidecar": sidecar}, "slack": SLACK}
+    env = {**os.environ, crashpoints.ENV_VAR: "sigterm-sent"}
+    driver = subprocess.Popen(
+        [sys.executable, "-c", _DRIVER, json.dumps(spec)],
+        env=env,
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    process_registry.add(driver)
+    assert driver.stdout is not None and driver.stdin is not None
+    assert any(line.strip() == "READY" for line in iter(driver.stdout.readline, ""))
+    ((_, (inst,), _),) = _records(log_dir)
+    assert inst.pid is not None
+    process_registry.add_pid(inst.pid)
+    host, _, port = inst.listen.rpartition(":")
+    answers: list[Any] = []
+
+    def request() -> None:
+        try:
+            answers.append(http11_request(host, int(port), "/slow?first_byte=2", timeout=60).status)
+        except Exception as error:
+            answers.append(error)
+
+    client = threading.Thread(target=request, daemon=True)
+    client.start()
+    wait_until(lambda: tls_origin.active_streams >= 1, 10, "the request to reach the origin")
+    driver.stdin.write("stop\n")
+    driver.stdin.flush()
+    assert driver.wait(60) == -signal.SIGKILL
+
+    (run,) = _cli_json(capsys, "--log-dir", str(log_dir), "reap", "--json")["runs"]
+    client.join(30)
+    assert answers == [200], "the drain was cut short"
+    (reaped,) = run["instances"]
+    assert reaped["action"] == "wait for its drain, mark failed"
+    ((_, (inst,), histories),) = _records(log_dir)
+    assert inst.state == "failed"
+    _assert_legal_history(inst.name, inst.state, histories[inst.id])
+    assert _processes_of(log_dir) == []

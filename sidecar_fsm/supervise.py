@@ -16,6 +16,10 @@ parse the config (``config``) or touch the caller's global config (``launcher``/
 Interrupts: once a process exists, any exception or ``KeyboardInterrupt`` out of ``start()``
 stops every child first. The few lines between creating a process and recording it run with
 SIGINT held (``interrupts_deferred``), since an interrupt there would leak a child nothing knows.
+SIGKILL cannot be held: a launcher killed there leaves a process no row names yet, which
+``reap`` still finds and proves ours (``procs.find_ours``: the binary and this run's ready path
+in its argv). Every commit, spawn and signal here is followed by ``crashpoints.hit`` (inert
+outside tests), so each of those instants is tested as a crash.
 """
 
 from __future__ import annotations

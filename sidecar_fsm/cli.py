@@ -39,6 +39,7 @@ from sidecar_fsm import procs, render, top
 from sidecar_fsm.buildcache import CACHE_DIR_KEY, ensure_binary, user_cache_dir
 from sidecar_fsm.cluster import DEFAULT_ADDRESS, ClusterUnavailableError, reap_cluster
 from sidecar_fsm.errors import ConfigError, ConfigWarning, SchemaTooNewError, SidecarError
+from sidecar_fsm.fsm import TERMINAL
 from sidecar_fsm.gymexec import ExecFailed, exec_command
 from sidecar_fsm.hostname import host_name
 from sidecar_fsm.live import scrape_all
@@ -166,10 +167,39 @@ def _process(run: RunRecord, inst: InstanceRecord) -> str | None:
     return render.PROCESS_RUNNING if procs.identity_of(inst.pid) is not None else render.PROCESS_GONE
 
 
+def _unrecorded(run: RunRecord, instances: list[InstanceRecord]) -> dict[int, list[int]]:
+    """Per instance, the pids of its live processes that no record names (``procs.find_ours``).
+
+    Read-only. A launcher killed between a spawn and the commit of its pid leaves a sidecar
+    behind a ``configured`` row (or, mid-restart, behind the pid it replaced). Only asked for a
+    run whose owner is gone: a live launcher records its pids itself, and the search reads the
+    whole process table.
+    """
+    claims = {
+        inst.id: procs.Claim(inst.binary, inst.ready_path, run.started_at)
+        for inst in instances
+        if inst.state not in TERMINAL and inst.binary and inst.ready_path
+    }
+    found = procs.find_ours(list(claims.values()))
+    out: dict[int, list[int]] = {}
+    for inst_id, claim in claims.items():
+        pids = [identity.pid for identity in found[claim.ready_path]]
+        recorded = next(inst.pid for inst in instances if inst.id == inst_id)
+        if [pid for pid in pids if pid != recorded]:
+            out[inst_id] = [pid for pid in pids if pid != recorded]
+    return out
+
+
 def _observed(store: Store, run: RunRecord) -> render.RunStatus:
     instances = store.instances_of(run.run_id)
     processes = {inst.id: p for inst in instances if (p := _process(run, inst)) is not None}
-    return render.RunStatus(run=run, owner=_owner(run), instances=instances, processes=processes)
+    owner = _owner(run)
+    unrecorded = _unrecorded(run, instances) if owner in ("dead", "reused") and run.ended_at is None else {}
+    for inst_id in unrecorded:
+        processes[inst_id] = render.PROCESS_RUNNING
+    return render.RunStatus(
+        run=run, owner=owner, instances=instances, processes=processes, unrecorded=unrecorded
+    )
 
 
 def _with_live(statuses: list[render.RunStatus]) -> list[render.RunStatus]:

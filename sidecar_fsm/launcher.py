@@ -25,7 +25,7 @@ from typing import Any
 
 from omegaconf import DictConfig
 
-from sidecar_fsm import binaryflags
+from sidecar_fsm import binaryflags, crashpoints
 from sidecar_fsm.buildcache import (
     SIDECAR_BINARY_NAME,
     build_sidecar,
@@ -261,6 +261,7 @@ def start_h2_ping_sidecar(global_config_dict: DictConfig) -> H2PingSidecarManage
             # is done, and is then handled by the except below like any other interrupt.
             with interrupts_deferred():
                 changes = rewrite_base_urls(global_config_dict, manager.instances_actual)
+            crashpoints.hit("rewritten")
             for change in changes:
                 # Base URLs may carry credentials (userinfo, ?api-key=): never print them.
                 old, new = redact_url(change.old), redact_url(change.new)

@@ -2,7 +2,9 @@
 
 Owns spawning a sidecar in its own session, reading a process's identity (pid, start time,
 executable) with psutil, deciding whether a recorded identity is still that process
-(:func:`is_ours`), and every signal sent to a sidecar, always through a pidfd.
+(:func:`is_ours`), finding the processes of an instance whose pid never reached the record
+(:func:`find_ours`: a launcher killed between a spawn and its commit), and every signal sent to
+a sidecar, always through a pidfd.
 
 Must not open the database, change any state or trust a pid alone: a crashed run leaves pids in
 the database for days, long enough for the kernel to hand the number to an unrelated process.
@@ -36,17 +38,43 @@ _KILL_WAIT_SECONDS = 5.0
 TerminateOutcome = Literal["exited", "killed", "not-ours", "gone"]
 
 
+# How far a process's start time may read before the moment its run was recorded and still be
+# the run's: psutil adds ticks since boot to the boot time, which /proc/stat gives in whole
+# seconds, and NTP may have stepped the wall clock since boot.
+_NOT_BEFORE_SLACK = 2.0
+
+# The flag that carries an instance's ready path; ``command.sidecar_command`` passes it, then the
+# path, as two arguments.
+READY_FLAG = "-ready-file"
+
+
 @dataclass(frozen=True)
 class ProcessIdentity:
     """What makes a process the one we started: pid, start time (unix seconds) and executable.
 
     ``exe`` is the resolved path of the running executable, or None when it was not recorded or
     could not be read; a record with ``exe`` set only matches a process running that file.
+    ``ready_path``, when set, must also appear in the process's argv after ``-ready-file``: an
+    identity found by :func:`find_ours` (a process whose pid never reached the record).
     """
 
     pid: int
     start_time: float
     exe: str | None
+    ready_path: str | None = None
+
+
+@dataclass(frozen=True)
+class Claim:
+    """What proves a process ours before its pid is on record (see :func:`find_ours`).
+
+    Recorded with the instance before any process of its run exists: the executable, the ready
+    path (unique per run: it carries the run id) and when the run was recorded (unix seconds).
+    """
+
+    exe: str
+    ready_path: str
+    not_before: float
 
 
 def identity_of(pid: int) -> ProcessIdentity | None:
@@ -90,14 +118,62 @@ def is_ours(record: ProcessIdentity) -> bool:
     pidfd first, call this, then signal through the pidfd (see :func:`signal_if_ours`), so a
     pid reused between the check and the signal is never hit. The limit: two processes with
     one pid, one executable and one 10 ms start tick cannot be told apart, which needs the
-    whole pid space to wrap within those 10 ms.
+    whole pid space to wrap within those 10 ms. An identity with ``ready_path`` (found by
+    :func:`find_ours` before its pid was on record) must also carry that path in its argv.
     """
     current = identity_of(record.pid)
     if current is None:
         return False
     if abs(current.start_time - record.start_time) >= _START_TIME_TOLERANCE:
         return False
-    return record.exe is None or _same_exe(record.exe, current.exe)
+    if record.exe is not None and not _same_exe(record.exe, current.exe):
+        return False
+    return record.ready_path is None or _carries_ready_path(record.pid, record.ready_path)
+
+
+def _argv(pid: int) -> list[str]:
+    try:
+        return psutil.Process(pid).cmdline()
+    except psutil.Error:  # gone, a zombie, or another user's
+        return []
+
+
+def _ready_path_in(argv: list[str]) -> str | None:
+    for flag, value in zip(argv, argv[1:], strict=False):
+        if flag == READY_FLAG:
+            return value
+    return None
+
+
+def _carries_ready_path(pid: int, ready_path: str) -> bool:
+    return _ready_path_in(_argv(pid)) == ready_path
+
+
+def find_ours(claims: list[Claim]) -> dict[str, list[ProcessIdentity]]:
+    """Every live process each claim proves ours, keyed by the claim's ready path. Read-only.
+
+    Closes the window between a spawn and the commit of its pid (and a restart's): a launcher
+    killed there leaves a sidecar no record names. Such a process is still ours when its
+    executable is the claim's, its argv carries the claim's ready path after ``-ready-file`` (a
+    path only this run's launcher ever passed: it holds the run id) and it started after the
+    run was recorded; the identities returned carry ``ready_path`` so that :func:`is_ours`
+    checks all of that again at signal time. One scan of the process table for all claims.
+    """
+    wanted = {claim.ready_path: claim for claim in claims}
+    found: dict[str, list[ProcessIdentity]] = {path: [] for path in wanted}
+    if not wanted:
+        return found
+    for process in psutil.process_iter(["cmdline"]):
+        claim = wanted.get(_ready_path_in(process.info["cmdline"] or []) or "")
+        if claim is None:
+            continue
+        current = identity_of(process.pid)
+        if current is None or current.start_time < claim.not_before - _NOT_BEFORE_SLACK:
+            continue
+        candidate = ProcessIdentity(current.pid, current.start_time, claim.exe, claim.ready_path)
+        if is_ours(candidate):
+            found[claim.ready_path].append(candidate)
+    return found
 
 
 def spawn(argv: list[str], env: dict[str, str], log: str | int) -> subprocess.Popen[bytes]:

@@ -7,6 +7,12 @@ and ``store.end_run(run, "reaped")``. Must not signal a process itself (``procs`
 proving pid, start time and executable), set a state column (``fsm`` does), touch a run whose
 owner is alive, or reach another host: only this host's database is reaped, because a reap can
 only signal processes on its own host.
+
+An instance's processes are its recorded one and every one ``procs.find_ours`` proves ours
+without a pid (executable, the run's ready path in its argv, started after the run): a launcher
+killed between a spawn and its commit, or mid-restart, leaves exactly such a process, in any
+state. The search is what makes "every process a run may have started can be found" hold at
+every instant, which no order of commits can: a pid exists only after the spawn.
 """
 
 from __future__ import annotations
@@ -19,7 +25,7 @@ from typing import Any, Literal
 
 from filelock import FileLock
 
-from sidecar_fsm import procs
+from sidecar_fsm import crashpoints, procs
 from sidecar_fsm.config import parse_duration_seconds
 from sidecar_fsm.errors import ConfigError
 
@@ -31,9 +37,6 @@ from sidecar_fsm.store import InstanceRecord, RunRecord, Store
 OwnerStatus = Literal["alive", "dead", "reused"]
 
 DEFAULT_GRACE_SECONDS = 60.0
-
-# States whose instance may have a process: configured/building never spawned one.
-_MAY_HAVE_PROCESS = frozenset({"spawned", "ready", "draining"})
 
 
 @dataclass(frozen=True)
@@ -118,23 +121,47 @@ def _identity(inst: InstanceRecord) -> procs.ProcessIdentity | None:
 _RESULTS = {
     "exited": "drained and exited after SIGTERM",
     "exited-by-itself": "drained and exited by itself (exit_with_owner)",
+    "exited-drained": "finished the drain its launcher had begun, and exited",
     "killed": "killed with SIGKILL after the {grace:g}s grace",
     "gone": "process had already exited",
     "not-ours": "pid {pid} belongs to another process; not signalled",
 }
 
 
+def _claim(run: RunRecord, inst: InstanceRecord) -> procs.Claim | None:
+    """What proves an unrecorded process of ``inst`` ours; None when the row lacks the facts."""
+    if not inst.binary or not inst.ready_path:
+        return None
+    return procs.Claim(inst.binary, inst.ready_path, run.started_at)
+
+
 def _plan_instance(
-    inst: InstanceRecord, self_draining: bool
-) -> tuple[InstanceReap, procs.ProcessIdentity | None]:
-    identity = _identity(inst) if inst.state in _MAY_HAVE_PROCESS else None
-    if identity is not None and procs.is_ours(identity):
-        action = "wait for its drain, mark failed" if self_draining else "SIGTERM, mark failed"
-        return InstanceReap(inst.id, inst.name, inst.state, inst.pid, action), identity
-    if inst.pid is not None and inst.state in _MAY_HAVE_PROCESS and procs.identity_of(inst.pid) is not None:
+    inst: InstanceRecord, found: list[procs.ProcessIdentity], self_draining: bool
+) -> tuple[InstanceReap, list[procs.ProcessIdentity]]:
+    """What to do with ``inst``: its recorded process if still ours, plus ``found`` (unrecorded).
+
+    Any state may have a process: a launcher killed between a spawn and its commit leaves one
+    behind a ``configured`` row (or a ``ready`` row naming the process a restart replaced).
+    """
+    identities = list(found)
+    recorded = _identity(inst)
+    if (
+        recorded is not None
+        and all(identity.pid != recorded.pid for identity in identities)
+        and procs.is_ours(recorded)
+    ):
+        identities.insert(0, recorded)
+    if identities:
+        draining = self_draining or inst.state == "draining"
+        action = "wait for its drain, mark failed" if draining else "SIGTERM, mark failed"
+        unrecorded = [str(identity.pid) for identity in identities if identity.pid != inst.pid]
+        if unrecorded:
+            action += f" (unrecorded pid {', '.join(unrecorded)})"
+        return InstanceReap(inst.id, inst.name, inst.state, inst.pid, action), identities
+    if inst.pid is not None and procs.identity_of(inst.pid) is not None:
         # Something lives at the pid but the record does not prove it is our sidecar.
-        return InstanceReap(inst.id, inst.name, inst.state, inst.pid, "mark failed (pid not ours)"), None
-    return InstanceReap(inst.id, inst.name, inst.state, inst.pid, "mark failed"), None
+        return InstanceReap(inst.id, inst.name, inst.state, inst.pid, "mark failed (pid not ours)"), []
+    return InstanceReap(inst.id, inst.name, inst.state, inst.pid, "mark failed"), []
 
 
 def _stale_ready_files(instances: list[InstanceRecord]) -> list[str]:
@@ -189,14 +216,18 @@ def _reap_run(store: Store, run: RunRecord, owner: OwnerStatus, dry_run: bool) -
     self_draining = _drains_by_itself(run)
     instances = store.instances_of(run.run_id)
     result = RunReap(run.run_id, run.host, run.owner_pid, owner, reason)
-    for inst in instances:
-        if inst.state in TERMINAL:
-            continue
-        planned, identity = _plan_instance(inst, self_draining)
+    live = [inst for inst in instances if inst.state not in TERMINAL]
+    claims = {inst.id: claim for inst in live if (claim := _claim(run, inst)) is not None}
+    found = procs.find_ours(list(claims.values()))
+    for inst in live:
+        claim = claims.get(inst.id)
+        planned, identities = _plan_instance(inst, found[claim.ready_path] if claim else [], self_draining)
         if dry_run:
             result.instances.append(planned)
             continue
-        result.instances.append(_reap_instance(store, inst, planned, identity, reason, grace, self_draining))
+        result.instances.append(
+            _reap_instance(store, inst, planned, identities, reason, grace, self_draining)
+        )
     stale = _stale_ready_files(instances)
     if not dry_run:
         for path in stale:
@@ -205,29 +236,52 @@ def _reap_run(store: Store, run: RunRecord, owner: OwnerStatus, dry_run: bool) -
             with contextlib.suppress(FileNotFoundError):
                 os.unlink(path)
         store.end_run(run.run_id, "reaped")
+        crashpoints.hit("reap-run-ended")
     result.ready_files.extend(stale)
     return result
+
+
+# When an instance had more than one process (its recorded one and one a restart had started),
+# the result reported is the most forceful that was needed.
+_SEVERITY = ("gone", "exited", "exited-by-itself", "exited-drained", "killed")
 
 
 def _reap_instance(
     store: Store,
     inst: InstanceRecord,
     planned: InstanceReap,
-    identity: procs.ProcessIdentity | None,
+    identities: list[procs.ProcessIdentity],
     reason: str,
     grace: float,
     self_draining: bool,
 ) -> InstanceReap:
     machine = InstanceMachine(store, inst.id, inst.state)
-    if identity is None:
+    if not identities:
         outcome: str = "not-ours" if planned.action.endswith("(pid not ours)") else "gone"
     else:
-        if machine.state != "draining":
+        # Only a spawned or ready row can say "draining"; a configured or building row whose
+        # process was found unrecorded goes straight to failed once the process is ended.
+        if machine.state in ("spawned", "ready"):
             machine.fire("drain", detail=f"reap: {reason}")
-        outcome = procs.terminate(identity, grace, send_sigterm=not self_draining)
-        if outcome == "exited" and self_draining:
-            outcome = "exited-by-itself"
+            crashpoints.hit("reap-drain-recorded")
+        # A row the launcher left `draining` had its SIGTERM sent (the drain is committed just
+        # before it): a second SIGTERM would end that drain at once and cut the requests it is
+        # finishing, so reap waits out the grace, as stop() would have, then SIGKILLs. Only a
+        # launcher killed in the few lines between the commit and the signal leaves a draining
+        # row whose process got none: it serves until the same deadline, then is killed.
+        launcher_drain = inst.state == "draining"
+        outcomes: list[str] = []
+        for identity in identities:
+            ended: str = procs.terminate(identity, grace, send_sigterm=not (self_draining or launcher_drain))
+            crashpoints.hit("reap-ended")
+            if ended == "exited" and launcher_drain:
+                ended = "exited-drained"
+            elif ended == "exited" and self_draining:
+                ended = "exited-by-itself"
+            outcomes.append(ended)
+        outcome = max(outcomes, key=lambda each: _SEVERITY.index(each) if each in _SEVERITY else -1)
     text = _RESULTS[outcome].format(grace=grace, pid=inst.pid)
     error = f"reaped: {reason}; {text}"
     machine.fire("fail", detail=error, error=error)
+    crashpoints.hit("reap-failed-recorded")
     return InstanceReap(inst.id, inst.name, inst.state, inst.pid, planned.action, text)

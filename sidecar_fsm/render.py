@@ -75,6 +75,9 @@ class RunStatus:
     instances: Sequence[InstanceRecord]
     processes: Mapping[int, str] = field(default_factory=dict)
     live: Mapping[int, Scrape] = field(default_factory=dict)
+    # Instance id -> pids of live processes proven ours (``procs.find_ours``) that its row does
+    # not name: a launcher killed between a spawn and its commit. Such an instance is running.
+    unrecorded: Mapping[int, Sequence[int]] = field(default_factory=dict)
 
     def process_of(self, inst: InstanceRecord) -> str | None:
         return self.processes.get(inst.id)
@@ -101,7 +104,11 @@ def process_note(status: RunStatus, inst: InstanceRecord) -> str | None:
     ``reap`` (or the launcher, while it lives) records that, so the hint depends on the owner.
     """
     process = status.process_of(inst)
-    if process == PROCESS_GONE:
+    unrecorded = status.unrecorded.get(inst.id)
+    if unrecorded:
+        pids = ", ".join(str(pid) for pid in unrecorded)
+        what = f"pid {pids} runs but was never recorded (its launcher died first)"
+    elif process == PROCESS_GONE:
         what = f"recorded {inst.state} but pid {inst.pid} has exited"
     elif process == PROCESS_REUSED:
         what = f"recorded {inst.state} but pid {inst.pid} now belongs to another process"
@@ -530,14 +537,19 @@ def run_json(run: RunRecord, owner: str | None = None) -> dict[str, Any]:
 
 
 def instance_json(
-    inst: InstanceRecord, process: str | None = None, scrape: Scrape | None = None
+    inst: InstanceRecord,
+    process: str | None = None,
+    scrape: Scrape | None = None,
+    unrecorded: Sequence[int] = (),
 ) -> dict[str, Any]:
     """An instance's record plus what runs at its pid now: ``alive`` (true, false or null, see
     ``process_alive``) and ``process`` (``running``, ``gone``, ``reused``, ``other host`` or null),
-    and ``live`` (see ``live_json``): what its proxy reported when asked just now."""
+    ``unrecorded_pids`` (its processes that run although no record names their pid), and
+    ``live`` (see ``live_json``): what its proxy reported when asked just now."""
     return {
         "alive": process_alive(process),
         "process": process,
+        "unrecorded_pids": list(unrecorded),
         "id": inst.id,
         "name": inst.name,
         "state": inst.state,
@@ -563,7 +575,10 @@ def status_json(runs: Sequence[RunStatus]) -> str:
             "runs": [
                 {
                     **run_json(s.run, s.owner),
-                    "instances": [instance_json(i, s.process_of(i), s.live_of(i)) for i in s.instances],
+                    "instances": [
+                        instance_json(i, s.process_of(i), s.live_of(i), s.unrecorded.get(i.id, ()))
+                        for i in s.instances
+                    ],
                 }
                 for s in runs
             ]

@@ -16,6 +16,10 @@ parse the config (``config``) or touch the caller's global config (``launcher``/
 Interrupts: once a process exists, any exception or ``KeyboardInterrupt`` out of ``start()``
 stops every child first. The few lines between creating a process and recording it run with
 SIGINT held (``interrupts_deferred``), since an interrupt there would leak a child nothing knows.
+SIGKILL cannot be held: a launcher killed there leaves a process no row names yet, which
+``reap`` still finds and proves ours (``procs.find_ours``: the binary and this run's ready path
+in its argv). Every commit, spawn and signal here is followed by ``crashpoints.hit`` (inert
+outside tests), so each of those instants is tested as a crash.
 """
 
 from __future__ import annotations
@@ -30,7 +34,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from sidecar_fsm import procs
+from sidecar_fsm import crashpoints, procs
 from sidecar_fsm.binaryflags import BinaryFlags, filter_command
 from sidecar_fsm.command import config_summary, sidecar_command, sidecar_env
 from sidecar_fsm.config import H2PingSidecarConfig, SidecarInstanceConfig
@@ -200,6 +204,7 @@ class NodeSidecars:
         self._open_run()
         for child in self._children:
             child.machine.fire("build", detail=self.binary, binary=self.binary)
+            crashpoints.hit("launch-failed-recorded")
             self._fail(child, message)
         raise SidecarError(message)
 
@@ -233,6 +238,7 @@ class NodeSidecars:
                     for instance in self.instances
                 ],
             )
+        crashpoints.hit("run-recorded")
         self._run_created = True
         for index, (instance, record) in enumerate(zip(self.instances, records, strict=True)):
             assert record.log_path is not None and record.ready_path is not None
@@ -249,6 +255,7 @@ class NodeSidecars:
         assert child.process is not None
         spawn = Firing(child.machine, "spawn", f"pid {child.process.pid}", self._facts(child))
         fire_together([self._build_firing(child), spawn])
+        crashpoints.hit("spawn-recorded")
 
     def _launch(
         self,
@@ -279,6 +286,7 @@ class NodeSidecars:
             argv = filter_command(argv, self.flags)
         try:
             process = procs.spawn(argv, env, child.log_path if log is None else log)
+            crashpoints.hit("launched")
         except OSError as exc:
             if log is None and exc.filename == child.log_path:
                 problem = log_failure_message(child.log_path, exc)
@@ -296,6 +304,7 @@ class NodeSidecars:
         message = f"{self._where(child)}: {problem}"
         if child.state == "configured":  # a start, which records `build` with the `spawn` that failed
             fire_together([self._build_firing(child)])
+            crashpoints.hit("launch-failed-recorded")
         self._fail(child, message, exit_code=exit_code)
         return SidecarError(message)
 
@@ -321,6 +330,7 @@ class NodeSidecars:
                 restart_count=attempt,
                 **self._facts(child),
             )
+            crashpoints.hit("restart-recorded")
             child.restart_count = attempt
 
     def _await_ready(self, children: list[_Child]) -> list[str]:
@@ -351,6 +361,7 @@ class NodeSidecars:
                 if child.name in bound
             ]
         )
+        crashpoints.hit("ready-recorded")
         errors: list[str] = []
         for child in children:
             if child.name in bound:
@@ -459,7 +470,9 @@ class NodeSidecars:
                     )
                     self._fail(child, message, exit_code=code, problems=problems)
                 elif state in ("configured", "building"):
-                    self._fire_collecting(problems, child, "stop", detail="stopped before a process existed")
+                    self._fire_collecting(
+                        problems, child, "stop", "stop-recorded", detail="stopped before a process existed"
+                    )
                 elif state in ("spawned", "ready"):
                     code = child.process.poll() if child.process else None
                     if code is not None:
@@ -469,7 +482,7 @@ class NodeSidecars:
                         )
                         self._fail(child, message, exit_code=code, problems=problems)
                         continue
-                    self._fire_collecting(problems, child, "drain", detail="SIGTERM")
+                    self._fire_collecting(problems, child, "drain", "drain-recorded", detail="SIGTERM")
                     draining.append(child)
             # Every drain is on record before the first signal, then the signals go out back to
             # back: a woken sidecar may take our CPU, and interleaving would make N sidecars
@@ -477,6 +490,7 @@ class NodeSidecars:
             for child in draining:
                 if child.identity is not None:
                     procs.signal_if_ours(child.identity, signal.SIGTERM)
+                    crashpoints.hit("sigterm-sent")
             deadline = time.monotonic() + self.config.shutdown_grace_seconds + self.stop_slack_seconds
             try:
                 for child in draining:
@@ -494,7 +508,9 @@ class NodeSidecars:
                     message = f"{self._where(child)}: {reason} (shutdown_grace {grace}); see {child.log_path}"
                     self._fail(child, message, exit_code=code, problems=problems)
                 elif code in _CLEAN_STOP_CODES:
-                    self._fire_collecting(problems, child, "stop", detail=f"exit {code}", exit_code=code)
+                    self._fire_collecting(
+                        problems, child, "stop", "stopped-recorded", detail=f"exit {code}", exit_code=code
+                    )
                 else:
                     message = (
                         f"{self._where(child)}: exited with code {code} while draining; "
@@ -518,6 +534,7 @@ class NodeSidecars:
             if self._run_created:
                 failed = any(child.state == "failed" for child in self._children)
                 self.store.end_run(self.run_id, "failed" if failed else "ended")
+                crashpoints.hit("run-ended")
         except Exception as exc:
             problems.append(exc)
 
@@ -527,6 +544,7 @@ class NodeSidecars:
             return None
         if child.identity is not None and child.process.poll() is None:
             procs.signal_if_ours(child.identity, signal.SIGKILL)
+            crashpoints.hit("sigkill-sent")
         return procs.wait_exit(child.process, KILL_REAP_SECONDS)
 
     def _fail(
@@ -545,14 +563,22 @@ class NodeSidecars:
         detail = message.split("\n", 1)[0]
         if problems is None:
             child.machine.fire("fail", detail=detail, **facts)
+            crashpoints.hit("fail-recorded")
         else:
-            self._fire_collecting(problems, child, "fail", detail=detail, **facts)
+            self._fire_collecting(problems, child, "fail", "fail-recorded", detail=detail, **facts)
 
     @staticmethod
     def _fire_collecting(
-        problems: list[BaseException], child: _Child, event: str, detail: str | None = None, **facts: Any
+        problems: list[BaseException],
+        child: _Child,
+        event: str,
+        point: str,
+        detail: str | None = None,
+        **facts: Any,
     ) -> None:
+        """Fire ``event`` on ``child``, then pass crash ``point``; a failed write joins ``problems``."""
         try:
             child.machine.fire(event, detail=detail, **facts)
+            crashpoints.hit(point)
         except Exception as exc:
             problems.append(exc)

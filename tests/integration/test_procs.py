@@ -284,3 +284,32 @@ def test_wait_exit_on_a_process_that_is_not_our_child(
     orphan = int((tmp_path / "log").read_text().split()[0])
     assert procs.wait_exit(orphan, 0.01) is None
     assert procs.wait_exit(orphan, 10) == -1
+
+
+def test_find_ours_proves_an_unrecorded_process_by_exe_ready_path_and_start(
+    tmp_path: Path, started: list[subprocess.Popen[bytes]]
+) -> None:
+    """What reap relies on when a launcher died between a spawn and its commit: no pid on record."""
+    ready_path = str(tmp_path / "h2ping-policy-node7-4c1e9a.ready")
+    body = "import time; time.sleep(60)"
+    ours = _spawn(started, [sys.executable, "-c", body, "-ready-file", ready_path], tmp_path / "ours.log")
+    other_path = _spawn(
+        started, [sys.executable, "-c", body, "-ready-file", ready_path + "x"], tmp_path / "other.log"
+    )
+    flag_elsewhere = _spawn(started, [sys.executable, "-c", body, ready_path], tmp_path / "bare.log")
+    exe = os.path.realpath(sys.executable)
+    identity = wait_until(lambda: procs.identity_of(ours.pid), 10, "the child's identity")
+
+    (found,) = procs.find_ours([procs.Claim(exe, ready_path, time.time() - 60)])[ready_path]
+    assert (found.pid, found.start_time, found.ready_path) == (ours.pid, identity.start_time, ready_path)
+    assert procs.is_ours(found)
+    assert all(process.pid != found.pid for process in (other_path, flag_elsewhere))
+    # Another executable, or a process older than the run (by more than the clock's slack): not ours.
+    assert procs.find_ours([procs.Claim("/opt/other/h2-ping-sidecar", ready_path, 0.0)]) == {ready_path: []}
+    later = procs.find_ours([procs.Claim(exe, ready_path, identity.start_time + 60)])
+    assert later == {ready_path: []}
+    # The identity found is checked again at signal time: a different path in argv is refused.
+    assert not procs.is_ours(ProcessIdentity(ours.pid, identity.start_time, exe, ready_path + "x"))
+    assert procs.signal_if_ours(found, signal.SIGKILL)
+    assert procs.wait_exit(ours, 5) == -signal.SIGKILL
+    assert procs.find_ours([procs.Claim(exe, ready_path, 0.0)]) == {ready_path: []}

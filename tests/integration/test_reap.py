@@ -278,3 +278,30 @@ def test_self_draining_sidecar_is_not_sent_a_second_signal(
     (instance,) = run.instances
     assert instance.action == "wait for its drain, mark failed"
     assert instance.result == "drained and exited by itself (exit_with_owner)"
+
+
+def test_sidecar_its_launcher_left_draining_is_not_sent_a_second_signal(
+    store: Store, log_dir: Path, tmp_path: Path, process_registry: ProcessRegistry, wait_until: Any
+) -> None:
+    """A launcher killed mid-drain (no exit_with_owner): the row says draining, so its SIGTERM went
+    out; reap lets the drain finish within the grace instead of cutting it with a second one."""
+    marker, up = tmp_path / "sigterm", tmp_path / "up"
+    proc = subprocess.Popen([sys.executable, "-c", SELF_DRAINING, str(marker), str(up)])
+    process_registry.add(proc)
+    wait_until(up.exists, 10, "the draining process did not start")
+    identity = procs.identity_of(proc.pid)
+    assert identity is not None
+    summary = {"shutdown_grace": "10s", "exit_with_owner": False}
+    run_id = make_run(store, log_dir, dead_pid(), [("policy", identity, identity.exe)], summary=summary)
+    (inst,) = store.instances_of(run_id)
+    InstanceMachine(store, inst.id, "ready").fire("drain", detail="SIGTERM")
+
+    report = reap(store)
+
+    assert procs.wait_exit(proc, 10) == 0, "the drain was cut short or the process was killed"
+    assert not marker.exists(), "reap sent a second SIGTERM to a sidecar its launcher was draining"
+    (instance,) = report.runs[0].instances
+    assert instance.action == "wait for its drain, mark failed"
+    assert instance.result == "finished the drain its launcher had begun, and exited"
+    (inst,) = store.instances_of(run_id)
+    assert inst.state == "failed"

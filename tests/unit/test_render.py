@@ -169,8 +169,10 @@ def test_status_json_keys_and_times() -> None:
         "restart_count",
         "metrics",
         "live",
+        "unrecorded_pids",
     }
     assert judge["metrics"] is None and judge["live"] is None  # not scraped: null
+    assert judge["unrecorded_pids"] == []
     assert judge["error"] == "bind: address already in use\nlog tail line"  # JSON keeps it all
     assert judge["pid"] is None and judge["exit_code"] == 1
     assert judge["alive"] is None and judge["process"] is None  # no process: null, not false
@@ -298,6 +300,25 @@ def test_status_shows_the_observed_process_of_a_recorded_live_instance(
     (run,) = json.loads(render.status_json([status]))["runs"]
     assert [(i["name"], i["alive"]) for i in run["instances"]] == [("policy", alive), ("judge", None)]
     assert run["instances"][0]["process"] == process
+
+
+def test_status_names_a_running_process_no_record_names() -> None:
+    """A launcher killed between a spawn and its commit: the row says configured, no pid."""
+    unrecorded = render.RunStatus(
+        run=run_record(),
+        owner="dead",
+        instances=[instance_record(state="configured", pid=None, pid_start_time=None)],
+        processes={1: render.PROCESS_RUNNING},
+        unrecorded={1: [41077]},
+    )
+    lines = render.status_lines([unrecorded], now=NOW)
+    assert lines[3].split()[:3] == ["policy", "configured", "-"]
+    assert lines[3].endswith(
+        "pid 41077 runs but was never recorded (its launcher died first); run sidecar-fsm reap"
+    )
+    (run,) = json.loads(render.status_json([unrecorded]))["runs"]
+    (inst,) = run["instances"]
+    assert (inst["alive"], inst["pid"], inst["unrecorded_pids"]) == (True, None, [41077])
 
 
 def test_history_header_says_whether_owner_and_processes_live() -> None:

@@ -588,9 +588,10 @@ def timed_scrape(address: str) -> tuple[float, dict[str, float]]:
 
 async def scrape_all_in_flight(address: str, control: str, n: int, deadline_s: float) -> dict[str, Any]:
     """Scrapes /metrics every 50 ms until one reports `n` requests in flight, then times up to
-    five more, each started after all `n` were seen in flight, while they still report `n`.
-    Each timed scrape is followed at once by one of `control`, an idle sidecar's /metrics:
-    what a scrape takes on this shared machine at that moment with nothing in flight.
+    ten more, 0.5 s apart, while they still report `n`: a Prometheus server scrapes at any
+    moment of a wait, the first seconds (the proxy still forwarding the last requests) as the
+    quiet rest. Each timed scrape is followed at once by one of `control`, an idle sidecar's
+    /metrics: what a scrape takes on this shared machine at that moment with nothing in flight.
 
     The scrape that first sees `n` was started while the proxy was still taking requests in
     and waited behind that work; it is reported apart, as "during the intake". Runs in a
@@ -601,7 +602,7 @@ async def scrape_all_in_flight(address: str, control: str, n: int, deadline_s: f
     idle: list[float] = []
     most = 0.0
     deadline = time.monotonic() + deadline_s
-    while time.monotonic() < deadline and len(timed) < 5:
+    while time.monotonic() < deadline and len(timed) < 10:
         took, m = await asyncio.to_thread(timed_scrape, address)
         in_flight = m["h2ping_requests_in_flight"]
         most = max(most, in_flight)
@@ -613,7 +614,7 @@ async def scrape_all_in_flight(address: str, control: str, n: int, deadline_s: f
                 idle.append((await asyncio.to_thread(timed_scrape, control))[0])
         elif first is not None:
             break  # the first answers are coming back: no longer all in flight
-        await asyncio.sleep(0.05)
+        await asyncio.sleep(0.05 if first is None else 0.5)
     if first is None or not timed:
         return {"reached": False, "in_flight_max": most}
     took, m = timed[0]
@@ -1785,7 +1786,7 @@ def write_report(path: Path, r: dict[str, Any], rows: list[list[str]], command: 
     if sm:
         d, a = sm["during"], sm["after"]
         scraped = (
-            f"Scrapes started once all {sm['n']} were seen in flight, 50 ms apart, connect to last byte"
+            f"Scrapes started once all {sm['n']} were seen in flight, 0.5 s apart, connect to last byte"
             f" (urllib, a fresh connection each): {', '.join(f'{x:.2f}' for x in d['scrape_ms'])} ms;"
             f" the first showed {d['in_flight']:.0f} in flight, the oldest {d['oldest_age_s']:.2f} s old."
             f" The scrape that first saw all {sm['n']} had been started while the proxy was still"

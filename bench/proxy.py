@@ -1774,9 +1774,10 @@ def write_report(path: Path, r: dict[str, Any], rows: list[list[str]], command: 
     sc = r.get("scale")
     if sc:
         lines.append(
-            f"- Scale: {sc['n']} asyncio clients, one HTTP/1.1 connection each, all at once, GET"
-            f" /wait?first_byte=5s; origin behind a relay that drops connections idle 3 s; sidecar"
-            f" `-ping-interval 1s`. Wall {sc['wall_s']:.1f} s, latency (connect to last byte) p50"
+            f"- Scale: {sc['n']} asyncio clients, one HTTP/1.1 connection each, all opened first,"
+            " then every GET /wait?first_byte=5s written in one pass; origin behind a relay that drops"
+            f" connections idle 3 s; sidecar `-ping-interval 1s`. Wall {sc['wall_s']:.1f} s, latency"
+            " (write to last byte) p50"
             f" {sc['p50_s']:.2f} s, p99 {sc['p99_s']:.2f} s, sidecar CPU {sc['cpu_s']:.2f} s, relay drops"
             f" {sc['relay_drops']}, errors {sc['errors'] or 'none'}. Peak RSS = VmHWM of the sidecar"
             f" ({sc['peak_rss_mib'] * 1024 / sc['n']:.0f} KiB per request in flight). Handshakes ="
@@ -1843,7 +1844,7 @@ def write_report(path: Path, r: dict[str, Any], rows: list[list[str]], command: 
             f" {st.get('start_runq_ms', 0):.2f} ms waiting for one (schedstat, summed over threads; the"
             f" machine is shared). Floor by the same measure: an empty Go program that only writes a"
             f" file by temp + rename takes {st.get('floor_ms', float('nan')):.2f} ms (median)."
-            f" The first request after ready (a fresh upstream dial) took"
+            f" The first request after ready (on the connection the start-up dial pooled) took"
             f" {st.get('first_request_ms', 0):.1f} ms (median of 3). Idle RSS = VmRSS 1 s after ready, no"
             " request (median of 3)."
         )

@@ -30,7 +30,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from sidecar_fsm import procs
+from sidecar_fsm import procs, storagefault
 from sidecar_fsm.command import config_summary, sidecar_command, sidecar_env
 from sidecar_fsm.config import H2PingSidecarConfig, SidecarInstanceConfig
 from sidecar_fsm.errors import SidecarError
@@ -113,6 +113,7 @@ class NodeSidecars:
         self._started = False
         self._run_created = False
         self._stopped = False
+        self._record: storagefault.RecordWatch | None = None
 
     @property
     def running(self) -> bool:
@@ -155,6 +156,7 @@ class NodeSidecars:
             # in one line with nothing recorded, started or left behind.
             if self.store is None:
                 self.store = shared_store(self.log_dir)
+            self._record = storagefault.RecordWatch.of(self.store.path)
             env = sidecar_env(self.config)
             if not (os.path.isfile(self.binary) and os.access(self.binary, os.X_OK)):
                 self._fail_all(
@@ -377,9 +379,26 @@ class NodeSidecars:
         (after ``restart.backoff``, on the address it had bound, awaited like a start); otherwise,
         or when the restart fails, it is ``failed`` with its exit code and log tail. Failed
         instances are reported on every call. Empty after ``stop()``.
+
+        A transition that cannot be recorded (the filesystem is full, the write lock is held past
+        the busy timeout, the database file was deleted or replaced) stops every sidecar of the
+        run and raises ``SidecarError`` with one line saying why: a sidecar the record does not
+        show could outlive a crash of this process with nothing left to reap it.
         """
         if not self._started or self._stopped:
             return []
+        try:
+            if self._record is not None:
+                self._record.check(self.run_id)
+            return self._failures()
+        except SidecarError as exc:
+            assert self.store is not None
+            # stop() ends every process before it raises its own "not fully recorded" error.
+            with contextlib.suppress(Exception):
+                self.stop()
+            raise SidecarError(storagefault.stopped_message(self.store.path, self.run_id, exc)) from exc
+
+    def _failures(self) -> list[str]:
         dead: list[tuple[_Child, int]] = []
         for child in self._children:
             if child.state == "ready" and child.process is not None:
@@ -414,7 +433,9 @@ class NodeSidecars:
             try:
                 self._respawn(child, env, code)
             except SidecarError:
-                continue  # already failed with its message
+                if child.state == "failed":
+                    continue  # could not be started: already failed with its message
+                raise  # its restart (or failure) could not be recorded: failures() stops the run
             spawned.append(child)
         self._await_ready(spawned)
 

@@ -390,13 +390,15 @@ def _ready_rows(log_dir: Path) -> dict[str, str]:
             for instance_id, ready, run_id, name, state, pid in conn.execute(
                 "SELECT id, ready_path, run_id, name, state, pid FROM instances"
             ):
-                history = " > ".join(
-                    f"{event}:{dest}"
-                    for event, dest in conn.execute(
-                        "SELECT event, dest FROM transitions WHERE instance_id = ? ORDER BY id", [instance_id]
-                    )
+                steps = conn.execute(
+                    "SELECT event, dest, detail FROM transitions WHERE instance_id = ? ORDER BY id",
+                    [instance_id],
+                ).fetchall()
+                history = " > ".join(f"{event}:{dest}" for event, dest, _ in steps)
+                last = f", last detail '{steps[-1][2]}'" if steps else ""
+                rows[ready] = (
+                    f"run {run_id} {name}: state {state}, recorded pid {pid}, history {history}{last}"
                 )
-                rows[ready] = f"run {run_id} {name}: state {state}, recorded pid {pid}, history {history}"
         finally:
             conn.close()
     return rows

@@ -65,12 +65,12 @@ class ChaosPlan:
     launchers: int = 8
     lifecycles: int = 50  # per launcher slot, across the restarts of a killed launcher
     seed: int = 13
-    kill_every: float = 0.2  # mean seconds between two kills (exponential)
-    launcher_share: float = 0.7  # of the kills, the share that hits a launcher (else a proxy)
+    kill_every: float = 0.1  # mean seconds between two kills (exponential)
+    launcher_share: float = 0.8  # of the kills, the share that hits a launcher (else a proxy)
     # Of the launcher kills, the share aimed at a start: the next lifecycle a launcher begins
     # is killed 0-150 ms in, where the spawns and their records are. Uniform moments over a
     # whole lifecycle land there rarely, since a lifecycle mostly polls check().
-    aim_at_start: float = 0.7
+    aim_at_start: float = 0.8
     time_limit: float = 900.0
 
 

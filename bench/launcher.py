@@ -1,7 +1,7 @@
 """Benchmark of the launcher: warm start and stop of 4 sidecars, and 8 cold starts on one cache.
 
 Run from the repo root: ``.venv/bin/python bench/launcher.py`` (``--help`` for options). Prints a
-table and writes the figures with the exact command into README.md and, in full, to
+table and writes the figures with the exact command into bench/README.md and, in full, to
 ``bench/results/launcher.md`` (or ``--out``). Targets (issue 14): warm ``start_h2_ping_sidecar``
 of 4 instances <= 30 ms median, cache lookup included; ``stop()`` of 4 idle sidecars < 20 ms
 median; 8 concurrent cold starts sharing one cache < 1.3x one cold build. NeMo Gym's launcher
@@ -293,7 +293,9 @@ def main() -> None:
         default=str(results_path("launcher")),
         help="full markdown report, default bench/results/launcher.md ('' for none)",
     )
-    parser.add_argument("--no-readme", action="store_true", help="do not write the figures into README.md")
+    parser.add_argument(
+        "--no-readme", action="store_true", help="do not write the figures into bench/README.md"
+    )
     args = parser.parse_args()
     command = ".venv/bin/python bench/launcher.py " + shlex.join(sys.argv[1:])
     load_before = " / ".join(f"{x:.1f}" for x in os.getloadavg())
@@ -381,7 +383,7 @@ def main() -> None:
         Path(args.out).write_text("\n".join(report))
     if not args.no_readme:
         update_readme("launcher", "\n".join(report[2:]))
-        print("figures written to README.md")
+        print("figures written to bench/README.md")
 
 
 if __name__ == "__main__":

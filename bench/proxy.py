@@ -11,7 +11,7 @@ Owns the measurement of the proxy's targets, side by side in one run on loopback
   4. idle RSS and exec-to-ready-file time;
   5. the long-wait proof: first byte after 3x the relay's idle limit, none lost or duplicated;
 plus a CPU profile of the sidecar under the concurrency-16 load ("where the time goes").
-It prints one table and writes the figures and the command into README.md (its bench:proxy
+It prints one table and writes the figures and the command into bench/README.md (its bench:proxy
 section) and the full report to bench/results/proxy.md.
 
 Must not touch go/ (a profiling variant is built from a copy in a temp dir), must not bind
@@ -1765,7 +1765,7 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     ap.add_argument(
         "--report", type=Path, default=DEFAULT_REPORT, help=f"markdown output (default {DEFAULT_REPORT})"
     )
-    ap.add_argument("--no-readme", action="store_true", help="do not write the figures into README.md")
+    ap.add_argument("--no-readme", action="store_true", help="do not write the figures into bench/README.md")
     ap.add_argument(
         "--compare",
         action="append",
@@ -1913,7 +1913,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     print(f"figures written to {args.report}")
     if not args.no_readme:
         update_readme("proxy", readme_summary(results, rows, command, args.report))
-        print("figures written to README.md")
+        print("figures written to bench/README.md")
     if own_workdir and not results["failed_phases"]:
         shutil.rmtree(work, ignore_errors=True)
     else:

@@ -1,6 +1,6 @@
-"""Writes a benchmark's figures into README.md, between that benchmark's markers.
+"""Writes a benchmark's figures into bench/README.md, between that benchmark's markers.
 
-Each script under bench/ owns one section of the README, delimited by
+Each script under bench/ owns one section of bench/README.md, delimited by
 ``<!-- bench:NAME -->`` and ``<!-- /bench:NAME -->``; a run replaces what is between them and
 nothing else, so the README's figures are always the output of the command printed beside
 them. The full report (method, per-round figures, profiles) goes to ``bench/results/NAME.md``.
@@ -12,7 +12,7 @@ import os
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
-README = REPO / "README.md"
+README = REPO / "bench" / "README.md"
 RESULTS = REPO / "bench" / "results"
 
 

@@ -199,7 +199,9 @@ def main() -> None:
     parser.add_argument(
         "--out", type=Path, default=results_path("store"), help="full report (default bench/results/store.md)"
     )
-    parser.add_argument("--no-readme", action="store_true", help="do not write the figures into README.md")
+    parser.add_argument(
+        "--no-readme", action="store_true", help="do not write the figures into bench/README.md"
+    )
     parser.add_argument(
         "--baseline", type=Path, help="a checkout of another revision, measured in the same rounds"
     )
@@ -322,7 +324,7 @@ def main() -> None:
     print(f"written to {args.out}")
     if not args.no_readme:
         update_readme("store", f"`{command}`\n\n{table}\n\n{context}")
-        print("figures written to README.md")
+        print("figures written to bench/README.md")
 
 
 if __name__ == "__main__":

@@ -59,6 +59,9 @@ type Config struct {
 	CAPEM  []byte
 	// ExitWithPID drains and exits when that process is gone (0 = off).
 	ExitWithPID int
+	// MetricsListen is the loopback host:port of GET /metrics (-metrics-listen, default
+	// "" = off). Port 0 binds a free port; the ready file tells which.
+	MetricsListen string
 }
 
 // usageError is a bad flag or environment: the caller prints it as one line and exits 2.
@@ -86,6 +89,7 @@ func parseConfig(args []string, getenv func(string) string, usage io.Writer) (*C
 	insecure := fs.Bool("insecure-skip-verify", false, "skip upstream certificate verification (tests only)")
 	caFile := fs.String("ca-file", "", "extra PEM root certificates for the upstream (`path`)")
 	exitWithPID := fs.String("exit-with-pid", "0", "drain and exit when the process with this `pid` is gone (0 = off)")
+	metricsListen := fs.String("metrics-listen", "", "serve GET /metrics (Prometheus text) on this loopback `host:port` (port 0 = any free port; default off)")
 	if err := fs.Parse(args); err != nil {
 		if errors.Is(err, flag.ErrHelp) {
 			fs.SetOutput(usage)
@@ -143,6 +147,11 @@ func parseConfig(args []string, getenv func(string) string, usage io.Writer) (*C
 		return nil, badFlag("exit-with-pid", *exitWithPID, "must be a process id above 0, or 0 for off")
 	}
 	cfg.ExitWithPID = pid
+	if *metricsListen != "" {
+		if cfg.MetricsListen, err = validateMetricsListen(*metricsListen); err != nil {
+			return nil, err
+		}
+	}
 	if cfg.CAFile != "" {
 		if cfg.CAPEM, err = readCAFile(cfg.CAFile); err != nil {
 			return nil, err
@@ -177,6 +186,22 @@ func validateListen(value string) (string, error) {
 	}
 	if n, err := strconv.Atoi(port); err != nil || n < 0 || n > 65535 {
 		return "", badFlag("listen", value, "port must be 0-65535 (0 = any free port)")
+	}
+	return value, nil
+}
+
+// validateMetricsListen accepts a loopback host:port only: the metrics name no request,
+// but they tell anyone who can connect how busy the job is and whether its upstream works.
+func validateMetricsListen(value string) (string, error) {
+	host, port, err := net.SplitHostPort(value)
+	if err != nil {
+		return "", badFlag("metrics-listen", value, "must be host:port, e.g. 127.0.0.1:0")
+	}
+	if n, err := strconv.Atoi(port); err != nil || n < 0 || n > 65535 {
+		return "", badFlag("metrics-listen", value, "port must be 0-65535 (0 = any free port)")
+	}
+	if ip := net.ParseIP(host); host != "localhost" && (ip == nil || !ip.IsLoopback()) {
+		return "", badFlag("metrics-listen", value, "is not loopback; use 127.0.0.1:PORT (port 0 = any free port)")
 	}
 	return value, nil
 }

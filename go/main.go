@@ -45,16 +45,30 @@ func run(args []string, getenv func(string) string, stdout, stderr io.Writer) in
 		fmt.Fprintf(stderr, "-listen %q: %v; choose a free address or port 0\n", cfg.Listen, unwrapOpError(err))
 		return 2
 	}
+	var metricsAddr string
+	if cfg.MetricsListen != "" {
+		mln, err := net.Listen("tcp", cfg.MetricsListen)
+		if err != nil {
+			ln.Close()
+			fmt.Fprintf(stderr, "-metrics-listen %q: %v; choose a free address or port 0\n", cfg.MetricsListen, unwrapOpError(err))
+			return 2
+		}
+		defer serveMetrics(mln).Close()
+		metricsAddr = mln.Addr().String()
+	}
 	logger := log.New(stderr, "h2-ping-sidecar: ", log.LstdFlags|log.Lmicroseconds)
 	up := newUpstream(cfg)
 	up.pool = newPool(up.newClientConn, cfg.MaxConnAge)
 	srv := newServer(cfg, up, logger)
+	if metricsAddr != "" {
+		srv.Handler = stats.wrap(srv.Handler)
+	}
 	served := make(chan error, 1)
 	go func() { served <- srv.Serve(ln) }()
 
 	pid := os.Getpid()
 	if cfg.ReadyFile != "" {
-		info := readyInfo{PID: pid, Listen: ln.Addr().String()}
+		info := readyInfo{PID: pid, Listen: ln.Addr().String(), Metrics: metricsAddr}
 		if err := writeReadyFile(cfg.ReadyFile, info); err != nil {
 			fmt.Fprintln(stderr, err)
 			ln.Close()
@@ -62,6 +76,7 @@ func run(args []string, getenv func(string) string, stdout, stderr io.Writer) in
 		}
 		defer removeReadyFile(cfg.ReadyFile, info)
 	}
+	go checkUpstream(up, logger)
 	tuneGC(getenv)
 	logger.Printf("listening on %s, upstream %s (ping-interval %s, ping-timeout %s, max-conn-age %s)",
 		ln.Addr(), cfg.Upstream, cfg.PingInterval, cfg.PingTimeout, cfg.MaxConnAge)

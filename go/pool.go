@@ -131,9 +131,17 @@ func (p *pool) changedLocked() {
 	}
 }
 
+// warm dials one connection now and keeps it for the first requests (upcheck.go).
+func (p *pool) warm() error {
+	p.mu.Lock()
+	p.dialing++
+	p.mu.Unlock()
+	return p.dialOne()
+}
+
 // dialOne dials in its own goroutine with its own deadline: the request that triggered
 // it may go away, but the others queued behind it still need the connection.
-func (p *pool) dialOne() {
+func (p *pool) dialOne() error {
 	ctx, cancel := context.WithTimeout(context.Background(), dialTimeout)
 	cc, err := p.dial(ctx)
 	cancel()
@@ -144,12 +152,12 @@ func (p *pool) dialOne() {
 		p.lastErr = err
 		p.changedLocked()
 		p.mu.Unlock()
-		return
+		return err
 	}
 	if p.closed {
 		p.mu.Unlock()
 		cc.Close()
-		return
+		return errPoolClosed
 	}
 	// The timer is set before c is published: close and remove read c.timer.
 	c := &upConn{cc: cc}
@@ -160,6 +168,7 @@ func (p *pool) dialOne() {
 	// SetStateHook may run the hook synchronously, so it is called without mu. A change
 	// before this point is reported by SetStateHook itself.
 	cc.SetStateHook(func(*http.ClientConn) { p.onState(c) })
+	return nil
 }
 
 // onState runs when c's Available rises, its InFlight falls or it closes.

@@ -114,6 +114,7 @@ func (u *upstream) RoundTrip(req *http.Request) (*http.Response, error) {
 			return nil, err
 		}
 		u.resent.Add(1)
+		stats.retries.Add(1)
 	}
 }
 

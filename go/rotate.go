@@ -41,6 +41,7 @@ func (p *pool) retire(c *upConn) {
 	if c.retired.Swap(true) {
 		return
 	}
+	stats.rotations.Add(1)
 	p.remove(c)
 	if c.cc.InFlight() == 0 {
 		c.cc.Close()

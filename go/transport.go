@@ -56,6 +56,7 @@ func newUpstream(cfg *Config) *upstream {
 			// SendPingTimeout is the read-idle timer: no frame for this long -> PING.
 			SendPingTimeout: cfg.PingInterval,
 			PingTimeout:     cfg.PingTimeout,
+			CountError:      stats.countHTTP2Error,
 		},
 	}
 	return u
@@ -63,7 +64,9 @@ func newUpstream(cfg *Config) *upstream {
 
 // newClientConn dials one new HTTP/2 connection; it is never shared with the Transport.
 func (u *upstream) newClientConn(ctx context.Context) (*http.ClientConn, error) {
-	return u.tr.NewClientConn(ctx, "https", u.cfg.UpstreamAddr)
+	cc, err := u.tr.NewClientConn(ctx, "https", u.cfg.UpstreamAddr)
+	stats.dialed(err)
+	return cc, err
 }
 
 // tlsConfig is built at the first dial, not at start: x509.SystemCertPool reads and parses
@@ -115,23 +118,24 @@ func (u *upstream) dialTLS(ctx context.Context, network, addr string) (net.Conn,
 	d := net.Dialer{KeepAlive: 30 * time.Second}
 	raw, err := d.DialContext(ctx, network, addr)
 	if err != nil {
-		return nil, err
+		return nil, &dialError{kindDial, err}
 	}
 	cc := newCoalescingConn(raw)
 	tc := tls.Client(cc, u.tlsConfig())
 	if err := tc.HandshakeContext(ctx); err != nil {
 		cc.Close()
 		if strings.Contains(err.Error(), "no application protocol") {
-			return nil, fmt.Errorf("upstream %s refused ALPN h2 (%v); it does not speak HTTP/2", addr, err)
+			return nil, &dialError{kindALPN, fmt.Errorf("upstream %s refused ALPN h2 (%v); it does not speak HTTP/2", addr, err)}
 		}
-		return nil, err
+		return nil, &dialError{kindTLS, err}
 	}
 	u.handshakes.Add(1)
 	if p := tc.ConnectionState().NegotiatedProtocol; p != "h2" {
 		tc.Close()
-		return nil, &notH2Error{addr: addr, proto: p}
+		return nil, &dialError{kindALPN, &notH2Error{addr: addr, proto: p}}
 	}
-	return tc, nil
+	// The HTTP/2 client runs on the watcher as on tc (see framewatch.go).
+	return stats.watch(tc, u.cfg.PingTimeout), nil
 }
 
 // errPoolClosed is returned to requests that arrive after the drain closed the pool.

@@ -497,7 +497,7 @@ def ensure_binary(
         if prebuilt is not None:
             return prebuilt
         raise SidecarError(
-            f"{path}: not built yet and sidecar.build_if_missing is false; "
+            f"{path}: does not exist (not built yet) and sidecar.build_if_missing is false; "
             "run 'sidecar-fsm build' or set sidecar.binary"
         )
     _build_once(go, path, Path(source_dir), progress, force=False)

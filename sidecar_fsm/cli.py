@@ -3,10 +3,11 @@
 Owns parsing the command line (global options before or after the command), choosing the log
 dir and the build cache, opening the right databases, judging what runs now at a recorded pid
 (through ``procs``, read-only), calling the module that does the work (launcher, store, reap,
-buildcache, demo) and mapping the outcome to an exit code: 0 success, 1 a failure (a missing
-log dir or run included), 2 bad usage or config (``ConfigError``, ``SchemaTooNewError``, a bad
-argument), always with a one-line message on stderr, never a traceback. Must not format output
-(``render`` does), speak SQL (``store``), change state (``fsm``) or signal a process (``procs``).
+buildcache, demo; ``live`` scrapes the proxies' figures, ``top`` redraws them) and mapping the
+outcome to an exit code: 0 success, 1 a failure (a missing log dir or run included), 2 bad
+usage or config (``ConfigError``, ``SchemaTooNewError``, a bad argument), always with a
+one-line message on stderr, never a traceback. Must not format output (``render`` does), speak
+SQL (``store``), change state (``fsm``) or signal a process (``procs``).
 
 A new subcommand is a ``cmd_<name>(args) -> exit code`` function and one ``add_command`` line
 in ``build_parser``. Longer than the usual module: every command's path from argv to exit code
@@ -17,6 +18,8 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import dataclasses
+import math
 import os
 import select
 import signal
@@ -31,12 +34,13 @@ from omegaconf import DictConfig, OmegaConf, open_dict
 from omegaconf.errors import OmegaConfBaseException
 from yaml import MarkedYAMLError, YAMLError
 
-from sidecar_fsm import procs, render
+from sidecar_fsm import procs, render, top
 from sidecar_fsm.buildcache import CACHE_DIR_KEY, ensure_binary, user_cache_dir
 from sidecar_fsm.cluster import DEFAULT_ADDRESS, ClusterUnavailableError, reap_cluster
 from sidecar_fsm.errors import ConfigError, SchemaTooNewError, SidecarError
 from sidecar_fsm.gymexec import ExecFailed, exec_command
 from sidecar_fsm.hostname import host_name
+from sidecar_fsm.live import scrape_all
 from sidecar_fsm.reap import ReapReport, owner_status, reap
 from sidecar_fsm.resources import default_log_dir
 from sidecar_fsm.store import InstanceRecord, RunRecord, Store, database_path, open_all_hosts
@@ -54,6 +58,10 @@ CHECK_INTERVAL_SECONDS = 0.5
 # Recorded states in which an instance may have a process (configured/building never spawned
 # one, stopped/failed recorded its end).
 _LIVE_STATES = frozenset({"spawned", "ready", "draining"})
+# States in which a proxy serves /metrics: ready, and draining, when an operator watches the
+# requests in flight go down.
+_SCRAPED_STATES = frozenset({"ready", "draining"})
+TOP_INTERVAL_SECONDS = 2.0
 
 
 class UsageError(Exception):
@@ -163,6 +171,31 @@ def _observed(store: Store, run: RunRecord) -> render.RunStatus:
     return render.RunStatus(run=run, owner=_owner(run), instances=instances, processes=processes)
 
 
+def _with_live(statuses: list[render.RunStatus]) -> list[render.RunStatus]:
+    """``statuses`` with the ``/metrics`` of every running proxy scraped, all at once.
+
+    Only an instance whose process ``procs`` proved ours (``PROCESS_RUNNING``, this host) is
+    asked: a dead sidecar's metrics port may belong to another process by now. One deadline for
+    all (``live.SCRAPE_TIMEOUT_SECONDS``); one that does not answer reads ``no answer`` and
+    fails nothing. Read-only: the database is closed by then and is never written.
+    """
+    targets = {
+        (index, inst.id): inst.metrics
+        for index, status in enumerate(statuses)
+        for inst in status.instances
+        if inst.metrics
+        and inst.state in _SCRAPED_STATES
+        and status.process_of(inst) == render.PROCESS_RUNNING
+    }
+    scrapes = scrape_all(targets)
+    return [
+        dataclasses.replace(
+            status, live={inst_id: scrape for (at, inst_id), scrape in scrapes.items() if at == index}
+        )
+        for index, status in enumerate(statuses)
+    ]
+
+
 def cmd_status(args: argparse.Namespace) -> int:
     log_dir, _ = _log_dir(args)
     with _all_stores(log_dir, "status") as stores:
@@ -178,11 +211,46 @@ def cmd_status(args: argparse.Namespace) -> int:
             finished = [pair for pair in runs if pair[1].ended_at is not None]
             runs = live + finished[:1]
         statuses = [_observed(store, run) for store, run in runs]
+    statuses = _with_live(statuses)
     if args.json:
         _out(render.status_json(statuses))
     else:
         _out(render.status_lines(statuses, color=_color()))
     return 0
+
+
+def _top_interval(text: str) -> float:
+    """``--interval``: seconds between frames, a finite number above 0."""
+    try:
+        seconds = float(text)
+    except ValueError:
+        seconds = math.nan
+    if not (math.isfinite(seconds) and seconds > 0):
+        raise UsageError(f"{PROG} top: --interval '{text}': must be a number of seconds above 0; try 2")
+    return seconds
+
+
+def cmd_top(args: argparse.Namespace) -> int:
+    """Live runs (or ``--run``) with their proxies' figures, redrawn every interval until Ctrl-C."""
+    log_dir, _ = _log_dir(args)
+    interval = _top_interval(args.interval)
+    color = _color()
+
+    def frame() -> str:
+        # Reopened for every frame: a run started meanwhile may be on a host database that did
+        # not exist at the previous frame. Reading creates and changes nothing.
+        with _all_stores(log_dir, "top") as stores:
+            if args.run:
+                runs = [(store, run) for store in stores for run in store.list_runs("all")]
+                runs = [_find_run(runs, args.run, "top --run", log_dir)]
+            else:
+                runs = [(store, run) for store in stores for run in store.list_runs("live")]
+                runs.sort(key=lambda pair: pair[1].started_at, reverse=True)
+            statuses = [_observed(store, run) for store, run in runs]
+        lines = render.top_lines(_with_live(statuses), where=log_dir, interval=interval, color=color)
+        return "\n".join(lines)
+
+    return top.show(frame, interval)
 
 
 def _find_run(
@@ -587,6 +655,17 @@ def build_parser() -> argparse.ArgumentParser:
     )
     status.add_argument("--run", metavar="ID", help="only this run (a unique prefix is enough)")
     status.add_argument("--all", action="store_true", help="every recorded run")
+
+    top_ = add_command(
+        sub, "top", cmd_top, "the live figures of status (in flight, PINGs, upstream), redrawn until Ctrl-C"
+    )
+    top_.add_argument("--run", metavar="ID", help="only this run (default: every live run)")
+    top_.add_argument(
+        "--interval",
+        metavar="SECONDS",
+        default=str(TOP_INTERVAL_SECONDS),
+        help=f"seconds between frames (default {TOP_INTERVAL_SECONDS:g})",
+    )
 
     history = add_command(
         sub, "history", cmd_history, "a run's state transitions, oldest first", json_option=True

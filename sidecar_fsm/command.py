@@ -15,6 +15,10 @@ from typing import Any
 from sidecar_fsm.config import H2PingSidecarConfig, SidecarInstanceConfig
 from sidecar_fsm.urls import redact_url
 
+# Loopback only: /metrics has no authentication. Port 0: the proxy picks one and writes it into
+# its ready file, which the ``ready`` event records for ``status`` and ``top``.
+METRICS_LISTEN = "127.0.0.1:0"
+
 
 def sidecar_command(
     binary: str, config: H2PingSidecarConfig, instance: SidecarInstanceConfig, ready_path: str
@@ -23,7 +27,10 @@ def sidecar_command(
 
     Pure apart from reading our own pid: with ``exit_with_owner`` the child gets
     ``-exit-with-pid <this process>``, so a launcher killed with SIGKILL (no ``stop()``) leaves a
-    sidecar that drains and exits by itself instead of holding the port forever.
+    sidecar that drains and exits by itself instead of holding the port forever. With
+    ``metrics`` it gets ``-metrics-listen 127.0.0.1:0``: a free port each, named in its ready
+    file, so N sidecars on a host never compete for one. A binary that lacks a flag gets this
+    argv through ``binaryflags.filter_command``.
     """
     command = [
         str(binary),
@@ -48,6 +55,8 @@ def sidecar_command(
         command += ["-ca-file", str(Path(config.ca_file).expanduser())]
     if config.exit_with_owner:
         command += ["-exit-with-pid", str(os.getpid())]
+    if config.metrics:
+        command += ["-metrics-listen", METRICS_LISTEN]
     if config.insecure_skip_verify:
         command.append("-insecure-skip-verify")
     return command
@@ -98,6 +107,7 @@ def config_summary(
         "retry_body_limit": c.retry_body_limit,
         "startup_timeout_seconds": c.startup_timeout_seconds,
         "exit_with_owner": c.exit_with_owner,
+        "metrics": c.metrics,
         "restart": {"max_restarts": c.restart.max_restarts, "backoff": c.restart.backoff},
         "ca_file": c.ca_file,
         "insecure_skip_verify": c.insecure_skip_verify,

@@ -14,12 +14,18 @@ parse config values (``config`` does).
 from __future__ import annotations
 
 import contextlib
+import copy
 import os
+
+# Not used here: NeMo Gym's own tests choose the Go toolchain by patching launcher.shutil.which,
+# which find_go reads, so the name stays where Gym's callers look for it.
+import shutil  # noqa: F401
 from pathlib import Path
 from typing import Any
 
 from omegaconf import DictConfig
 
+from sidecar_fsm import binaryflags
 from sidecar_fsm.buildcache import (
     SIDECAR_BINARY_NAME,
     build_sidecar,
@@ -37,7 +43,7 @@ from sidecar_fsm.config import (
 from sidecar_fsm.errors import ConfigError, SidecarError
 from sidecar_fsm.interrupts import interrupts_deferred
 from sidecar_fsm.resources import SIDECAR_SOURCE_DIR, default_log_dir
-from sidecar_fsm.rewrite import RewrittenUrl, find_base_urls, rewrite_base_urls
+from sidecar_fsm.rewrite import RewrittenUrl, rewrite_base_urls
 from sidecar_fsm.supervise import NodeSidecars
 from sidecar_fsm.urls import redact_url
 
@@ -160,12 +166,26 @@ class H2PingSidecarManager:
         """
         if self._sidecars is not None and self._sidecars.running:
             raise SidecarError(f"run {self.run_id}: already running; call stop() first")
-        sidecars = NodeSidecars(self.config, self.instances, self._binary, self._log_dir)
+        sidecars = NodeSidecars(
+            self.config, self.instances, self._binary, self._log_dir, flags=self._binary_flags()
+        )
         self._sidecars = sidecars
         self.run_id = sidecars.run_id
         # NodeSidecars.start() stops its children before any exception leaves it.
         for line in sidecars.start():
             print(f"h2-ping-sidecar {line}", flush=True)
+
+    def _binary_flags(self) -> binaryflags.BinaryFlags | None:
+        """What a user-named binary accepts (remembered per file, so asked once); None for ours.
+
+        ``start_h2_ping_sidecar`` has already asked and printed the warnings; a manager built
+        directly by a caller is judged here, so Gym's binary never gets a flag it would exit on.
+        Raises ``ConfigError`` for a setting the binary cannot honour, before anything starts.
+        """
+        if not self.config.binary:
+            return None
+        flags, _ = binaryflags.check(self._binary, self.config, self.instances)
+        return flags
 
     def check(self) -> None:
         """Raise ``SidecarError`` if any sidecar stopped. Called from Gym's poll loop."""
@@ -194,8 +214,9 @@ def start_h2_ping_sidecar(global_config_dict: DictConfig) -> H2PingSidecarManage
     Returns the manager to poll and stop, or None when the block is absent or disabled. Call it
     before the config is serialized for the servers. Order, which is the guarantee:
     1. validate the block, dry-run the rewrite (unparseable URLs), check ``ca_file``,
-       resolve (and if needed build) the binary: a failure here starts no process and leaves
-       ``global_config_dict`` exactly as it was;
+       resolve (and if needed build) the binary and, for a ``sidecar.binary``, learn its flags
+       (``binaryflags``: warnings printed, what it cannot honour refused): a failure here starts
+       no process and leaves ``global_config_dict`` exactly as it was;
     2. start every instance and await them together;
     3. rewrite ``global_config_dict`` with the addresses actually bound (``:0`` resolved), print
        each change, warn when nothing matched.
@@ -207,9 +228,11 @@ def start_h2_ping_sidecar(global_config_dict: DictConfig) -> H2PingSidecarManage
     if not config.enabled:
         return None
     instances = list(config.instances)
-    # Found before a process exists, so an unparseable model base_url fails here; read-only (no
-    # copy of the DictConfig needed); applied once the bound addresses are known.
-    plan = find_base_urls(global_config_dict, instances) if config.rewrite_base_urls else None
+    if config.rewrite_base_urls:
+        # The same rewrite on a throwaway copy, before a process exists: an unparseable model
+        # base_url fails here, with the caller's config untouched (NeMo Gym's order, and its
+        # tests count the calls).
+        rewrite_base_urls(copy.deepcopy(global_config_dict), instances)
     _check_readable_file("sidecar.ca_file", config.ca_file)
     for instance in instances:
         if not is_loopback_host(instance.listen_host):
@@ -220,17 +243,24 @@ def start_h2_ping_sidecar(global_config_dict: DictConfig) -> H2PingSidecarManage
                 flush=True,
             )
     binary = resolve_binary(config, global_config_dict)
+    if config.binary:
+        # A user-named binary may be NeMo Gym's, which lacks some of our flags: refuse what it
+        # cannot honour now, with nothing started; the build cache's binary is built from our
+        # go/ and has every flag, so it is not asked (that costs a process start).
+        _, notes = binaryflags.check(binary, config, instances)
+        for note in notes:
+            print(note, flush=True)
     log_dir = resolve_log_dir(config, global_config_dict)
 
     manager = H2PingSidecarManager(config, instances, binary, log_dir)
     try:
         manager.start()
-        if plan is not None:
-            # In-memory and microseconds long, but a KeyboardInterrupt in the middle would leave
-            # the caller's config half rewritten with its sidecars stopped: SIGINT waits until
-            # it is done, and is then handled by the except below like any other interrupt.
+        if config.rewrite_base_urls:
+            # In memory and short, but a KeyboardInterrupt in the middle would leave the
+            # caller's config half rewritten with its sidecars stopped: SIGINT waits until it
+            # is done, and is then handled by the except below like any other interrupt.
             with interrupts_deferred():
-                changes = plan.apply(global_config_dict, manager.instances_actual)
+                changes = rewrite_base_urls(global_config_dict, manager.instances_actual)
             for change in changes:
                 # Base URLs may carry credentials (userinfo, ?api-key=): never print them.
                 old, new = redact_url(change.old), redact_url(change.new)

@@ -4,9 +4,12 @@ Two forms are accepted. sidecar-fsm's proxy binds its listener, then writes
 ``{"pid": <pid>, "listen": "<host:port>"[, "metrics": "<host:port>"]}`` to a temp file it makes
 beside the ready file (``.<ready name>.tmp-<random>``) and renames it in, so a reader sees
 either no file or the whole file. NeMo Gym's binary writes its bare pid in place (no rename);
-it binds the configured address, so that is the listen reported for it. Either way a file
-counts only when its pid is the child's own pid: a stale file left by another run, or a
-partial read of a bare pid, never does.
+it binds the configured address, so that is the listen reported for it. A JSON file counts
+only when its pid is the child's own pid, so a stale file left by another run never does. A
+bare pid counts when it is the child's pid or a whole line: NeMo Gym's launcher treats the
+file's existence as readiness and its test doubles write ``1``, and a ready path is unique to
+its run and removed before a restart, so the line can only come from this child; a partial
+read of a pid being written in place (no newline yet, fewer digits) never counts.
 
 Owns reading that file and waiting for many children at once. Must not spawn, signal or
 remove anything: the caller owns the processes and the files (see ``temp_files`` for what a
@@ -74,16 +77,19 @@ def read_ready_file(path: str | os.PathLike[str], pid: int, listen: str | None =
     """The ready file at ``path`` if it names ``pid``; None if missing, partial, malformed or not ``pid``'s.
 
     Read-only. JSON must carry ``pid`` and a non-empty ``listen`` (``metrics`` is optional). A bare
-    pid counts only when it equals ``pid`` and ``listen`` (the configured address) is given: a
-    writer caught half-way has written fewer digits, which never equal the whole pid.
+    pid needs ``listen`` (the configured address) and counts when it equals ``pid`` or ends its
+    line (see the module docstring): a writer caught half-way has written fewer digits and no
+    newline.
     """
     try:
         with open(path, "rb") as file:
             text = file.read().decode()
     except (OSError, UnicodeDecodeError):
         return None
-    if text.strip().isascii() and text.strip().isdigit():
-        return ReadyInfo(pid, listen) if int(text) == pid and listen else None
+    bare = text.strip()
+    if bare.isascii() and bare.isdigit():
+        whole = int(bare) == pid or (text.endswith("\n") and int(bare) > 0)
+        return ReadyInfo(pid, listen) if whole and listen else None
     try:
         data = json.loads(text)
     except ValueError:

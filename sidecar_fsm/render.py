@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from sidecar_fsm.cluster import ClusterReap, NodeReap
+    from sidecar_fsm.live import Scrape
     from sidecar_fsm.reap import ReapReport
     from sidecar_fsm.store import InstanceRecord, RunRecord, TransitionRecord
 
@@ -64,16 +65,22 @@ class RunStatus:
     to another process) or ``"other host"`` (not judged here); the caller decides it with
     ``procs``, never from the pid alone. ``processes`` maps the id of each instance recorded
     live (spawned, ready, draining) with a pid to what runs there now (``PROCESS_*``); an
-    instance absent from it has no process.
+    instance absent from it has no process. ``live`` maps the id of each instance whose
+    ``/metrics`` was scraped to the outcome (``live.Scrape``); absent: not scraped (no metrics
+    address, not running, another host).
     """
 
     run: RunRecord
     owner: str
     instances: Sequence[InstanceRecord]
     processes: Mapping[int, str] = field(default_factory=dict)
+    live: Mapping[int, Scrape] = field(default_factory=dict)
 
     def process_of(self, inst: InstanceRecord) -> str | None:
         return self.processes.get(inst.id)
+
+    def live_of(self, inst: InstanceRecord) -> Scrape | None:
+        return self.live.get(inst.id)
 
 
 def process_alive(process: str | None) -> bool | None:
@@ -284,8 +291,11 @@ def status_lines(runs: Sequence[RunStatus], *, now: float | None = None, color: 
         )
         if not status.instances:
             continue
+        # The live columns only where something was scraped: a finished run would show dashes.
+        with_live = bool(status.live)
+        live_headers = LIVE_HEADERS if with_live else ()
         lines += table(
-            ["NAME", "STATE", "PID", "LISTEN → UPSTREAM", "SINCE", "DETAIL"],
+            ["NAME", "STATE", "PID", "LISTEN → UPSTREAM", "SINCE", *live_headers, "DETAIL"],
             [
                 [
                     inst.name,
@@ -293,7 +303,8 @@ def status_lines(runs: Sequence[RunStatus], *, now: float | None = None, color: 
                     _pid_cell(status, inst),
                     f"{inst.listen or UNKNOWN} → {inst.upstream or UNKNOWN}",
                     format_age(now - inst.state_since) if inst.state_since is not None else UNKNOWN,
-                    _detail_cell(status, inst),
+                    *(live_cells(status.live_of(inst)) if with_live else ()),
+                    _live_detail_cell(status, inst),
                 ]
                 for inst in status.instances
             ],
@@ -301,6 +312,101 @@ def status_lines(runs: Sequence[RunStatus], *, now: float | None = None, color: 
             color=color,
         )
     return lines
+
+
+# ----------------------------------------------------------------------------- live figures
+
+LIVE_HEADERS = ("IN FLIGHT", "OLDEST", "PINGS SENT/ACKED", "UPSTREAM")
+
+
+def upstream_words(scrape: Scrape) -> Cell:
+    """``up``, or ``down`` with the proxy's error counts by kind: ``down: dial 3, tls 1``.
+
+    The proxy exposes counters, not its last error's text, so the kinds are what can be shown;
+    its log has the line.
+    """
+    figures = scrape.figures
+    if figures is None:
+        return (UNKNOWN, None)
+    if figures.upstream_up:
+        return ("up", "green")
+    counted = ", ".join(f"{kind} {count}" for kind, count in figures.errors_counted().items())
+    return (f"down: {counted}" if counted else "down", "red")
+
+
+def live_cells(scrape: Scrape | None) -> list[Cell]:
+    """The IN FLIGHT, OLDEST, PINGS SENT/ACKED and UPSTREAM cells of one instance.
+
+    Not scraped: dashes. Scraped without an answer: ``no answer`` (or ``bad answer``) under IN
+    FLIGHT, the reason in DETAIL. The oldest age is a dash when nothing is in flight.
+    """
+    if scrape is None:
+        return [(UNKNOWN, None)] * len(LIVE_HEADERS)
+    figures = scrape.figures
+    if figures is None:
+        short = (scrape.problem or "no answer").split(":", 1)[0]
+        return [(short, "yellow"), (UNKNOWN, None), (UNKNOWN, None), (UNKNOWN, None)]
+    oldest = format_age(figures.oldest_request_age_seconds) if figures.requests_in_flight else UNKNOWN
+    return [
+        (str(figures.requests_in_flight), None),
+        (oldest, None),
+        (f"{figures.pings_sent}/{figures.ping_acks}", None),
+        upstream_words(scrape),
+    ]
+
+
+def _live_detail_cell(status: RunStatus, inst: InstanceRecord) -> Cell:
+    """DETAIL, with why the metrics could not be read when they could not."""
+    text, style = _detail_cell(status, inst)
+    scrape = status.live_of(inst)
+    if scrape is None or scrape.problem is None:
+        return (text, style)
+    problem = f"/metrics at {scrape.address}: {scrape.problem}"
+    return (problem if text == UNKNOWN else f"{text}; {problem}", style or "yellow")
+
+
+def live_json(scrape: Scrape | None) -> dict[str, Any] | None:
+    """An instance's ``live`` object in ``--json``: null when not scraped; else the address,
+    ``answered``, ``problem`` (null when answered) and the figures (null when not answered)."""
+    if scrape is None:
+        return None
+    figures = scrape.figures
+    document: dict[str, Any] = {
+        "metrics": scrape.address,
+        "answered": figures is not None,
+        "problem": scrape.problem,
+    }
+    keys = (
+        "requests_in_flight",
+        "oldest_request_age_seconds",
+        "requests_total",
+        "pings_sent",
+        "ping_acks",
+        "ping_rtt_seconds",
+        "upstream_up",
+        "upstream_connections",
+    )
+    for key in keys:
+        document[key] = getattr(figures, key) if figures is not None else None
+    document["upstream_errors"] = dict(figures.upstream_errors) if figures is not None else None
+    return document
+
+
+def top_lines(
+    runs: Sequence[RunStatus], *, where: str, interval: float, now: float | None = None, color: bool = False
+) -> list[str]:
+    """One ``top`` frame: a heading (where, when, how often) and the ``status`` table of ``runs``."""
+    now = time.time() if now is None else now
+    clock = datetime.fromtimestamp(now).strftime("%H:%M:%S")
+    head = _style(
+        f"sidecar-fsm top: {len(runs)} live run{'s' if len(runs) != 1 else ''} in {where}, "
+        f"{clock}, every {interval:g}s; Ctrl-C to quit",
+        "bold",
+        color,
+    )
+    if not runs:
+        return [head, "", "no live runs (start one: sidecar-fsm start)"]
+    return [head, "", *status_lines(runs, now=now, color=color)]
 
 
 def _owner_words(run: RunRecord, owner: str | None) -> str:
@@ -423,9 +529,12 @@ def run_json(run: RunRecord, owner: str | None = None) -> dict[str, Any]:
     }
 
 
-def instance_json(inst: InstanceRecord, process: str | None = None) -> dict[str, Any]:
+def instance_json(
+    inst: InstanceRecord, process: str | None = None, scrape: Scrape | None = None
+) -> dict[str, Any]:
     """An instance's record plus what runs at its pid now: ``alive`` (true, false or null, see
-    ``process_alive``) and ``process`` (``running``, ``gone``, ``reused``, ``other host`` or null)."""
+    ``process_alive``) and ``process`` (``running``, ``gone``, ``reused``, ``other host`` or null),
+    and ``live`` (see ``live_json``): what its proxy reported when asked just now."""
     return {
         "alive": process_alive(process),
         "process": process,
@@ -443,6 +552,8 @@ def instance_json(inst: InstanceRecord, process: str | None = None) -> dict[str,
         "exit_code": inst.exit_code,
         "error": inst.error,
         "restart_count": inst.restart_count,
+        "metrics": inst.metrics,
+        "live": live_json(scrape),
     }
 
 
@@ -452,7 +563,7 @@ def status_json(runs: Sequence[RunStatus]) -> str:
             "runs": [
                 {
                     **run_json(s.run, s.owner),
-                    "instances": [instance_json(i, s.process_of(i)) for i in s.instances],
+                    "instances": [instance_json(i, s.process_of(i), s.live_of(i)) for i in s.instances],
                 }
                 for s in runs
             ]

@@ -31,6 +31,7 @@ from pathlib import Path
 from typing import Any
 
 from sidecar_fsm import procs, storagefault
+from sidecar_fsm.binaryflags import BinaryFlags, filter_command
 from sidecar_fsm.command import config_summary, sidecar_command, sidecar_env
 from sidecar_fsm.config import H2PingSidecarConfig, SidecarInstanceConfig
 from sidecar_fsm.errors import SidecarError
@@ -38,7 +39,7 @@ from sidecar_fsm.fsm import TERMINAL, Firing, InstanceMachine, fire_together
 from sidecar_fsm.hostname import host_name
 from sidecar_fsm.interrupts import interrupts_deferred
 from sidecar_fsm.messages import exit_message, log_failure_message, log_tail, port_clash_message, where
-from sidecar_fsm.ready import ReadyOutcome, ReadyWait, wait_all_ready
+from sidecar_fsm.ready import ReadyInfo, ReadyOutcome, ReadyWait, wait_all_ready
 from sidecar_fsm.runfiles import create_logs, remove_ready_files, run_file
 from sidecar_fsm.sharedstore import owner_identity, shared_store
 from sidecar_fsm.store import NewInstance, Store
@@ -88,7 +89,9 @@ class NodeSidecars:
     and awaits them together; ``failures()`` reports (or restarts) children that stopped;
     ``stop()`` drains and ends them all. Not thread-safe: one thread drives a run (Gym's poll
     loop). ``store`` and ``run_id`` may be given by a caller that already holds them (tests,
-    the CLI); otherwise ``start()`` uses this process's ``shared_store(log_dir)``.
+    the CLI); otherwise ``start()`` uses this process's ``shared_store(log_dir)``. ``flags``,
+    what a user-named binary accepts (``binaryflags.check``), trims every command to them;
+    None passes the whole command (the build cache's binary knows every flag).
     """
 
     def __init__(
@@ -99,8 +102,10 @@ class NodeSidecars:
         log_dir: str,
         store: Store | None = None,
         run_id: str | None = None,
+        flags: BinaryFlags | None = None,
     ) -> None:
         self.config = config
+        self.flags = flags
         self.instances = list(instances)
         self.binary = str(binary)
         self.log_dir = str(log_dir)
@@ -272,6 +277,8 @@ class NodeSidecars:
         if child.listen != instance.listen:  # a restart on the port the first process bound
             instance = instance.model_copy(update={"listen": child.listen})
         argv = sidecar_command(self.binary, self.config, instance, child.ready_path)
+        if self.flags is not None:
+            argv = filter_command(argv, self.flags)
         try:
             process = procs.spawn(argv, env, child.log_path if log is None else log)
         except OSError as exc:
@@ -326,17 +333,21 @@ class NodeSidecars:
             if child.process
         ]
         outcomes = wait_all_ready(waits, timeout=float(self.config.startup_timeout_seconds))
-        bound: dict[str, str] = {}
+        bound: dict[str, ReadyInfo] = {}
         for child in children:
             outcome = outcomes.get(child.name)
             if outcome is not None and outcome.info is not None:
-                bound[child.name] = outcome.info.listen
+                bound[child.name] = outcome.info
         # One commit for every instance that came up, all or none: the caller gets its addresses
-        # right after it.
+        # right after it. `metrics` is written even when None: a restarted proxy's old metrics
+        # port is stale, and a binary without -metrics-listen has none.
         fire_together(
             [
                 Firing(
-                    child.machine, "ready", f"listening on {bound[child.name]}", {"listen": bound[child.name]}
+                    child.machine,
+                    "ready",
+                    f"listening on {bound[child.name].listen}",
+                    {"listen": bound[child.name].listen, "metrics": bound[child.name].metrics},
                 )
                 for child in children
                 if child.name in bound
@@ -345,7 +356,7 @@ class NodeSidecars:
         errors: list[str] = []
         for child in children:
             if child.name in bound:
-                child.listen = bound[child.name]
+                child.listen = bound[child.name].listen
             else:
                 errors.append(self._startup_failure(child, outcomes.get(child.name)))
         return errors

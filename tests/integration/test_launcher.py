@@ -29,7 +29,7 @@ from helpers import ProcessRegistry, http11_request
 from omegaconf import DictConfig, OmegaConf
 from pydantic import ValidationError
 
-from sidecar_fsm import buildcache, procs
+from sidecar_fsm import buildcache, launcher, procs
 from sidecar_fsm.errors import SidecarError
 from sidecar_fsm.hostname import host_name
 from sidecar_fsm.lab import IdleRelay, TlsH2Origin
@@ -40,7 +40,6 @@ from sidecar_fsm.launcher import (
     resolve_log_dir,
     start_h2_ping_sidecar,
 )
-from sidecar_fsm.rewrite import BaseUrlPlan
 from sidecar_fsm.store import InstanceRecord, Store, database_path, open_all_hosts
 
 FULL_HISTORY = ["configured", "building", "spawned", "ready", "draining", "stopped"]
@@ -135,8 +134,31 @@ def _cmdline(process: psutil.Process) -> list[str]:
         return []
 
 
+# What sidecar-fsm's proxy prints for -h (Go's flag usage), trimmed: a user-named binary is asked
+# for its flags before anything starts (binaryflags), so a stand-in answers as the real one does.
+_OUR_USAGE = "\n".join(
+    f"  -{flag}\n    \t{usage}"
+    for flag, usage in (
+        ("ca-file path", "extra PEM root certificates for the upstream (path)"),
+        ("exit-with-pid pid", "drain and exit when the process with this pid is gone"),
+        ("insecure-skip-verify", "skip upstream certificate verification (tests only)"),
+        ("listen host:port", "host:port to serve HTTP/1.1 on"),
+        ("max-conn-age duration", "move new requests to a fresh connection"),
+        ("metrics-listen host:port", "serve GET /metrics on this loopback host:port"),
+        ("ping-interval duration", "send a PING after this read-idle duration"),
+        ("ping-timeout duration", "close a connection whose PING is unanswered"),
+        ("ready-file path", 'write {"pid","listen"} JSON to this path once bound'),
+        ("retry-body-limit bytes", "buffer request bodies up to this many bytes"),
+        ("shutdown-grace duration", "drain in-flight requests for up to this duration"),
+        ("upstream https://host[:port]", "upstream origin https://host[:port]"),
+    )
+)
+
+
 def fake_binary(path: Path, body: str) -> Path:
-    path.write_text("#!/bin/sh\n" + body + "\n")
+    """A shell stand-in for the proxy running ``body``; ``-h`` answers with our proxy's flags."""
+    answer_help = f"if [ \"$1\" = -h ]; then cat >&2 <<'EOF'\n{_OUR_USAGE}\nEOF\nexit 0; fi\n"
+    path.write_text("#!/bin/sh\n" + answer_help + body + "\n")
     path.chmod(0o755)
     return path
 
@@ -790,18 +812,22 @@ def test_keyboard_interrupt_after_the_proxy_is_ready(
     """An interrupt while the config is being rewritten: the ready proxy is stopped, config untouched."""
 
     calls: list[int] = []
+    real = launcher.rewrite_base_urls
 
-    def interrupt(*args: Any) -> Any:
-        # Called once the proxy is ready (finding the fields before it is read-only).
+    def interrupt_the_second(config: DictConfig, instances: Any) -> Any:
+        # The first call is the dry run on a copy, before any process; the second one runs
+        # once the proxy is ready.
         calls.append(1)
+        if len(calls) == 1:
+            return real(config, instances)
         raise KeyboardInterrupt
 
-    monkeypatch.setattr(BaseUrlPlan, "apply", interrupt)
+    monkeypatch.setattr(launcher, "rewrite_base_urls", interrupt_the_second)
     config = gym_config(tls_origin.url, tls_origin.ca_file, log_dir, cache_dir)
     before = snapshot(config)
     with pytest.raises(KeyboardInterrupt):
         start_h2_ping_sidecar(config)
-    assert calls == [1]
+    assert calls == [1, 1]
     assert snapshot(config) == before
     ((_, (record,)),) = run_records(log_dir)
     assert states_path(log_dir, record.id) == FULL_HISTORY

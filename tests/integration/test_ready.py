@@ -90,6 +90,13 @@ def test_bare_pid_form_counts_with_the_configured_listen(tmp_path: Path) -> None
     path.write_text("5\n")
     assert ready.read_ready_file(path, 5, "127.0.0.1:1250") == ReadyInfo(5, "127.0.0.1:1250")
     assert ready.read_ready_file(path, 5) is None  # the address is unknown without the config
+    # Gym's launcher takes the file's existence as readiness and its test doubles write "1":
+    # a whole line counts whatever the number; a line still being written does not.
+    path.write_text("1\n")
+    assert ready.read_ready_file(path, 5, "127.0.0.1:1250") == ReadyInfo(5, "127.0.0.1:1250")
+    for text in ["1", "0\n", "\n"]:
+        path.write_text(text)
+        assert ready.read_ready_file(path, 5, "127.0.0.1:1250") is None, text
 
 
 def test_bare_pid_written_in_place_in_pieces_counts_only_once_whole(

@@ -324,7 +324,7 @@ def test_build_if_missing_false_refuses_to_build(tmp_path: Path, fake_go: Path, 
         buildcache.ensure_binary(cache, build_if_missing=False, source_dir=src)
     expected = cache / "h2-ping-sidecar" / buildcache.sources_hash(src) / "go1.99.0" / "h2-ping-sidecar"
     assert str(raised.value) == (
-        f"{expected}: not built yet and sidecar.build_if_missing is false; "
+        f"{expected}: does not exist (not built yet) and sidecar.build_if_missing is false; "
         "run 'sidecar-fsm build' or set sidecar.binary"
     )
     assert not [call for call in _calls(fake_go) if call.startswith("build")]

@@ -167,7 +167,10 @@ def test_status_json_keys_and_times() -> None:
         "exit_code",
         "error",
         "restart_count",
+        "metrics",
+        "live",
     }
+    assert judge["metrics"] is None and judge["live"] is None  # not scraped: null
     assert judge["error"] == "bind: address already in use\nlog tail line"  # JSON keeps it all
     assert judge["pid"] is None and judge["exit_code"] == 1
     assert judge["alive"] is None and judge["process"] is None  # no process: null, not false

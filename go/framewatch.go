@@ -1,0 +1,269 @@
+package main
+
+// framewatch.go owns watching the HTTP/2 frames of one upstream connection, for metrics:
+// PINGs sent and acknowledged (with their round trip), GOAWAY and RST_STREAM received,
+// responses received, and how the connection ended.
+//
+// Why watch bytes: net/http sends the keep-alive PINGs itself (HTTP2Config.SendPingTimeout)
+// and has no hook for them, and http.ClientConn has no Ping method to send our own. So the
+// upstream connection handed to the HTTP/2 client is the TLS connection wrapped in a
+// watchedConn, which reads the frame headers (9 bytes: length, type, flags, stream) as
+// the plaintext passes through Read and Write. It never changes, holds back or reorders a
+// byte: it looks at what was already read or written. The HTTP/2 client itself
+// still parses and answers everything.
+//
+// The wrapper is accepted as HTTP/2 because it has *tls.Conn's ConnectionState (promoted
+// from the embedded connection): Transport.NewClientConn then runs HTTP/2 on it as it
+// would on the *tls.Conn (net/http's dialConn, the ClientConn branch). The one thing the
+// client does with a bare *tls.Conn is its forced close after 250 ms when a close hangs;
+// Close below does the same.
+//
+// Must not: modify, delay or reorder the stream; record anything but frame types, flags,
+// PING payloads and error codes (header blocks carry Authorization).
+
+import (
+	"crypto/tls"
+	"errors"
+	"io"
+	"math"
+	"net"
+	"sync"
+	"sync/atomic"
+	"syscall"
+	"time"
+)
+
+// HTTP/2 frame types and flags (RFC 9113 section 6) that the watcher reads.
+const (
+	frameHeaders   = 0x1
+	frameRSTStream = 0x3
+	framePing      = 0x6
+	frameGoAway    = 0x7
+	flagAck        = 0x1
+
+	errCodeNo      = 0x0
+	errCodeRefused = 0x7
+	errCodeCancel  = 0x8
+
+	// clientPrefaceLen is "PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n", sent before the first frame.
+	clientPrefaceLen = 24
+	// maxPendingPings bounds the PINGs remembered for their round trip; the client has at
+	// most one health-check PING out, so older ones are dropped, never leaked.
+	maxPendingPings = 8
+	// forceCloseAfter is net/http's own bound on a TLS close (ClientConn.closeConn).
+	forceCloseAfter = 250 * time.Millisecond
+)
+
+// watchedConn is an upstream TLS connection whose frames are counted in stats.
+type watchedConn struct {
+	*tls.Conn
+	m *meters
+	// pingTimeout is -ping-timeout: the HTTP/2 client closes the connection when a PING
+	// is unanswered that long.
+	pingTimeout time.Duration
+
+	// out and in are used by one goroutine at a time each: the HTTP/2 client writes under
+	// its write lock and reads from its read loop only.
+	out, in frameScanner
+
+	pingMu sync.Mutex
+	pings  []sentPing
+
+	goaway atomic.Bool // a GOAWAY arrived: the end of the connection is expected
+	closed atomic.Bool // Close was called: read errors after it are ours
+	ended  atomic.Bool // the connection's end was counted (once)
+}
+
+type sentPing struct {
+	data [8]byte
+	at   time.Time
+}
+
+// watch wraps tc (handshake done, ALPN h2) and counts it as an open connection.
+func (m *meters) watch(tc *tls.Conn, pingTimeout time.Duration) *watchedConn {
+	m.conns.Add(1)
+	c := &watchedConn{Conn: tc, m: m, pingTimeout: pingTimeout}
+	c.out.skip = clientPrefaceLen
+	c.out.sent = true
+	return c
+}
+
+func (c *watchedConn) Write(p []byte) (int, error) {
+	n, err := c.Conn.Write(p)
+	c.out.feed(p[:n], c)
+	return n, err
+}
+
+func (c *watchedConn) Read(p []byte) (int, error) {
+	n, err := c.Conn.Read(p)
+	c.in.feed(p[:n], c)
+	if err != nil {
+		c.readFailed(err)
+	}
+	return n, err
+}
+
+// readFailed classifies how the upstream ended the connection. Errors after our own
+// Close (idle, rotation, drain, lost PING: counted where it is decided) are not the
+// upstream's; EOF after a GOAWAY is the graceful end the GOAWAY announced.
+func (c *watchedConn) readFailed(err error) {
+	if c.closed.Load() || errors.Is(err, net.ErrClosed) || c.ended.Swap(true) {
+		return
+	}
+	switch {
+	case errors.Is(err, io.EOF) && c.goaway.Load():
+	case errors.Is(err, io.EOF), errors.Is(err, io.ErrUnexpectedEOF), errors.Is(err, syscall.ECONNRESET):
+		c.m.upstreamFailed(kindReset)
+	default:
+		c.m.upstreamFailed(kindOther)
+	}
+}
+
+// Close closes the connection once. Like net/http's forceCloseConn for a *tls.Conn, a TLS
+// close still blocked after forceCloseAfter (a write stuck on a peer that reads nothing
+// holds the lock the close_notify alert needs) is ended by closing the TCP connection.
+func (c *watchedConn) Close() error {
+	if c.closed.Swap(true) {
+		return c.Conn.Close()
+	}
+	c.m.conns.Add(-1)
+	if c.pingLost() && !c.ended.Swap(true) {
+		c.m.upstreamFailed(kindPingTimeout)
+	}
+	t := time.AfterFunc(forceCloseAfter, func() { c.Conn.NetConn().Close() })
+	defer t.Stop()
+	return c.Conn.Close()
+}
+
+// pingLost reports whether a PING has gone unanswered for about -ping-timeout: the
+// HTTP/2 client is then closing the connection for it. The client's deadline starts just
+// before the PING is written, so the age seen here may fall a little short of the timeout;
+// three quarters of it still tells a lost PING from one merely in flight when the
+// connection is closed for another reason (idle, rotation, drain).
+func (c *watchedConn) pingLost() bool {
+	c.pingMu.Lock()
+	defer c.pingMu.Unlock()
+	return len(c.pings) > 0 && time.Since(c.pings[0].at) >= c.pingTimeout*3/4
+}
+
+// frame handles a frame whose first len(data) payload bytes (as many as keepBytes asked
+// for) have passed.
+func (c *watchedConn) frame(sent bool, typ, flags byte, data []byte) {
+	m := c.m
+	switch {
+	case typ == framePing && sent && flags&flagAck == 0:
+		m.pingsSent.Add(1)
+		c.pingMu.Lock()
+		if len(c.pings) == maxPendingPings {
+			c.pings = append(c.pings[:0], c.pings[1:]...)
+		}
+		c.pings = append(c.pings, sentPing{data: [8]byte(data), at: time.Now()})
+		c.pingMu.Unlock()
+	case typ == framePing && !sent && flags&flagAck != 0:
+		c.pingMu.Lock()
+		for i, p := range c.pings {
+			if p.data == [8]byte(data) {
+				rtt := time.Since(p.at)
+				c.pings = append(c.pings[:i], c.pings[i+1:]...)
+				m.pingAcks.Add(1)
+				m.pingRTT.Store(math.Float64bits(rtt.Seconds()))
+				break
+			}
+		}
+		c.pingMu.Unlock()
+	case typ == frameGoAway && !sent:
+		c.goaway.Store(true)
+		m.goaways.Add(1)
+		if code := be32(data[4:8]); code != errCodeNo {
+			m.upstreamFailed(kindReset)
+		}
+	case typ == frameRSTStream && !sent:
+		// REFUSED_STREAM is re-sent (a retry, not a failure); CANCEL is also what a server
+		// answers to a stream the proxy itself cancelled because its client went away.
+		if code := be32(data); code != errCodeNo && code != errCodeRefused && code != errCodeCancel {
+			m.upstreamFailed(kindReset)
+		}
+	case typ == frameHeaders && !sent:
+		m.upstreamOK()
+	}
+}
+
+func be32(b []byte) uint32 {
+	return uint32(b[0])<<24 | uint32(b[1])<<16 | uint32(b[2])<<8 | uint32(b[3])
+}
+
+// keepBytes is how many payload bytes of a frame the watcher needs (0: none, the frame
+// is counted from its header alone or not at all). Only frames whose payload is fixed by
+// the protocol are read: PING data, GOAWAY's last stream and error code, RST_STREAM's
+// error code. HEADERS is handled at its header; its header block is never looked at.
+func keepBytes(sent bool, typ byte) int {
+	switch {
+	case typ == framePing:
+		return 8
+	case typ == frameGoAway && !sent:
+		return 8
+	case typ == frameRSTStream && !sent:
+		return 4
+	}
+	return 0
+}
+
+// frameScanner follows frame boundaries in one direction of the byte stream, across
+// Read and Write calls that split frames anywhere.
+type frameScanner struct {
+	sent  bool // the direction: written by the proxy (true) or read from the upstream
+	skip  int  // preface bytes still to pass
+	hdr   [9]byte
+	hn    int // header bytes collected
+	left  int // payload bytes of the current frame still to pass
+	typ   byte
+	flags byte
+	need  int // payload bytes to collect into keep before the frame is reported
+	keep  [8]byte
+	kn    int
+}
+
+func (s *frameScanner) feed(p []byte, c *watchedConn) {
+	for len(p) > 0 {
+		if s.skip > 0 {
+			n := min(s.skip, len(p))
+			s.skip -= n
+			p = p[n:]
+			continue
+		}
+		if s.left == 0 && s.hn < len(s.hdr) {
+			n := copy(s.hdr[s.hn:], p)
+			s.hn += n
+			p = p[n:]
+			if s.hn < len(s.hdr) {
+				return
+			}
+			s.left = int(s.hdr[0])<<16 | int(s.hdr[1])<<8 | int(s.hdr[2])
+			s.typ, s.flags = s.hdr[3], s.hdr[4]
+			s.need, s.kn = keepBytes(s.sent, s.typ), 0
+			switch {
+			case s.need > s.left:
+				s.need = 0 // malformed: the HTTP/2 client rejects it; nothing to report
+			case s.need == 0:
+				c.frame(s.sent, s.typ, s.flags, nil)
+			}
+			if s.left == 0 {
+				s.hn = 0
+			}
+			continue
+		}
+		n := min(s.left, len(p))
+		if s.kn < s.need {
+			k := copy(s.keep[s.kn:s.need], p[:n])
+			s.kn += k
+			if s.kn == s.need {
+				c.frame(s.sent, s.typ, s.flags, s.keep[:s.need])
+			}
+		}
+		s.left -= n
+		p = p[n:]
+		if s.left == 0 {
+			s.hn = 0
+		}
+	}
+}

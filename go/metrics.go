@@ -1,0 +1,348 @@
+package main
+
+// metrics.go owns the proxy's counters and gauges and the -metrics-listen endpoint that
+// serves them as GET /metrics in the Prometheus text format 0.0.4 (SPEC, "Metrics").
+//
+// The counters are process-wide (stats), like expvar's: the process has one front end and
+// one upstream, and a package variable keeps each hook elsewhere to one line. The upstream
+// counters are atomic adds on events (dials, PINGs, GOAWAYs) and count whether or not
+// -metrics-listen is set; the per-request part (wrap: in flight, status codes, one small
+// allocation per request) runs only with it, since nobody could read it otherwise.
+//
+// The frames of the upstream connections (PINGs, GOAWAY, RST_STREAM) are read by
+// framewatch.go; this file only stores what it reports.
+//
+// Must not: take a lock on the request path other than the in-flight set's (four pointer
+// writes), log, or expose anything about a request beyond its status code (no path, no
+// header: Authorization must never reach a scrape).
+
+import (
+	"errors"
+	"math"
+	"net"
+	"net/http"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+)
+
+// errKind is the label of h2ping_upstream_errors_total.
+type errKind int
+
+const (
+	// kindDial: TCP connect failed (refused, unreachable, DNS, timeout).
+	kindDial errKind = iota
+	// kindTLS: the TLS handshake failed (certificate, protocol version, handshake timeout).
+	kindTLS
+	// kindALPN: the handshake succeeded but the upstream does not speak h2.
+	kindALPN
+	// kindPingTimeout: a PING went unanswered for -ping-timeout; the connection was closed.
+	kindPingTimeout
+	// kindReset: the upstream ended a connection or a stream with an error: TCP reset,
+	// closed without GOAWAY, GOAWAY or RST_STREAM with an error code (REFUSED_STREAM and
+	// CANCEL excepted: the first is re-sent, see h2ping_retries_total, the second answers
+	// a stream the proxy cancelled).
+	kindReset
+	// kindOther: anything else (a protocol violation the client detected, a read error).
+	kindOther
+	numKinds
+)
+
+var kindNames = [numKinds]string{"dial", "tls", "alpn", "ping_timeout", "reset", "other"}
+
+// maxCode bounds the status codes counted one by one; net/http refuses codes outside
+// 100-999 and the proxy only passes on what the upstream sent.
+const maxCode = 1000
+
+// meters is every figure of GET /metrics. All fields are updated with atomics except
+// flight.
+type meters struct {
+	requests   atomic.Uint64
+	clientGone atomic.Uint64
+	responses  [maxCode]atomic.Uint64
+
+	conns      atomic.Int64
+	dialsOK    atomic.Uint64
+	dialsErr   atomic.Uint64
+	errs       [numKinds]atomic.Uint64
+	upstreamUp atomic.Bool
+
+	pingsSent atomic.Uint64
+	pingAcks  atomic.Uint64
+	pingRTT   atomic.Uint64 // float64 bits, seconds, of the last acknowledged PING
+
+	goaways   atomic.Uint64
+	retries   atomic.Uint64
+	rotations atomic.Uint64
+
+	flight inflight
+}
+
+// stats is the process's metrics (see the file comment for why it is a package variable).
+var stats = &meters{}
+
+// upstreamFailed counts one upstream failure and marks the upstream down.
+func (m *meters) upstreamFailed(k errKind) {
+	m.errs[k].Add(1)
+	m.upstreamUp.Store(false)
+}
+
+// upstreamOK marks the upstream up after a dial or a response. The load first keeps the
+// per-response cost a read of a shared cache line, not a write.
+func (m *meters) upstreamOK() {
+	if !m.upstreamUp.Load() {
+		m.upstreamUp.Store(true)
+	}
+}
+
+// dialError is a failed upstream dial with the step that failed; it reads as the error it
+// wraps, so the 502 body and the log line are unchanged.
+type dialError struct {
+	kind errKind
+	err  error
+}
+
+func (e *dialError) Error() string { return e.err.Error() }
+func (e *dialError) Unwrap() error { return e.err }
+
+// dialed counts the outcome of one upstream dial (transport.go's newClientConn).
+func (m *meters) dialed(err error) {
+	if err == nil {
+		m.dialsOK.Add(1)
+		m.upstreamOK()
+		return
+	}
+	m.dialsErr.Add(1)
+	kind := kindOther
+	var de *dialError
+	if errors.As(err, &de) {
+		kind = de.kind
+	}
+	m.upstreamFailed(kind)
+}
+
+// countHTTP2Error is the upstream Transport's HTTP2Config.CountError: net/http's own hook
+// for its HTTP/2 errors. One is a connection failure that no frame or read error shows: a
+// protocol violation by the upstream, after which the client sends GOAWAY and closes. The
+// others are seen as frames or read errors (framewatch.go) and are not counted twice.
+// "conn_close_lost_ping" is not used: net/http reports it for any failed health-check
+// PING, also one whose timer fired after the connection was closed; framewatch.go knows
+// whether a PING really went unanswered.
+func (m *meters) countHTTP2Error(errType string) {
+	if strings.HasPrefix(errType, "conn_close_error_") {
+		m.upstreamFailed(kindOther)
+	}
+}
+
+// inflight is the set of requests in flight, oldest first: a doubly linked list whose
+// nodes are the requests' own flightEntry (no allocation of its own). Entries are appended
+// with their start time read under mu, so the list is in start order and the oldest is
+// the head: the scrape reads one node, however many requests wait (10,000 included).
+//
+// A mutex, not atomics: an entry is linked and unlinked with four pointer writes, so the
+// lock is held for far less than the request's own locks (net/http's, the HTTP/2
+// client's) and is uncontended with the proxy's single P (tuning.go).
+type inflight struct {
+	mu   sync.Mutex
+	head flightEntry // sentinel: head.next is the oldest, head.prev the newest
+	n    int
+}
+
+type flightEntry struct {
+	prev, next *flightEntry
+	start      time.Time
+}
+
+func (f *inflight) add(e *flightEntry) {
+	f.mu.Lock()
+	if f.head.next == nil {
+		f.head.next, f.head.prev = &f.head, &f.head
+	}
+	e.start = time.Now()
+	e.prev, e.next = f.head.prev, &f.head
+	f.head.prev.next = e
+	f.head.prev = e
+	f.n++
+	f.mu.Unlock()
+}
+
+func (f *inflight) remove(e *flightEntry) {
+	f.mu.Lock()
+	e.prev.next = e.next
+	e.next.prev = e.prev
+	e.prev, e.next = nil, nil
+	f.n--
+	f.mu.Unlock()
+}
+
+// oldest returns the number in flight and the oldest one's age (0 when idle).
+func (f *inflight) oldest(now time.Time) (int, time.Duration) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if f.n == 0 {
+		return 0, 0
+	}
+	return f.n, now.Sub(f.head.next.start)
+}
+
+// wrap counts the requests h serves: in flight, total, by status code, and those whose
+// client went away. A request is in flight from the moment net/http hands it over until
+// its response is complete (a streamed response until its last event).
+func (m *meters) wrap(h http.Handler) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		rw := &countingWriter{ResponseWriter: w}
+		m.begin(&rw.entry)
+		h.ServeHTTP(rw, r)
+		// net/http cancels the request's context when the client's connection closes
+		// (and only after ServeHTTP returns otherwise).
+		m.end(&rw.entry, rw.code, r.Context().Err() != nil)
+	})
+}
+
+// begin counts a request received and puts it in flight.
+func (m *meters) begin(e *flightEntry) {
+	m.requests.Add(1)
+	m.flight.add(e)
+}
+
+// end takes a request out of flight and counts it either as a response with its status
+// code (0: the handler wrote none) or, when the client went away before the response was
+// complete, as a disconnect, whatever was written to the dead connection. So every request
+// received is in flight, answered or abandoned: requests_total = in_flight +
+// sum(responses_total) + client_disconnects_total.
+func (m *meters) end(e *flightEntry, code int, gone bool) {
+	m.flight.remove(e)
+	if gone {
+		m.clientGone.Add(1)
+		return
+	}
+	if code == 0 {
+		code = http.StatusOK // net/http sends 200 for a handler that wrote nothing
+	}
+	if code < maxCode {
+		m.responses[code].Add(1)
+	}
+}
+
+// countingWriter records the final status code of a response. It carries the request's
+// in-flight entry so that a request costs one allocation here, not two.
+type countingWriter struct {
+	http.ResponseWriter
+	code  int
+	entry flightEntry
+}
+
+func (w *countingWriter) WriteHeader(code int) {
+	// 1xx are interim (100 Continue, 103 Early Hints): the final code comes later.
+	if w.code == 0 && code >= 200 {
+		w.code = code
+	}
+	w.ResponseWriter.WriteHeader(code)
+}
+
+func (w *countingWriter) Write(p []byte) (int, error) {
+	if w.code == 0 {
+		w.code = http.StatusOK
+	}
+	return w.ResponseWriter.Write(p)
+}
+
+// Unwrap lets http.ResponseController (ReverseProxy's flushes of SSE) reach net/http's
+// writer, so wrapping loses no Flush.
+func (w *countingWriter) Unwrap() http.ResponseWriter { return w.ResponseWriter }
+
+// serveMetrics answers GET /metrics on ln until it is closed; the returned server is
+// closed at exit. It keeps answering during a drain, which is when an operator watches
+// the requests in flight go down.
+func serveMetrics(ln net.Listener) *http.Server {
+	mux := http.NewServeMux()
+	mux.HandleFunc("GET /metrics", func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("Content-Type", "text/plain; version=0.0.4; charset=utf-8")
+		w.Write(stats.appendText(make([]byte, 0, 4096), time.Now()))
+	})
+	srv := &http.Server{Handler: mux, ReadHeaderTimeout: 10 * time.Second}
+	go srv.Serve(ln)
+	return srv
+}
+
+// appendText appends every metric in the text exposition format 0.0.4: HELP and TYPE
+// lines, then the samples. Every label value of dials and errors is always present (0
+// until it happens) so that dashboards and alerts need no absent() case.
+func (m *meters) appendText(b []byte, now time.Time) []byte {
+	n, age := m.flight.oldest(now)
+	b = gauge(b, "h2ping_requests_in_flight", "Client requests received and not yet answered in full.", float64(n))
+	b = gauge(b, "h2ping_oldest_request_age_seconds", "Age of the oldest request in flight (0 when idle).", age.Seconds())
+	b = counter(b, "h2ping_requests_total", "Client requests received.", m.requests.Load())
+	b = head(b, "h2ping_responses_total", "Responses completed to clients, by status code.", "counter")
+	for code := range m.responses {
+		if v := m.responses[code].Load(); v > 0 {
+			b = sample(b, "h2ping_responses_total", "code", strconv.Itoa(code), v)
+		}
+	}
+	b = counter(b, "h2ping_client_disconnects_total", "Requests whose client went away before the response was complete.", m.clientGone.Load())
+
+	b = gauge(b, "h2ping_upstream_connections", "Upstream HTTP/2 connections open.", float64(m.conns.Load()))
+	b = head(b, "h2ping_upstream_dials_total", "Upstream connections dialled (TCP, TLS, ALPN h2), by result.", "counter")
+	b = sample(b, "h2ping_upstream_dials_total", "result", "ok", m.dialsOK.Load())
+	b = sample(b, "h2ping_upstream_dials_total", "result", "error", m.dialsErr.Load())
+	b = head(b, "h2ping_upstream_errors_total", "Upstream failures, by kind (dial, tls, alpn, ping_timeout, reset, other).", "counter")
+	for k := range numKinds {
+		b = sample(b, "h2ping_upstream_errors_total", "kind", kindNames[k], m.errs[k].Load())
+	}
+	up := 0.0
+	if m.upstreamUp.Load() {
+		up = 1
+	}
+	b = gauge(b, "h2ping_upstream_up", "1 after a successful upstream dial or response, 0 after a failure (and before the first dial).", up)
+
+	b = counter(b, "h2ping_pings_sent_total", "HTTP/2 PING frames sent upstream.", m.pingsSent.Load())
+	b = counter(b, "h2ping_ping_acks_total", "HTTP/2 PING acknowledgements received for them.", m.pingAcks.Load())
+	b = gauge(b, "h2ping_ping_rtt_seconds", "Round trip of the last acknowledged PING (0 before the first).", math.Float64frombits(m.pingRTT.Load()))
+	b = counter(b, "h2ping_goaways_total", "GOAWAY frames received from the upstream.", m.goaways.Load())
+	b = counter(b, "h2ping_retries_total", "Requests re-sent on another connection after a GOAWAY or REFUSED_STREAM refusal.", m.retries.Load())
+	b = counter(b, "h2ping_rotations_total", "Upstream connections retired by -max-conn-age.", m.rotations.Load())
+	return b
+}
+
+func head(b []byte, name, help, typ string) []byte {
+	b = append(b, "# HELP "...)
+	b = append(b, name...)
+	b = append(b, ' ')
+	b = append(b, help...)
+	b = append(b, "\n# TYPE "...)
+	b = append(b, name...)
+	b = append(b, ' ')
+	b = append(b, typ...)
+	return append(b, '\n')
+}
+
+func counter(b []byte, name, help string, v uint64) []byte {
+	b = head(b, name, help, "counter")
+	b = append(b, name...)
+	b = append(b, ' ')
+	b = strconv.AppendUint(b, v, 10)
+	return append(b, '\n')
+}
+
+func gauge(b []byte, name, help string, v float64) []byte {
+	b = head(b, name, help, "gauge")
+	b = append(b, name...)
+	b = append(b, ' ')
+	b = strconv.AppendFloat(b, v, 'g', -1, 64)
+	return append(b, '\n')
+}
+
+// sample appends one labelled counter sample; label values here are ours (codes, fixed
+// words), so they need no escaping.
+func sample(b []byte, name, label, value string, v uint64) []byte {
+	b = append(b, name...)
+	b = append(b, '{')
+	b = append(b, label...)
+	b = append(b, `="`...)
+	b = append(b, value...)
+	b = append(b, `"} `...)
+	b = strconv.AppendUint(b, v, 10)
+	return append(b, '\n')
+}

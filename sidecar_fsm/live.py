@@ -1,0 +1,171 @@
+"""What each running sidecar is doing now: its ``GET /metrics``, read under a deadline.
+
+Owns scraping the proxies' metrics listeners (every address at once, one thread each, one
+deadline for all) and turning the Prometheus text into ``Figures``, with prometheus-client's
+parser: a well-kept parser of the format beats our own. Must not read or write the database,
+judge or signal processes (the caller scrapes only instances ``procs`` proved are ours: a dead
+sidecar's port may belong to someone else by now) or format anything (``render`` does).
+
+A sidecar that does not answer in time (stopped, swapping, a full accept queue) is reported as
+``no answer``; it never delays the others nor the command past the deadline, and it is never
+an error of the command: ``status`` and ``top`` must work best exactly when something is wrong.
+"""
+
+from __future__ import annotations
+
+import http.client
+import threading
+import time
+from collections.abc import Hashable, Mapping
+from dataclasses import dataclass, field
+from typing import TypeVar
+
+from prometheus_client.parser import text_string_to_metric_families
+
+__all__ = ["NO_ANSWER", "SCRAPE_TIMEOUT_SECONDS", "ERROR_KINDS", "Figures", "Scrape", "parse", "scrape_all"]
+
+# One deadline for the whole scrape: a healthy proxy answers from memory in far less, and a
+# person waiting for `status` (or a `top` frame) should not feel a stuck sidecar.
+SCRAPE_TIMEOUT_SECONDS = 0.2
+NO_ANSWER = "no answer"
+# The upstream error kinds the proxy counts (SPEC, h2ping_upstream_errors_total{kind}).
+ERROR_KINDS = ("dial", "tls", "alpn", "ping_timeout", "reset", "other")
+# /metrics is a few kilobytes; more than this is not our proxy, and is not read on.
+_MAX_BODY_BYTES = 1 << 20
+
+K = TypeVar("K", bound=Hashable)
+
+
+@dataclass(frozen=True)
+class Figures:
+    """One scrape's figures; counters count since the proxy started."""
+
+    requests_in_flight: int
+    oldest_request_age_seconds: float
+    requests_total: int
+    pings_sent: int
+    ping_acks: int
+    ping_rtt_seconds: float
+    upstream_up: bool
+    upstream_connections: int
+    # Every kind the proxy reported, zeros included, so a reader can tell "none" from "unknown".
+    upstream_errors: Mapping[str, int] = field(default_factory=dict)
+
+    def errors_counted(self) -> dict[str, int]:
+        """The error kinds with a non-zero count, in ``ERROR_KINDS`` order, then any others."""
+        order = {kind: index for index, kind in enumerate(ERROR_KINDS)}
+        kinds = sorted(self.upstream_errors, key=lambda kind: (order.get(kind, len(order)), kind))
+        return {kind: self.upstream_errors[kind] for kind in kinds if self.upstream_errors[kind]}
+
+
+@dataclass(frozen=True)
+class Scrape:
+    """The outcome for one metrics address: ``figures``, or ``problem`` (one line) saying why not."""
+
+    address: str
+    figures: Figures | None
+    problem: str | None = None
+
+
+class _BadAnswer(ValueError):
+    """The listener answered, but not with the proxy's metrics."""
+
+
+def parse(text: str) -> Figures:
+    """The figures in a ``/metrics`` body (Prometheus text 0.0.4). Pure.
+
+    Raises ``ValueError`` when the text does not parse or lacks a figure ``status`` shows: a
+    listener that is not an h2-ping-sidecar (or an older one) must read as such, not as zeros.
+    """
+    values: dict[str, float] = {}
+    errors: dict[str, int] = {}
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            if sample.name == "h2ping_upstream_errors_total" and "kind" in sample.labels:
+                errors[sample.labels["kind"]] = int(sample.value)
+            elif not sample.labels:
+                values[sample.name] = sample.value
+
+    def get(name: str) -> float:
+        if name not in values:
+            raise _BadAnswer(f"no {name} in the answer")
+        return values[name]
+
+    return Figures(
+        requests_in_flight=int(get("h2ping_requests_in_flight")),
+        oldest_request_age_seconds=get("h2ping_oldest_request_age_seconds"),
+        requests_total=int(get("h2ping_requests_total")),
+        pings_sent=int(get("h2ping_pings_sent_total")),
+        ping_acks=int(get("h2ping_ping_acks_total")),
+        ping_rtt_seconds=get("h2ping_ping_rtt_seconds"),
+        upstream_up=get("h2ping_upstream_up") >= 1,
+        upstream_connections=int(get("h2ping_upstream_connections")),
+        upstream_errors=errors,
+    )
+
+
+def _host_port(address: str) -> tuple[str, int]:
+    host, _, port = address.rpartition(":")
+    return host.strip("[]"), int(port)
+
+
+def _scrape_one(address: str, deadline: float) -> Scrape:
+    """GET /metrics at ``address``; each socket operation waits at most until ``deadline``."""
+    remaining = deadline - time.monotonic()
+    if remaining <= 0:
+        return Scrape(address, None, NO_ANSWER)
+    try:
+        host, port = _host_port(address)
+    except ValueError:
+        return Scrape(address, None, f"recorded metrics address '{address}' is not host:port")
+    conn = http.client.HTTPConnection(host, port, timeout=remaining)
+    try:
+        conn.request("GET", "/metrics", headers={"Accept": "text/plain"})
+        response = conn.getresponse()
+        body = response.read(_MAX_BODY_BYTES)
+        if response.status != 200:
+            return Scrape(address, None, f"bad answer: HTTP {response.status}")
+        return Scrape(address, parse(body.decode("utf-8", errors="replace")))
+    except TimeoutError:
+        return Scrape(address, None, NO_ANSWER)
+    except ConnectionRefusedError:
+        # Nothing listens there: the proxy is exiting, or closed its metrics listener.
+        return Scrape(address, None, f"{NO_ANSWER}: connection refused")
+    except (OSError, http.client.HTTPException) as error:
+        return Scrape(address, None, f"{NO_ANSWER}: {error or type(error).__name__}")
+    except ValueError as error:
+        reason = str(error).strip().splitlines()[0] if str(error).strip() else "not Prometheus text"
+        return Scrape(address, None, f"bad answer: {reason}")
+    finally:
+        conn.close()
+
+
+def scrape_all(addresses: Mapping[K, str], timeout: float = SCRAPE_TIMEOUT_SECONDS) -> dict[K, Scrape]:
+    """Scrape every address at once; a ``Scrape`` per key within ``timeout`` seconds, whatever happens.
+
+    One daemon thread per address, all against one deadline: N sidecars take one timeout, not
+    N, and one that never answers (SIGSTOPped) reads ``no answer`` at the deadline. A thread
+    still blocked then is abandoned, not joined: its socket timeout ends it shortly after, and
+    being a daemon it can never hold the process open. Read-only; never raises for a sidecar.
+    """
+    deadline = time.monotonic() + timeout
+    results: dict[K, Scrape] = {}
+    lock = threading.Lock()
+
+    def work(key: K, address: str) -> None:
+        outcome = _scrape_one(address, deadline)
+        with lock:
+            results[key] = outcome
+
+    threads = [
+        threading.Thread(target=work, args=(key, address), name=f"scrape {address}", daemon=True)
+        for key, address in addresses.items()
+    ]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(max(0.0, deadline - time.monotonic()))
+    with lock:
+        return {
+            key: results.get(key) or Scrape(address, None, NO_ANSWER) for key, address in addresses.items()
+        }

@@ -11,9 +11,9 @@ most ``--time-limit`` seconds. Half the launchers run with ``exit_with_owner`` a
 ready path in this log dir, still alive once every drain's grace has passed), files left (ready
 files and the proxies' temp files), inconsistent rows (``PRAGMA integrity_check``, a run not
 ended, an instance not terminal, a state that is not its last history row's target, a history
-that is not a legal path of ``fsm.TRANSITIONS``). Prints a table and writes
-``bench/results/chaos.md`` (or ``--out``); ``tests/integration/test_chaos.py`` runs the same code
-small.
+that is not a legal path of ``fsm.TRANSITIONS``). Prints a table and writes it to
+``bench/README.md`` (unless ``--no-readme``) and, in full, to ``bench/results/chaos.md`` (or
+``--out``); ``tests/integration/test_chaos.py`` runs the same code small.
 
 The launcher half is this file too (``chaos.py launcher ...``), so what a killed process was
 doing is exactly what is shown here. Everything the run starts is ended before it returns, pass
@@ -45,7 +45,7 @@ import psutil
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-from bench.readme import results_path  # noqa: E402
+from bench.readme import results_path, update_readme  # noqa: E402
 from sidecar_fsm import procs  # noqa: E402
 from sidecar_fsm.buildcache import ensure_binary, user_cache_dir  # noqa: E402
 from sidecar_fsm.config import H2PingSidecarConfig  # noqa: E402
@@ -301,7 +301,13 @@ class _Chaos:
                 if slot.remaining > 0:
                     self.spawn(slot)
             else:
-                found = sorted(self.proxies(), key=lambda process: process.pid)
+                # Only a proxy of a live launcher: one whose launcher was killed is the audit's to
+                # find, and killing it here would hide an orphan.
+                parents = {slot.process.pid for slot in live if slot.process is not None}
+                found = sorted(
+                    (process for process in self.proxies() if _parent(process) in parents),
+                    key=lambda process: process.pid,
+                )
                 if found and self.kill_proxy(self.rng.choice(found)):
                     self.result.proxy_kills += 1
         for slot in self.slots:
@@ -402,6 +408,13 @@ def _ready_rows(log_dir: Path) -> dict[str, str]:
         finally:
             conn.close()
     return rows
+
+
+def _parent(process: psutil.Process) -> int | None:
+    try:
+        return process.ppid()
+    except psutil.Error:
+        return None
 
 
 def _flag(argv: list[str], name: str) -> str | None:
@@ -506,6 +519,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--aim-at-start", type=float, default=ChaosPlan.aim_at_start)
     parser.add_argument("--time-limit", type=float, default=ChaosPlan.time_limit)
     parser.add_argument("--out", type=Path, default=None, help="default: bench/results/chaos.md")
+    parser.add_argument(
+        "--no-readme", action="store_true", help="do not write the table into bench/README.md"
+    )
     parser.add_argument("--keep", action="store_true", help="keep the scratch folder (logs, database)")
     args = parser.parse_args(argv)
     if args.mode == "launcher":
@@ -527,6 +543,14 @@ def main(argv: list[str] | None = None) -> int:
     report = _report(result, command.strip(), load_before, _load())
     out = args.out or results_path("chaos")
     out.write_text(report + "\n")
+    if not args.no_readme:
+        details = "[results/chaos.md](results/chaos.md)"
+        note = f"every orphan is explained in {details}" if result.orphans else f"details in {details}"
+        summary = (
+            f"{plan.launchers} launchers x {plan.lifecycles} lifecycles on one log dir, seed {plan.seed}, "
+            f"load average {load_before} before; {note}"
+        )
+        update_readme("chaos", f"`{command.strip()}`\n\n{result.table()}\n\n{summary}")
     print(report)
     if args.keep or result.orphans or result.inconsistencies or result.launcher_errors:
         print(f"scratch kept: {scratch}")

@@ -12,6 +12,7 @@ cannot, the full-filesystem test skips saying why.
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import shutil
 import signal
@@ -30,10 +31,12 @@ from sidecar_fsm import dbfile, procs
 from sidecar_fsm.config import H2PingSidecarConfig
 from sidecar_fsm.errors import SidecarError
 from sidecar_fsm.lab import TlsH2Origin
-from sidecar_fsm.store import Store, database_path
+from sidecar_fsm.store import DB_DIR_NAME, Store, database_path
 from sidecar_fsm.supervise import NodeSidecars
 
 HOST = "node7"
+REPO = Path(__file__).resolve().parents[2]
+CLI = Path(sys.executable).with_name("sidecar-fsm")
 
 
 @pytest.fixture(autouse=True)
@@ -301,3 +304,58 @@ def test_a_database_deleted_or_replaced_under_a_live_run_stops_it_at_the_next_ch
     again.start()
     again.stop()
     assert_consistent(database_path(log_dir, HOST))
+
+
+def test_the_cli_exits_1_in_one_line_when_the_log_dir_is_cleaned_under_it(
+    tmp_path: Path,
+    log_dir: Path,
+    tls_origin: TlsH2Origin,
+    sidecar_binary: Path,
+    process_registry: ProcessRegistry,
+) -> None:
+    """What a user sees: ``sidecar-fsm start`` supervising, someone runs ``rm -rf`` on the state."""
+    config = tmp_path / "gym.yaml"
+    config.write_text(
+        json.dumps(  # JSON is YAML
+            {
+                "sidecar": {
+                    "enabled": True,
+                    "binary": str(sidecar_binary),
+                    "ca_file": str(tls_origin.ca_file),
+                    "instances": [{"name": "policy", "upstream": tls_origin.url, "listen": "127.0.0.1:0"}],
+                    "shutdown_grace": "2s",
+                }
+            }
+        )
+    )
+    output = tmp_path / "start.out"
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    with open(output, "wb") as out:
+        started = subprocess.Popen(
+            [str(CLI), "start", str(config), "--log-dir", str(log_dir)],
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            env=env,
+        )
+    process_registry.add(started)
+    wait_until(lambda: "supervising" in output.read_text() or started.poll() is not None, 30, "start")
+    assert started.poll() is None, output.read_text()
+    with Store.open_existing(database_path(log_dir, HOST)) as store:
+        (run,) = store.list_runs("live")
+        (instance,) = store.instances_of(run.run_id)
+    assert instance.pid is not None and instance.pid_start_time is not None
+    process_registry.add_pid(instance.pid)
+    sidecar = procs.ProcessIdentity(instance.pid, instance.pid_start_time, None)
+
+    shutil.rmtree(log_dir / DB_DIR_NAME)
+
+    assert started.wait(timeout=30) == 1, output.read_text()
+    db = database_path(log_dir, HOST)
+    lines = [line for line in output.read_text().splitlines() if str(db) in line]
+    assert lines == [
+        f"{db}: deleted while run {run.run_id} was live; its sidecars were stopped, since a run that "
+        "is not on record cannot be inspected or reaped; keep a live run's log dir"
+    ], output.read_text()
+    assert "Traceback" not in output.read_text()
+    assert not procs.is_ours(sidecar)

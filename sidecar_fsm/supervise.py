@@ -119,6 +119,8 @@ class NodeSidecars:
         self._run_created = False
         self._stopped = False
         self._record: storagefault.RecordWatch | None = None
+        # Set when a transition could not be recorded: the rest of the stop records nothing.
+        self._unrecordable: SidecarError | None = None
 
     @property
     def running(self) -> bool:
@@ -404,7 +406,9 @@ class NodeSidecars:
             return self._failures()
         except SidecarError as exc:
             assert self.store is not None
-            # stop() ends every process before it raises its own "not fully recorded" error.
+            # Recording nothing more: each write would meet the same fault, a stuck lock holder
+            # costing the busy timeout per write (60 s) while the sidecars still run.
+            self._unrecordable = exc
             with contextlib.suppress(Exception):
                 self.stop()
             raise SidecarError(storagefault.stopped_message(self.store.path, self.run_id, exc)) from exc
@@ -460,7 +464,8 @@ class NodeSidecars:
         running then is SIGKILLed and ``failed`` ("killed after grace"). A ``KeyboardInterrupt``
         during the wait skips to SIGKILL for the rest and propagates after the cleanup. A state
         write that fails never keeps a process alive: processes are ended first, the error is
-        raised after.
+        raised after. After ``failures()`` met a transition it could not record, nothing more is
+        recorded (the run's rows stay as they were until ``reap`` closes them).
         """
         if self._stopped:
             return
@@ -533,7 +538,7 @@ class NodeSidecars:
             )
 
     def _end_run(self, problems: list[BaseException]) -> None:
-        if self.store is None:
+        if self.store is None or self._unrecordable is not None:
             return
         try:
             if self._run_created:
@@ -569,10 +574,16 @@ class NodeSidecars:
         else:
             self._fire_collecting(problems, child, "fail", detail=detail, **facts)
 
-    @staticmethod
     def _fire_collecting(
-        problems: list[BaseException], child: _Child, event: str, detail: str | None = None, **facts: Any
+        self,
+        problems: list[BaseException],
+        child: _Child,
+        event: str,
+        detail: str | None = None,
+        **facts: Any,
     ) -> None:
+        if self._unrecordable is not None:
+            return  # failures() gave up recording this run; reap closes its rows later
         try:
             child.machine.fire(event, detail=detail, **facts)
         except Exception as exc:

@@ -359,3 +359,46 @@ def test_the_cli_exits_1_in_one_line_when_the_log_dir_is_cleaned_under_it(
     ], output.read_text()
     assert "Traceback" not in output.read_text()
     assert not procs.is_ours(sidecar)
+
+
+def test_a_write_lock_held_by_a_stopped_process_during_a_run_stops_its_sidecars(
+    log_dir: Path,
+    tls_origin: TlsH2Origin,
+    sidecar_binary: Path,
+    process_registry: ProcessRegistry,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    busy = 2.0  # as above: the default is 60 s
+    monkeypatch.setattr(dbfile, "BUSY_TIMEOUT_SECONDS", busy)
+    sidecars = make_sidecars(tls_origin, sidecar_binary, log_dir, store=Store.open(log_dir))
+    sidecars.start()
+    db = database_path(log_dir, HOST)
+    holder = subprocess.Popen([sys.executable, "-c", _HOLD_AND_STOP, str(db)])
+    process_registry.add(holder)
+    try:
+        started = pids_of(sidecars)
+        wait_until(
+            lambda: psutil.Process(holder.pid).status() == psutil.STATUS_STOPPED, 20, "the holder to stop"
+        )
+        assert procs.signal_if_ours(started[0], signal.SIGKILL)
+        killed = sidecars._children[0].process
+        assert killed is not None and procs.wait_exit(killed, 10) is not None
+        began = time.monotonic()
+        with pytest.raises(SidecarError) as stopped:
+            sidecars.check()
+        took = time.monotonic() - began
+        text = one_line(stopped.value)
+        assert text.startswith(f"run {sidecars.run_id}: its sidecars were stopped"), text
+        assert f"{db}: " in text and f"pid {holder.pid} (" in text, text
+        assert_ended(started)
+        assert our_proxies(sidecar_binary, log_dir) == []
+        # One write waited out the lock; the stop that followed tried no other (four more would
+        # have each waited as long while the other sidecar ran).
+        assert busy <= took < 2 * busy + 1.0, took
+    finally:
+        holder.kill()
+        holder.wait(10)
+        sidecars.stop()
+        assert sidecars.store is not None
+        sidecars.store.close()
+    assert_consistent(db)

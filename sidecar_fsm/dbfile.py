@@ -33,7 +33,7 @@ from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
 
-from sidecar_fsm import resources
+from sidecar_fsm import resources, storagefault
 from sidecar_fsm.errors import SchemaTooNewError, SidecarError, UnusableStateError
 from sidecar_fsm.hostname import host_name
 
@@ -488,7 +488,10 @@ def storage_error(
         return exc
     advice = "use another --log-dir"
     if primary == _SQLITE_FULL:
-        reason, advice = "filesystem is full", "free some space or use another --log-dir"
+        reason, advice = (
+            "filesystem is full (no space left on device)",
+            "free some space or use another --log-dir",
+        )
     elif primary in (_SQLITE_READONLY, _SQLITE_CANTOPEN, _SQLITE_PERM):
         reason = _not_writable_reason(path)
         if primary == _SQLITE_CANTOPEN and reason == "permission denied" and os.access(path.parent, os.W_OK):
@@ -499,7 +502,9 @@ def storage_error(
         # Found by a later read as well as at open: either way the file is unusable, not the run.
         kind = UnusableStateError
     elif primary in (_SQLITE_BUSY, _SQLITE_LOCKED):
-        reason = f"database is locked; another process held it for {BUSY_TIMEOUT_SECONDS:g}s"
+        # Named when the kernel can tell (a stuck or SIGSTOPped writer), so the fix is one kill away.
+        holder = storagefault.describe_lock_holders(path) or "another process"
+        reason = f"database is locked; {holder} held it for {BUSY_TIMEOUT_SECONDS:g}s"
         advice = "check for a stuck sidecar-fsm"
     else:
         reason = f"I/O error ({getattr(exc, 'sqlite_errorname', 'SQLITE_IOERR')})"

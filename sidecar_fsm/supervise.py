@@ -34,7 +34,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from sidecar_fsm import crashpoints, procs
+from sidecar_fsm import crashpoints, procs, storagefault
 from sidecar_fsm.binaryflags import BinaryFlags, filter_command
 from sidecar_fsm.command import config_summary, sidecar_command, sidecar_env
 from sidecar_fsm.config import H2PingSidecarConfig, SidecarInstanceConfig
@@ -122,6 +122,9 @@ class NodeSidecars:
         self._started = False
         self._run_created = False
         self._stopped = False
+        self._record: storagefault.RecordWatch | None = None
+        # Set when a transition could not be recorded: the rest of the stop records nothing.
+        self._unrecordable: SidecarError | None = None
 
     @property
     def running(self) -> bool:
@@ -164,6 +167,7 @@ class NodeSidecars:
             # in one line with nothing recorded, started or left behind.
             if self.store is None:
                 self.store = shared_store(self.log_dir)
+            self._record = storagefault.RecordWatch.of(self.store.path)
             env = sidecar_env(self.config)
             if not (os.path.isfile(self.binary) and os.access(self.binary, os.X_OK)):
                 self._fail_all(
@@ -399,9 +403,28 @@ class NodeSidecars:
         (after ``restart.backoff``, on the address it had bound, awaited like a start); otherwise,
         or when the restart fails, it is ``failed`` with its exit code and log tail. Failed
         instances are reported on every call. Empty after ``stop()``.
+
+        A transition that cannot be recorded (the filesystem is full, the write lock is held past
+        the busy timeout, the database file was deleted or replaced) stops every sidecar of the
+        run and raises ``SidecarError`` with one line saying why: a sidecar the record does not
+        show could outlive a crash of this process with nothing left to reap it.
         """
         if not self._started or self._stopped:
             return []
+        try:
+            if self._record is not None:
+                self._record.check(self.run_id)
+            return self._failures()
+        except SidecarError as exc:
+            assert self.store is not None
+            # Recording nothing more: each write would meet the same fault, a stuck lock holder
+            # costing the busy timeout per write (60 s) while the sidecars still run.
+            self._unrecordable = exc
+            with contextlib.suppress(Exception):
+                self.stop()
+            raise SidecarError(storagefault.stopped_message(self.store.path, self.run_id, exc)) from exc
+
+    def _failures(self) -> list[str]:
         dead: list[tuple[_Child, int]] = []
         for child in self._children:
             if child.state == "ready" and child.process is not None:
@@ -436,7 +459,9 @@ class NodeSidecars:
             try:
                 self._respawn(child, env, code)
             except SidecarError:
-                continue  # already failed with its message
+                if child.state == "failed":
+                    continue  # could not be started: already failed with its message
+                raise  # its restart (or failure) could not be recorded: failures() stops the run
             spawned.append(child)
         self._await_ready(spawned)
 
@@ -450,7 +475,8 @@ class NodeSidecars:
         running then is SIGKILLed and ``failed`` ("killed after grace"). A ``KeyboardInterrupt``
         during the wait skips to SIGKILL for the rest and propagates after the cleanup. A state
         write that fails never keeps a process alive: processes are ended first, the error is
-        raised after.
+        raised after. After ``failures()`` met a transition it could not record, nothing more is
+        recorded (the run's rows stay as they were until ``reap`` closes them).
         """
         if self._stopped:
             return
@@ -528,7 +554,7 @@ class NodeSidecars:
             )
 
     def _end_run(self, problems: list[BaseException]) -> None:
-        if self.store is None:
+        if self.store is None or self._unrecordable is not None:
             return
         try:
             if self._run_created:
@@ -567,8 +593,8 @@ class NodeSidecars:
         else:
             self._fire_collecting(problems, child, "fail", "fail-recorded", detail=detail, **facts)
 
-    @staticmethod
     def _fire_collecting(
+        self,
         problems: list[BaseException],
         child: _Child,
         event: str,
@@ -577,6 +603,8 @@ class NodeSidecars:
         **facts: Any,
     ) -> None:
         """Fire ``event`` on ``child``, then pass crash ``point``; a failed write joins ``problems``."""
+        if self._unrecordable is not None:
+            return  # failures() gave up recording this run; reap closes its rows later
         try:
             child.machine.fire(event, detail=detail, **facts)
             crashpoints.hit(point)

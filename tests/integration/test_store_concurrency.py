@@ -16,6 +16,7 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
+import psutil
 import pytest
 
 REPO = Path(__file__).resolve().parents[2]
@@ -264,9 +265,11 @@ def test_a_write_waits_for_another_process_lock_and_gives_up_clearly_past_the_de
         with Store.open(tmp_path, host=HOST) as impatient:
             with pytest.raises(SidecarError) as refused:
                 impatient.create_run("late", owner_pid=1, owner_start_time=None, config_summary={})
+            # The holder is named (pid, name, state) from the kernel's lock table.
+            process = psutil.Process(holder.pid)
             assert str(refused.value) == (
-                f"{store.path}: could not start a write: database is locked; another process held it "
-                "for 0.2s; check for a stuck sidecar-fsm"
+                f"{store.path}: could not start a write: database is locked; pid {holder.pid} "
+                f"({process.name()}, {process.status()}) held it for 0.2s; check for a stuck sidecar-fsm"
             )
             assert impatient.get_run("late") is None
 

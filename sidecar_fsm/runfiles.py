@@ -1,4 +1,4 @@
-"""A run's files in the log dir: their names, creating its logs, removing its ready files.
+"""A run's files in the log dir: their names, creating its logs, removing them and its ready files.
 
 Owns the naming ``h2ping-<instance>-<host>-<run id>.log`` / ``.ready`` (the run id keeps runs
 that share a log dir from ever touching one another's files), creating every log of a start
@@ -43,6 +43,12 @@ def create_logs(log_dir: str, paths: list[str]) -> list[int]:
             os.unlink(made)
         raise SidecarError(log_failure_message(path, exc)) from exc
     return [fd for _, fd in opened]
+
+
+def remove_files(paths: list[str]) -> None:
+    """Remove each of ``paths`` that exists. Idempotent."""
+    for path in paths:
+        Path(path).unlink(missing_ok=True)
 
 
 def remove_ready_files(ready_paths: list[str]) -> None:

@@ -44,7 +44,7 @@ from sidecar_fsm.hostname import host_name
 from sidecar_fsm.interrupts import interrupts_deferred
 from sidecar_fsm.messages import exit_message, log_failure_message, log_tail, port_clash_message, where
 from sidecar_fsm.ready import ReadyInfo, ReadyOutcome, ReadyWait, wait_all_ready
-from sidecar_fsm.runfiles import create_logs, remove_ready_files, run_file
+from sidecar_fsm.runfiles import create_logs, remove_files, remove_ready_files, run_file
 from sidecar_fsm.sharedstore import owner_identity, shared_store
 from sidecar_fsm.store import NewInstance, Store
 
@@ -180,7 +180,13 @@ class NodeSidecars:
                 # right after its own launch, so a launcher killed between two launches leaves
                 # every running sidecar recorded with its pid, for `reap`. `build` is recorded
                 # with `spawn` because the binary was resolved (or built) before the run.
-                self._open_run()
+                try:
+                    self._open_run()
+                except BaseException:
+                    # Nothing names these logs yet (the run row is what would), so nothing
+                    # would ever remove them: a start that cannot record its run leaves no file.
+                    remove_files([self._path(instance, ".log") for instance in self.instances])
+                    raise
                 for child, log in zip(self._children, logs, strict=True):
                     with interrupts_deferred():
                         self._launch(child, env, log=log)

@@ -191,6 +191,7 @@ def test_a_full_filesystem_stops_the_sidecars_it_cannot_record(
         assert_ended(started)
         assert our_proxies(sidecar_binary, log_dir) == []
         assert sorted(log_dir.glob("*.ready*")) == []
+        assert sorted(log_dir.glob("h2ping-*.log")) == []  # no run row names them: none is left
         assert not sidecars.running
         filler.unlink()
         assert_consistent(db)

@@ -36,7 +36,8 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 
 from omegaconf import DictConfig, OmegaConf
@@ -48,7 +49,7 @@ from bench.readme import results_path, update_readme  # noqa: E402
 from sidecar_fsm import procs  # noqa: E402
 from sidecar_fsm.buildcache import build_sidecar, ensure_binary  # noqa: E402
 from sidecar_fsm.config import H2PingSidecarConfig  # noqa: E402
-from sidecar_fsm.lab import TlsH2Origin, make_ca_and_cert  # noqa: E402
+from sidecar_fsm.lab import CertPaths, make_ca_and_cert  # noqa: E402
 from sidecar_fsm.launcher import (  # noqa: E402
     h2_ping_sidecar_config_from_global_config,
     resolve_binary,
@@ -70,7 +71,62 @@ manager.stop()
 """
 
 
-def gym_config(origins: list[TlsH2Origin], ca_file: Path, log_dir: Path, cache_dir: Path) -> DictConfig:
+# The origins run in a process of their own, as a real upstream runs on another machine: each
+# proxy dials its upstream once right after its ready file (SPEC), and an origin on a thread of
+# this process would take the launcher's GIL for four TLS handshakes in the middle of the start.
+_ORIGINS_SCRIPT = """
+import sys
+from pathlib import Path
+from sidecar_fsm.lab import CertPaths, TlsH2Origin
+certs = CertPaths(*(Path(arg) for arg in sys.argv[2:5]))
+origins = [TlsH2Origin(certs).start() for _ in range(int(sys.argv[1]))]
+print(" ".join(origin.url for origin in origins), flush=True)
+sys.stdin.read()  # until the bench closes our stdin (or dies)
+for origin in origins:
+    origin.stop()
+"""
+
+
+@dataclass(frozen=True)
+class RemoteOrigin:
+    url: str
+
+
+@contextlib.contextmanager
+def origins_in_a_process(certs: CertPaths, count: int) -> Iterator[list[RemoteOrigin]]:
+    """``count`` lab TLS HTTP/2 origins served by a child process; ended when the block exits."""
+    child = subprocess.Popen(
+        [
+            sys.executable,
+            "-c",
+            _ORIGINS_SCRIPT,
+            str(count),
+            str(certs.ca_pem),
+            str(certs.cert_pem),
+            str(certs.key_pem),
+        ],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    )
+    try:
+        assert child.stdout is not None
+        urls = child.stdout.readline().split()
+        if len(urls) != count:
+            raise SystemExit(f"bench: the origins process did not start ({child.poll()=})")
+        yield [RemoteOrigin(url) for url in urls]
+    finally:
+        if child.stdin is not None:
+            child.stdin.close()
+        try:
+            child.wait(10)
+        except subprocess.TimeoutExpired:
+            child.kill()
+            child.wait(10)
+
+
+def gym_config(origins: Sequence[RemoteOrigin], ca_file: Path, log_dir: Path, cache_dir: Path) -> DictConfig:
     instances = [
         {"name": f"model{index}", "upstream": origin.url, "listen": "127.0.0.1:0"}
         for index, origin in enumerate(origins)
@@ -226,7 +282,7 @@ def cold_build(output: Path, gocache: Path | None) -> float:
 
 
 def cold_round(
-    origins: list[TlsH2Origin], ca_file: Path, here: Path, warm_gocache: bool
+    origins: Sequence[RemoteOrigin], ca_file: Path, here: Path, warm_gocache: bool
 ) -> tuple[float, float, float]:
     """One round of the cold figures in fresh caches under ``here``: (build, 8 concurrent, 1) seconds.
 
@@ -303,8 +359,7 @@ def main() -> None:
     with tempfile.TemporaryDirectory(prefix="bench-launcher-") as temp:
         root = Path(temp)
         certs = make_ca_and_cert(root / "ca")
-        origins = [TlsH2Origin(certs).start() for _ in range(4)]
-        try:
+        with origins_in_a_process(certs, 4) as origins:
             warm_cache = root / "warm-cache"
             rows: list[tuple[str, str, str]] = []
             config4 = gym_config(origins, certs.ca_pem, root / "logs", warm_cache)
@@ -342,9 +397,6 @@ def main() -> None:
             rows.append(("  floor with GOMAXPROCS=1", ms(series["4p1.floor"]), "-"))
             if colds:
                 rows += cold_rows(colds)
-        finally:
-            for origin in origins:
-                origin.stop()
 
     width = max(len(row[0]) for row in rows)
     value_width = max(18, *(len(row[1]) for row in rows))

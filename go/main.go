@@ -76,7 +76,7 @@ func run(args []string, getenv func(string) string, stdout, stderr io.Writer) in
 		}
 		defer removeReadyFile(cfg.ReadyFile, info)
 	}
-	go checkUpstream(up, logger)
+	startUpstreamCheck(up, logger)
 	tuneGC(getenv)
 	logger.Printf("listening on %s, upstream %s (ping-interval %s, ping-timeout %s, max-conn-age %s)",
 		ln.Addr(), cfg.Upstream, cfg.PingInterval, cfg.PingTimeout, cfg.MaxConnAge)

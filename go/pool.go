@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"errors"
 	"net/http"
 	"slices"
 	"sync"
@@ -131,9 +132,21 @@ func (p *pool) changedLocked() {
 	}
 }
 
-// warm dials one connection now and keeps it for the first requests (upcheck.go).
+// errDialedAlready: a request's dial came before the start-up check, and is the check.
+var errDialedAlready = errors.New("a request dialed first")
+
+// warm dials one connection now and keeps it for the first requests (upcheck.go), unless
+// one exists or is being dialed: a second one would be a dial no request uses.
 func (p *pool) warm() error {
 	p.mu.Lock()
+	if p.closed {
+		p.mu.Unlock()
+		return errPoolClosed
+	}
+	if len(p.conns) > 0 || p.dialing > 0 {
+		p.mu.Unlock()
+		return errDialedAlready
+	}
 	p.dialing++
 	p.mu.Unlock()
 	return p.dialOne()

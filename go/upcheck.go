@@ -9,20 +9,37 @@ package main
 // (Closing it at once would also cut the TLS handshake's last bytes, still queued in the
 // write coalescer, and the upstream would log a failed handshake.)
 //
+// It starts a moment after the ready file (upstreamCheckDelay), not at once: a launcher
+// starts one sidecar per upstream together, and a check that parses the system roots and
+// runs a TLS handshake while its siblings are still starting takes the cores they start
+// on (with GOMAXPROCS 1 it also holds this process's only P, so a SIGTERM right after
+// ready waited for it). A request that comes first dials for itself, and that dial is the
+// check.
+//
 // Must not: delay readiness (it runs after the ready file, in its own goroutine) or send
 // a request (the upstream may bill or log one).
 
 import (
 	"log"
 	"runtime/debug"
+	"time"
 )
+
+// upstreamCheckDelay is how long after the ready file the check starts: long enough for
+// sidecars started together to be ready, short against the seconds the check promises.
+const upstreamCheckDelay = 200 * time.Millisecond
+
+// startUpstreamCheck runs checkUpstream after upstreamCheckDelay, in its own goroutine.
+func startUpstreamCheck(up *upstream, logger *log.Logger) {
+	time.AfterFunc(upstreamCheckDelay, func() { checkUpstream(up, logger) })
+}
 
 // checkUpstream dials the upstream once (TCP, TLS, ALPN h2, the HTTP/2 preface) and logs
 // the outcome in one line, the upstream without userinfo. The dial is counted like any
 // other (dials, errors, up).
 func checkUpstream(up *upstream, logger *log.Logger) {
 	if err := up.pool.warm(); err != nil {
-		if err != errPoolClosed {
+		if err != errPoolClosed && err != errDialedAlready {
 			logger.Printf("upstream check: %s: %s", up.cfg.Upstream, oneLine(err.Error()))
 		}
 		return

@@ -473,14 +473,19 @@ def _is_storage_error(exc: sqlite3.Error) -> bool:
 
 
 def storage_error(
-    path: Path, exc: sqlite3.Error, kind: type[SidecarError] = SidecarError, doing: str = ""
+    path: Path,
+    exc: sqlite3.Error,
+    kind: type[SidecarError] = SidecarError,
+    doing: str = "",
+    waited: float | None = None,
 ) -> sqlite3.Error | SidecarError:
     """``exc`` as one line naming ``path`` and the reason, if it is about the file or filesystem.
 
     Any other error (a constraint, a bug in a statement) is returned as it is, for the caller to
     raise. ``kind`` is ``UnusableStateError`` at open (the CLI exits 2: nothing was started) and
     ``SidecarError`` for a write or read that fails later, during a run; ``doing`` (e.g.
-    "write rolled back") goes between the path and the reason.
+    "write rolled back") goes between the path and the reason; ``waited`` is how long a locked
+    write waited (default: the busy timeout).
     """
     code = getattr(exc, "sqlite_errorcode", None)
     primary = None if code is None else code & 0xFF
@@ -504,7 +509,8 @@ def storage_error(
     elif primary in (_SQLITE_BUSY, _SQLITE_LOCKED):
         # Named when the kernel can tell (a stuck or SIGSTOPped writer), so the fix is one kill away.
         holder = storagefault.describe_lock_holders(path) or "another process"
-        reason = f"database is locked; {holder} held it for {BUSY_TIMEOUT_SECONDS:g}s"
+        held = BUSY_TIMEOUT_SECONDS if waited is None else waited
+        reason = f"database is locked; {holder} held it for {held:g}s"
         advice = "check for a stuck sidecar-fsm"
     else:
         reason = f"I/O error ({getattr(exc, 'sqlite_errorname', 'SQLITE_IOERR')})"

@@ -200,7 +200,7 @@ class Store:
     # -- writes ------------------------------------------------------------------------------
 
     @contextmanager
-    def transaction(self) -> Iterator[None]:
+    def transaction(self, wait_seconds: float | None = None) -> Iterator[None]:
         """Group the writes made inside the block into one transaction: all are stored or none.
 
         For a caller that makes several changes in step (a run and its instances, one event for
@@ -209,12 +209,14 @@ class Store:
         all-or-nothing guarantee through a savepoint, so a write that raises and is caught leaves
         the rest of the group intact. Any exception out of the block rolls all of it back.
         Other threads' writes wait until the block ends: keep it short and free of waits.
+        ``wait_seconds`` bounds the wait for another process's write lock for this transaction
+        only (a start's deadline); otherwise SQLite's busy timeout applies.
         """
-        with self._write():
+        with self._write(wait_seconds):
             yield
 
     @contextmanager
-    def _write(self) -> Iterator[sqlite_utils.Database]:
+    def _write(self, wait_seconds: float | None = None) -> Iterator[sqlite_utils.Database]:
         """One write transaction, holding SQLite's write lock from its first statement.
 
         Rolled back on any exception, so a failed write leaves the database as it was; an error
@@ -227,10 +229,17 @@ class Store:
                     yield self._db
                 return
             conn = self._db.conn
+            waited = dbfile.BUSY_TIMEOUT_SECONDS if wait_seconds is None else wait_seconds
             try:
-                conn.execute("BEGIN IMMEDIATE")
+                if wait_seconds is not None:
+                    conn.execute(f"PRAGMA busy_timeout = {int(wait_seconds * 1000)}")
+                try:
+                    conn.execute("BEGIN IMMEDIATE")
+                finally:
+                    if wait_seconds is not None:
+                        conn.execute(f"PRAGMA busy_timeout = {int(dbfile.BUSY_TIMEOUT_SECONDS * 1000)}")
             except sqlite3.Error as exc:
-                self._raise_failed(exc, "could not start a write")
+                self._raise_failed(exc, "could not start a write", waited)
             self._nesting = 1
             try:
                 yield self._db
@@ -246,10 +255,10 @@ class Store:
             finally:
                 self._nesting = 0
 
-    def _raise_failed(self, exc: sqlite3.Error, doing: str) -> NoReturn:
+    def _raise_failed(self, exc: sqlite3.Error, doing: str, waited: float | None = None) -> NoReturn:
         """Raise ``exc`` as one line naming the database if the file or filesystem is at fault,
         else as it is (a constraint: the caller's ``sqlite3.IntegrityError``)."""
-        error = dbfile.storage_error(self.path, exc, doing=doing)
+        error = dbfile.storage_error(self.path, exc, doing=doing, waited=waited)
         if error is exc:
             raise exc
         raise error from exc

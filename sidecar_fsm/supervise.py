@@ -227,7 +227,9 @@ class NodeSidecars:
             self.store = shared_store(self.log_dir)
         store = self.store
         owner = owner_identity()
-        with store.transaction():
+        # The start's first write waits for another process's write lock no longer than the
+        # start itself may take: a stuck holder fails the start at its deadline, naming it.
+        with store.transaction(wait_seconds=float(self.config.startup_timeout_seconds)):
             store.create_run(
                 self.run_id,
                 os.getpid(),

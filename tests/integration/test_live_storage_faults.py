@@ -213,11 +213,9 @@ def test_a_write_lock_held_by_a_stopped_process_fails_the_start_naming_it(
     tls_origin: TlsH2Origin,
     sidecar_binary: Path,
     process_registry: ProcessRegistry,
-    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    # SQLite's busy timeout is the start's deadline for its first write; 60 s by default,
-    # shortened here so the test does not wait a minute for the same outcome.
-    monkeypatch.setattr(dbfile, "BUSY_TIMEOUT_SECONDS", 1.5)
+    # The start's first write waits for the lock no longer than startup_timeout_seconds, the
+    # start's own deadline (30 s by default; 1.5 s here), not SQLite's 60 s busy timeout.
     Store.open(log_dir).close()
     db = database_path(log_dir, HOST)
     holder = subprocess.Popen([sys.executable, "-c", _HOLD_AND_STOP, str(db)])
@@ -227,14 +225,15 @@ def test_a_write_lock_held_by_a_stopped_process_fails_the_start_naming_it(
             lambda: psutil.Process(holder.pid).status() == psutil.STATUS_STOPPED, 20, "the holder to stop"
         )
         sidecars = make_sidecars(tls_origin, sidecar_binary, log_dir, store=Store.open(log_dir))
+        sidecars.config = sidecars.config.model_copy(update={"startup_timeout_seconds": 1.5})
         began = time.monotonic()
         with pytest.raises(SidecarError) as failed:
             sidecars.start()
         waited = time.monotonic() - began
         text = one_line(failed.value)
         assert text.startswith(f"{db}: ") and "database is locked" in text, text
-        assert f"pid {holder.pid} (" in text and "stopped)" in text, text
-        assert waited >= 1.5, waited
+        assert f"pid {holder.pid} (" in text and "stopped)" in text and "held it for 1.5s" in text, text
+        assert 1.5 <= waited < 20, waited
         assert our_proxies(sidecar_binary, log_dir) == []
         assert sorted(log_dir.glob("*.ready*")) == []
         assert sorted(log_dir.glob("h2ping-*.log")) == []  # no run row names them: none is left

@@ -483,14 +483,23 @@ class NodeSidecars:
         running then is SIGKILLed and ``failed`` ("killed after grace"). A ``KeyboardInterrupt``
         during the wait skips to SIGKILL for the rest and propagates after the cleanup. A state
         write that fails never keeps a process alive: processes are ended first, the error is
-        raised after. After ``failures()`` met a transition it could not record, nothing more is
-        recorded (the run's rows stay as they were until ``reap`` closes them).
+        raised after. After ``failures()`` met a transition it could not record, or when the
+        database file was deleted or replaced since, nothing more is recorded (the run's rows
+        stay as they were until ``reap`` closes them) and the latter raises its one line.
         """
         if self._stopped:
             return
         self._stopped = True
         problems: list[BaseException] = []
         interrupted: BaseException | None = None
+        lost: SidecarError | None = None
+        if self._record is not None and self._unrecordable is None:
+            try:
+                self._record.check(self.run_id)
+            except SidecarError as exc:
+                # Deleted or replaced since the last check(): this stop's rows would go to a
+                # file nobody reads (or into someone else's). End the processes, record nothing.
+                lost = self._unrecordable = exc
         try:
             draining: list[_Child] = []
             for child in self._children:
@@ -556,6 +565,8 @@ class NodeSidecars:
             self._end_run(problems)
         if interrupted is not None:
             raise interrupted
+        if lost is not None:
+            raise SidecarError(str(lost))
         if problems:
             raise SidecarError(
                 f"run {self.run_id}: stopped, but its state was not fully recorded: {problems[0]}"

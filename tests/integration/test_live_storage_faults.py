@@ -270,9 +270,10 @@ def replace_with_another_database(db: Path, scratch: Path) -> bytes:
     return db.read_bytes()
 
 
+@pytest.mark.parametrize("trigger", ["check", "stop"])
 @pytest.mark.parametrize("how", ["deleted", "replaced"])
-def test_a_database_deleted_or_replaced_under_a_live_run_stops_it_at_the_next_check(
-    log_dir: Path, tmp_path: Path, tls_origin: TlsH2Origin, sidecar_binary: Path, how: str
+def test_a_database_deleted_or_replaced_under_a_live_run_is_noticed_at_its_next_check_or_stop(
+    log_dir: Path, tmp_path: Path, tls_origin: TlsH2Origin, sidecar_binary: Path, how: str, trigger: str
 ) -> None:
     sidecars = make_sidecars(tls_origin, sidecar_binary, log_dir)
     sidecars.start()
@@ -287,7 +288,8 @@ def test_a_database_deleted_or_replaced_under_a_live_run_stops_it_at_the_next_ch
         else:
             replacement = replace_with_another_database(db, tmp_path / "elsewhere")
         with pytest.raises(SidecarError) as stopped:
-            sidecars.check()
+            # check() is the launcher's poll; a stop() with no check() since must notice too.
+            sidecars.check() if trigger == "check" else sidecars.stop()
         text = one_line(stopped.value)
         expected = "deleted" if how == "deleted" else "replaced by another file"
         assert text.startswith(f"{db}: {expected} while run {sidecars.run_id} was live"), text

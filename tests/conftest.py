@@ -62,6 +62,36 @@ def process_registry(session_process_registry: ProcessRegistry) -> Iterator[Proc
     registry.end_all()
 
 
+@pytest.fixture
+def make_tmpfs(tmp_path: Path) -> Iterator[Callable[..., Path]]:
+    """``make_tmpfs(size="4m", point=None, options="")``: a fresh tmpfs, unmounted after the test.
+
+    A real small filesystem for storage faults (full, out of inodes, remounted read-only), not a
+    mock of ``open``. ``point`` defaults to a new folder in the test's temp dir; ``options`` adds
+    mount options (``nr_inodes=64``). Skips the test, with the reason, where mounting is refused.
+    """
+    mounted: list[Path] = []
+
+    def make(size: str = "4m", point: Path | None = None, options: str = "") -> Path:
+        point = point if point is not None else tmp_path / f"tmpfs{len(mounted)}"
+        point.mkdir(parents=True)
+        mount_options = ",".join(part for part in (f"size={size}", "mode=0755", options) if part)
+        result = subprocess.run(
+            ["mount", "-t", "tmpfs", "-o", mount_options, "tmpfs", str(point)],
+            capture_output=True,
+            text=True,
+        )
+        if result.returncode != 0:
+            pytest.skip(f"cannot mount a tmpfs here: {result.stderr.strip() or result.returncode}")
+        mounted.append(point)
+        return point
+
+    yield make
+    for point in reversed(mounted):
+        if subprocess.run(["umount", str(point)], capture_output=True).returncode != 0:
+            subprocess.run(["umount", "-l", str(point)], check=False)
+
+
 @pytest.fixture(name="wait_until")
 def wait_until_fixture() -> Callable[..., Any]:
     """``wait_until(predicate, timeout, message)``: poll until truthy, else AssertionError."""

@@ -690,29 +690,16 @@ def test_unwritable_log_fails_the_start_naming_it_and_leaves_nothing(
     assert [path for path in log_dir.glob("*.log") if path.is_file()] == []  # the first log went too
 
 
-@pytest.fixture
-def small_tmpfs(tmp_path: Path) -> Iterator[Path]:
-    """A 2 MiB tmpfs with 64 inodes, mounted for the test (skipped where mounting is refused)."""
-    mount_point = tmp_path / "tmpfs"
-    mount_point.mkdir()
-    mounted = subprocess.run(
-        ["mount", "-t", "tmpfs", "-o", "size=2m,nr_inodes=64", "tmpfs", str(mount_point)],
-        capture_output=True,
-        text=True,
-    )
-    if mounted.returncode != 0:
-        pytest.skip(f"cannot mount a tmpfs here: {mounted.stderr.strip()}")
-    try:
-        yield mount_point
-    finally:
-        subprocess.run(["umount", "-l", str(mount_point)], check=False)
-
-
 @pytest.mark.parametrize("fault", ["read-only file system", "no space left on device"])
 def test_log_dir_that_breaks_after_the_database_opened_fails_in_one_line(
-    tls_origin: TlsH2Origin, sidecar_binary: Path, small_tmpfs: Path, cache_dir: Path, fault: str
+    tls_origin: TlsH2Origin,
+    sidecar_binary: Path,
+    make_tmpfs: Callable[..., Path],
+    cache_dir: Path,
+    fault: str,
 ) -> None:
     """A long-lived launcher keeps its database open; the log dir then turns read-only or fills up."""
+    small_tmpfs = make_tmpfs("2m", options="nr_inodes=64")  # 64 inodes: a full log dir is a loop away
 
     log_dir = small_tmpfs / "logs"
     store = Store.open(str(log_dir))

@@ -20,7 +20,7 @@ import sqlite3
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 
 import psutil
@@ -42,29 +42,6 @@ CLI = Path(sys.executable).with_name("sidecar-fsm")
 @pytest.fixture(autouse=True)
 def one_host(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("SIDECAR_FSM_HOST", HOST)
-
-
-@pytest.fixture
-def make_tmpfs(tmp_path: Path) -> Iterator[Callable[[Path, str], Path]]:
-    """``make_tmpfs(point, size)``: a fresh tmpfs mounted on ``point`` (made); unmounted after."""
-    mounted: list[Path] = []
-
-    def make(point: Path, size: str) -> Path:
-        point.mkdir(parents=True)
-        result = subprocess.run(
-            ["mount", "-t", "tmpfs", "-o", f"size={size},mode=0755", "tmpfs", str(point)],
-            capture_output=True,
-            text=True,
-        )
-        if result.returncode != 0:
-            pytest.skip(f"cannot mount a tmpfs here: {result.stderr.strip() or result.returncode}")
-        mounted.append(point)
-        return point
-
-    yield make
-    for point in reversed(mounted):
-        if subprocess.run(["umount", str(point)], capture_output=True).returncode != 0:
-            subprocess.run(["umount", "-l", str(point)], check=False)
 
 
 def fill(point: Path) -> Path:
@@ -163,7 +140,7 @@ def test_a_full_filesystem_stops_the_sidecars_it_cannot_record(
     trigger: str,
 ) -> None:
     # The whole log dir on one small filesystem, as on a real full disk: logs, ready files, database.
-    log_dir = make_tmpfs(tmp_path / "logs", "4m")
+    log_dir = make_tmpfs("4m", tmp_path / "logs")
     restarts = 1 if trigger == "check-with-restart" else 0
     sidecars = make_sidecars(tls_origin, sidecar_binary, log_dir, max_restarts=restarts)
     sidecars.start()

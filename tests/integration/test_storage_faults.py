@@ -17,7 +17,7 @@ import shutil
 import sqlite3
 import subprocess
 import sys
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -76,30 +76,6 @@ def assert_one_line(error: BaseException, path: Path, reason: str) -> None:
     assert "\n" not in text
     assert text.startswith(f"{path}: "), text
     assert reason in text, text
-
-
-@pytest.fixture
-def make_tmpfs(tmp_path: Path) -> Iterator[Callable[..., Path]]:
-    """``make_tmpfs(size="1m")``: a fresh tmpfs mounted in the test's temp dir; unmounted after."""
-    mounted: list[Path] = []
-
-    def make(size: str = "4m") -> Path:
-        point = tmp_path / f"tmpfs{len(mounted)}"
-        point.mkdir()
-        result = subprocess.run(
-            ["mount", "-t", "tmpfs", "-o", f"size={size},mode=0755", "tmpfs", str(point)],
-            capture_output=True,
-            text=True,
-        )
-        if result.returncode != 0:
-            pytest.skip(f"cannot mount a tmpfs here: {result.stderr.strip() or result.returncode}")
-        mounted.append(point)
-        return point
-
-    yield make
-    for point in reversed(mounted):
-        if subprocess.run(["umount", str(point)], capture_output=True).returncode != 0:
-            subprocess.run(["umount", "-l", str(point)], check=False)
 
 
 def remount(point: Path, option: str) -> None:

@@ -11,22 +11,14 @@ import atexit
 import contextlib
 import os
 import threading
-from pathlib import Path
 
 from sidecar_fsm import procs
+from sidecar_fsm.storagefault import RecordWatch
 from sidecar_fsm.store import Store
 
-_shared_stores: dict[tuple[int, str], tuple[Store, tuple[int, int]]] = {}
+_shared_stores: dict[tuple[int, str], tuple[Store, RecordWatch]] = {}
 _shared_stores_lock = threading.Lock()
 _owner_identities: dict[int, procs.ProcessIdentity | None] = {}
-
-
-def _file_id(path: Path) -> tuple[int, int] | None:
-    try:
-        status = os.stat(path)
-    except OSError:
-        return None
-    return status.st_dev, status.st_ino
 
 
 def shared_store(log_dir: str) -> Store:
@@ -44,15 +36,15 @@ def shared_store(log_dir: str) -> Store:
     with _shared_stores_lock:
         cached = _shared_stores.get(key)
         if cached is not None:
-            store, file_id = cached
-            if _file_id(store.path) == file_id:
+            store, watch = cached
+            if watch.lost() is None:
                 return store
             with contextlib.suppress(Exception):
                 store.close()
         store = Store.open(log_dir)
-        file_id_now = _file_id(store.path)
-        if file_id_now is not None:
-            _shared_stores[key] = (store, file_id_now)
+        watch = RecordWatch.of(store.path)
+        if watch.identity is not None:
+            _shared_stores[key] = (store, watch)
         return store
 
 

@@ -774,10 +774,16 @@ _show_python_warning = warnings.showwarning
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Run one command; the exit code (0 ok, 1 failure, 2 bad usage or config)."""
-    where = PROG
     # Python's default form adds the file, line and source of the warn() call: noise for a user
-    # who only needs to know that an upstream's path is dropped.
-    warnings.showwarning = _config_warning_line
+    # who only needs to know that an upstream's path is dropped. Restored on the way out, for a
+    # caller (a test) that runs main() in its own process.
+    with warnings.catch_warnings():
+        warnings.showwarning = _config_warning_line
+        return _run(argv)
+
+
+def _run(argv: Sequence[str] | None) -> int:
+    where = PROG
     try:
         args = _parse(argv)
         where = f"{PROG} {args.command}"

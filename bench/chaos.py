@@ -46,14 +46,14 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
 from bench.readme import results_path, update_readme  # noqa: E402
-from sidecar_fsm import procs  # noqa: E402
-from sidecar_fsm.buildcache import ensure_binary, user_cache_dir  # noqa: E402
+from sidecar_fsm.base import procs  # noqa: E402
+from sidecar_fsm.base.buildcache import ensure_binary, user_cache_dir  # noqa: E402
 from sidecar_fsm.config import H2PingSidecarConfig  # noqa: E402
 from sidecar_fsm.errors import SidecarError  # noqa: E402
-from sidecar_fsm.fsm import TERMINAL, target_of  # noqa: E402
 from sidecar_fsm.lab import TlsH2Origin, make_ca_and_cert  # noqa: E402
-from sidecar_fsm.store import DB_DIR_NAME  # noqa: E402
-from sidecar_fsm.supervise import NodeSidecars  # noqa: E402
+from sidecar_fsm.run.supervise import NodeSidecars  # noqa: E402
+from sidecar_fsm.state.fsm import TERMINAL, target_of  # noqa: E402
+from sidecar_fsm.state.store import DB_DIR_NAME  # noqa: E402
 
 SHUTDOWN_GRACE_SECONDS = 1.0
 # After the reap, how long a sidecar still draining by itself (exit_with_owner) may take.

@@ -46,8 +46,9 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
 from bench.readme import results_path, update_readme  # noqa: E402
-from sidecar_fsm import procs  # noqa: E402
-from sidecar_fsm.buildcache import build_sidecar, ensure_binary  # noqa: E402
+from sidecar_fsm.base import procs  # noqa: E402
+from sidecar_fsm.base.buildcache import build_sidecar, ensure_binary  # noqa: E402
+from sidecar_fsm.base.ready import ReadyWait, wait_all_ready  # noqa: E402
 from sidecar_fsm.config import H2PingSidecarConfig  # noqa: E402
 from sidecar_fsm.lab import CertPaths, make_ca_and_cert  # noqa: E402
 from sidecar_fsm.launcher import (  # noqa: E402
@@ -57,7 +58,6 @@ from sidecar_fsm.launcher import (  # noqa: E402
     sidecar_env,
     start_h2_ping_sidecar,
 )
-from sidecar_fsm.ready import ReadyWait, wait_all_ready  # noqa: E402
 
 _COLD_RUN = """
 import json, sys, time

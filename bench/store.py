@@ -43,8 +43,8 @@ for entry in (str(REPO), str(CODE)):
         sys.path.insert(0, entry)
 
 from bench.readme import results_path, update_readme  # noqa: E402
-from sidecar_fsm.fsm import InstanceMachine  # noqa: E402
-from sidecar_fsm.store import Store, database_path  # noqa: E402
+from sidecar_fsm.state.fsm import InstanceMachine  # noqa: E402
+from sidecar_fsm.state.store import Store, database_path  # noqa: E402
 
 HOST = "bench"
 LIFECYCLE = ("build", "spawn", "ready", "drain", "stop")

@@ -35,17 +35,18 @@ from omegaconf import DictConfig, OmegaConf, open_dict
 from omegaconf.errors import OmegaConfBaseException
 from yaml import MarkedYAMLError, YAMLError
 
-from sidecar_fsm import procs, render, top
-from sidecar_fsm.buildcache import CACHE_DIR_KEY, ensure_binary, user_cache_dir
-from sidecar_fsm.cluster import DEFAULT_ADDRESS, ClusterUnavailableError, reap_cluster
+from sidecar_fsm.base import procs
+from sidecar_fsm.base.buildcache import CACHE_DIR_KEY, ensure_binary, user_cache_dir
+from sidecar_fsm.base.resources import default_log_dir
 from sidecar_fsm.errors import ConfigError, ConfigWarning, SchemaTooNewError, SidecarError
-from sidecar_fsm.fsm import TERMINAL
 from sidecar_fsm.gymexec import ExecFailed, exec_command
-from sidecar_fsm.hostname import host_name
-from sidecar_fsm.live import scrape_all
-from sidecar_fsm.reap import ReapReport, owner_status, reap
-from sidecar_fsm.resources import default_log_dir
-from sidecar_fsm.store import InstanceRecord, RunRecord, Store, database_path, open_all_hosts
+from sidecar_fsm.run.cluster import DEFAULT_ADDRESS, ClusterUnavailableError, reap_cluster
+from sidecar_fsm.run.reap import ReapReport, owner_status, reap
+from sidecar_fsm.state.fsm import TERMINAL
+from sidecar_fsm.state.hostname import host_name
+from sidecar_fsm.state.store import InstanceRecord, RunRecord, Store, database_path, open_all_hosts
+from sidecar_fsm.view import render, top
+from sidecar_fsm.view.live import scrape_all
 
 if TYPE_CHECKING:
     from sidecar_fsm.launcher import H2PingSidecarManager

@@ -41,8 +41,8 @@ from pydantic import (
 )
 from typing_extensions import Self
 
-from sidecar_fsm.addresses import is_loopback_host, listens_clash, split_listen
-from sidecar_fsm.configerrors import (
+from sidecar_fsm.base.addresses import is_loopback_host, listens_clash, split_listen
+from sidecar_fsm.base.configerrors import (
     OMIT,
     Problem,
     config_error,
@@ -51,14 +51,14 @@ from sidecar_fsm.configerrors import (
     show_value,
     translate,
 )
-from sidecar_fsm.errors import ConfigError, ConfigWarning
-from sidecar_fsm.gosyntax import (
+from sidecar_fsm.base.gosyntax import (
     duration_seconds,
     format_go_duration,
     normalize_duration,
     normalize_memory_limit,
 )
-from sidecar_fsm.urls import normalize_upstream, redact_url, split_url, upstream_origin
+from sidecar_fsm.base.urls import normalize_upstream, redact_url, split_url, upstream_origin
+from sidecar_fsm.errors import ConfigError, ConfigWarning
 
 __all__ = [
     "DEFAULT_LISTEN",

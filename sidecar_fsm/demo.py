@@ -28,14 +28,14 @@ from urllib.parse import urlsplit
 
 from omegaconf import DictConfig, OmegaConf
 
-from sidecar_fsm import render
-from sidecar_fsm.buildcache import ensure_binary, user_cache_dir
+from sidecar_fsm.base.buildcache import ensure_binary, user_cache_dir
 from sidecar_fsm.errors import SidecarError
 from sidecar_fsm.lab.h2client import H2ClientError, h2_request
 from sidecar_fsm.lab.origin import TlsH2Origin
 from sidecar_fsm.lab.relay import IdleRelay
 from sidecar_fsm.launcher import H2PingSidecarManager, start_h2_ping_sidecar
-from sidecar_fsm.store import Store, database_path
+from sidecar_fsm.state.store import Store, database_path
+from sidecar_fsm.view import render
 
 IDLE_SECONDS = 2.0
 FIRST_BYTE_SECONDS = 3 * IDLE_SECONDS

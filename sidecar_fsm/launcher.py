@@ -25,15 +25,15 @@ from typing import Any
 
 from omegaconf import DictConfig
 
-from sidecar_fsm import binaryflags, crashpoints
-from sidecar_fsm.buildcache import (
+from sidecar_fsm.base.buildcache import (
     SIDECAR_BINARY_NAME,
     build_sidecar,
     cache_dir_of,
     default_binary_path,
     ensure_binary,
 )
-from sidecar_fsm.command import sidecar_command, sidecar_env
+from sidecar_fsm.base.resources import SIDECAR_SOURCE_DIR, default_log_dir
+from sidecar_fsm.base.urls import redact_url
 from sidecar_fsm.config import (
     H2PingSidecarConfig,
     SidecarInstanceConfig,
@@ -41,11 +41,11 @@ from sidecar_fsm.config import (
     is_loopback_host,
 )
 from sidecar_fsm.errors import ConfigError, SidecarError
-from sidecar_fsm.interrupts import interrupts_deferred
-from sidecar_fsm.resources import SIDECAR_SOURCE_DIR, default_log_dir
 from sidecar_fsm.rewrite import RewrittenUrl, rewrite_base_urls
-from sidecar_fsm.supervise import NodeSidecars
-from sidecar_fsm.urls import redact_url
+from sidecar_fsm.run import binaryflags, crashpoints
+from sidecar_fsm.run.command import sidecar_command, sidecar_env
+from sidecar_fsm.run.interrupts import interrupts_deferred
+from sidecar_fsm.run.supervise import NodeSidecars
 
 __all__ = [
     "SIDECAR_BINARY_NAME",

@@ -19,9 +19,9 @@ from typing import Any
 from omegaconf import DictConfig, ListConfig, OmegaConf, open_dict, read_write
 from omegaconf.errors import OmegaConfBaseException
 
+from sidecar_fsm.base.urls import Origin, parse_origin, split_url, without_userinfo
 from sidecar_fsm.config import SidecarInstanceConfig
 from sidecar_fsm.errors import ConfigError
-from sidecar_fsm.urls import Origin, parse_origin, split_url, without_userinfo
 
 MODEL_SERVER_TYPE = "responses_api_models"
 BASE_URL_KEY_SUFFIX = "base_url"

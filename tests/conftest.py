@@ -27,9 +27,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from helpers import ProcessRegistry, wait_until  # noqa: E402
 
-from sidecar_fsm import buildcache, procs  # noqa: E402
+from sidecar_fsm.base import buildcache, procs  # noqa: E402
+from sidecar_fsm.base.ready import ReadyWait, wait_all_ready  # noqa: E402
 from sidecar_fsm.lab import CertPaths, IdleRelay, TlsH2Origin, make_ca_and_cert  # noqa: E402
-from sidecar_fsm.ready import ReadyWait, wait_all_ready  # noqa: E402
 
 _SIDECAR_READY_SECONDS = 30.0
 _SIDECAR_STOP_SECONDS = 20.0

@@ -19,8 +19,8 @@ from pathlib import Path
 
 import pytest
 
-from sidecar_fsm import buildcache
-from sidecar_fsm.resources import SIDECAR_SOURCE_DIR
+from sidecar_fsm.base import buildcache
+from sidecar_fsm.base.resources import SIDECAR_SOURCE_DIR
 
 WORKERS = 8
 
@@ -29,7 +29,7 @@ WORKERS = 8
 WORKER = r"""
 import hashlib, json, subprocess, sys, time
 from pathlib import Path
-from sidecar_fsm.buildcache import ensure_binary
+from sidecar_fsm.base.buildcache import ensure_binary
 print("armed", flush=True)
 sys.stdin.read(1)
 began = time.monotonic()

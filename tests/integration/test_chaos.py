@@ -14,8 +14,8 @@ from pathlib import Path
 
 from helpers import ProcessRegistry, wait_until
 
-from sidecar_fsm import procs
-from sidecar_fsm.store import Store
+from sidecar_fsm.base import procs
+from sidecar_fsm.state.store import Store
 
 # bench/ is not installed with the package: the repo root makes it importable however pytest runs.
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))

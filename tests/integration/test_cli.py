@@ -20,10 +20,10 @@ import pytest
 import yaml
 from helpers import ProcessRegistry, http11_request, wait_until
 
-from sidecar_fsm import procs
-from sidecar_fsm.fsm import InstanceMachine
+from sidecar_fsm.base import procs
 from sidecar_fsm.lab import TlsH2Origin
-from sidecar_fsm.store import Store, database_path, schema_version
+from sidecar_fsm.state.fsm import InstanceMachine
+from sidecar_fsm.state.store import Store, database_path, schema_version
 
 SCRIPT = Path(sys.executable).with_name("sidecar-fsm")
 

@@ -33,8 +33,10 @@ import pytest
 from helpers import ProcessRegistry, http11_request, wait_until
 
 import sidecar_fsm
-from sidecar_fsm import cli, crashpoints, fsm
-from sidecar_fsm.store import open_all_hosts
+from sidecar_fsm import cli
+from sidecar_fsm.run import crashpoints
+from sidecar_fsm.state import fsm
+from sidecar_fsm.state.store import open_all_hosts
 
 # The launcher under test: start, then serve "stop" from stdin while check() supervises (the
 # poll loop of Gym's RunHelper). ``mode`` "direct" drives NodeSidecars with a binary the
@@ -47,7 +49,7 @@ spec = json.loads(sys.argv[1])
 config = OmegaConf.create(spec["config"])
 if spec["mode"] == "direct":
     from sidecar_fsm.config import h2_ping_sidecar_config_from_global_config
-    from sidecar_fsm.supervise import NodeSidecars
+    from sidecar_fsm.run.supervise import NodeSidecars
     parsed = h2_ping_sidecar_config_from_global_config(config)
     sidecars = NodeSidecars(parsed, parsed.instances, spec["binary"], spec["log_dir"])
     try:
@@ -213,7 +215,7 @@ def test_every_point_is_hit_somewhere_and_every_point_is_tested() -> None:
 
 def test_an_unknown_crash_point_is_refused_not_ignored(tmp_path: Path) -> None:
     """A typo in the variable must not let a crash test pass without crashing anywhere."""
-    probe = "from sidecar_fsm import crashpoints; crashpoints.hit('run-recorded')"
+    probe = "from sidecar_fsm.run import crashpoints; crashpoints.hit('run-recorded')"
     env = {**os.environ, crashpoints.ENV_VAR: "run-recordd"}
     done = subprocess.run([sys.executable, "-c", probe], env=env, capture_output=True, text=True, timeout=60)
     assert done.returncode == 1 and "'run-recordd' is not a crash point" in done.stderr

@@ -14,8 +14,8 @@ from pathlib import Path
 
 import pytest
 
-from sidecar_fsm.buildcache import find_go
-from sidecar_fsm.resources import SIDECAR_SOURCE_DIR
+from sidecar_fsm.base.buildcache import find_go
+from sidecar_fsm.base.resources import SIDECAR_SOURCE_DIR
 
 GO_DIR = Path(SIDECAR_SOURCE_DIR)
 # go test builds the binary and runs ~20 real-socket tests (about 10 s warm); -race

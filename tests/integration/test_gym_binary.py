@@ -20,14 +20,15 @@ import pytest
 from helpers import ProcessRegistry, http11_request, wait_until
 from omegaconf import OmegaConf
 
-from sidecar_fsm import binaryflags, procs
-from sidecar_fsm.binaryflags import BinaryFlags, binary_flags, filter_command, refusals, warnings
+from sidecar_fsm.base import procs
 from sidecar_fsm.config import H2PingSidecarConfig
 from sidecar_fsm.errors import ConfigError, SidecarError
 from sidecar_fsm.lab import TlsH2Origin
 from sidecar_fsm.launcher import start_h2_ping_sidecar
-from sidecar_fsm.store import Store
-from sidecar_fsm.supervise import sidecar_command
+from sidecar_fsm.run import binaryflags
+from sidecar_fsm.run.binaryflags import BinaryFlags, binary_flags, filter_command, refusals, warnings
+from sidecar_fsm.run.supervise import sidecar_command
+from sidecar_fsm.state.store import Store
 
 GYMPROXY_SOURCES = Path(__file__).resolve().parents[1] / "gymproxy"
 GYM_FLAGS = frozenset(

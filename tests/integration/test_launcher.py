@@ -29,9 +29,9 @@ from helpers import ProcessRegistry, http11_request
 from omegaconf import DictConfig, OmegaConf
 from pydantic import ValidationError
 
-from sidecar_fsm import buildcache, launcher, procs
+from sidecar_fsm import launcher
+from sidecar_fsm.base import buildcache, procs
 from sidecar_fsm.errors import SidecarError
-from sidecar_fsm.hostname import host_name
 from sidecar_fsm.lab import IdleRelay, TlsH2Origin
 from sidecar_fsm.launcher import (
     H2PingSidecarManager,
@@ -40,7 +40,8 @@ from sidecar_fsm.launcher import (
     resolve_log_dir,
     start_h2_ping_sidecar,
 )
-from sidecar_fsm.store import InstanceRecord, Store, database_path, open_all_hosts
+from sidecar_fsm.state.hostname import host_name
+from sidecar_fsm.state.store import InstanceRecord, Store, database_path, open_all_hosts
 
 FULL_HISTORY = ["configured", "building", "spawned", "ready", "draining", "stopped"]
 

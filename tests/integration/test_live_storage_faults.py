@@ -27,12 +27,13 @@ import psutil
 import pytest
 from helpers import ProcessRegistry, wait_until
 
-from sidecar_fsm import dbfile, procs
+from sidecar_fsm.base import procs
 from sidecar_fsm.config import H2PingSidecarConfig
 from sidecar_fsm.errors import SidecarError
 from sidecar_fsm.lab import TlsH2Origin
-from sidecar_fsm.store import DB_DIR_NAME, Store, database_path
-from sidecar_fsm.supervise import NodeSidecars
+from sidecar_fsm.run.supervise import NodeSidecars
+from sidecar_fsm.state import dbfile
+from sidecar_fsm.state.store import DB_DIR_NAME, Store, database_path
 
 HOST = "node7"
 REPO = Path(__file__).resolve().parents[2]

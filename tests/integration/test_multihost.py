@@ -19,9 +19,9 @@ from typing import Any
 import pytest
 
 from sidecar_fsm.errors import ConfigError
-from sidecar_fsm.fsm import InstanceMachine
-from sidecar_fsm.hostname import HOST_ENV, host_name
-from sidecar_fsm.store import Store, database_path
+from sidecar_fsm.state.fsm import InstanceMachine
+from sidecar_fsm.state.hostname import HOST_ENV, host_name
+from sidecar_fsm.state.store import Store, database_path
 
 
 def cli(log_dir: Path, *args: str) -> subprocess.CompletedProcess[str]:

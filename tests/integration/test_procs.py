@@ -15,8 +15,8 @@ import psutil
 import pytest
 from helpers import wait_until
 
-from sidecar_fsm import procs, ready
-from sidecar_fsm.procs import ProcessIdentity
+from sidecar_fsm.base import procs, ready
+from sidecar_fsm.base.procs import ProcessIdentity
 
 SLEEP = shutil.which("sleep") or "/bin/sleep"
 # Ignores SIGTERM, and says so on stdout once the handler is installed.

@@ -22,14 +22,14 @@ import pytest
 from helpers import http11_request, wait_until
 from omegaconf import OmegaConf
 
-from sidecar_fsm import procs
+from sidecar_fsm.base import procs
 from sidecar_fsm.config import h2_ping_sidecar_config_from_global_config
 from sidecar_fsm.errors import SidecarError
 from sidecar_fsm.lab import TlsH2Origin
 from sidecar_fsm.launcher import H2PingSidecarManager, start_h2_ping_sidecar
-from sidecar_fsm.messages import where
-from sidecar_fsm.store import InstanceRecord, open_all_hosts
-from sidecar_fsm.supervise import NodeSidecars
+from sidecar_fsm.run.messages import where
+from sidecar_fsm.run.supervise import NodeSidecars
+from sidecar_fsm.state.store import InstanceRecord, open_all_hosts
 
 NO_UPSTREAM = "https://127.0.0.1:9"
 

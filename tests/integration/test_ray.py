@@ -33,9 +33,9 @@ import psutil
 import pytest
 from helpers import ProcessRegistry, wait_until
 
-from sidecar_fsm import procs
-from sidecar_fsm.fsm import InstanceMachine
-from sidecar_fsm.store import Store
+from sidecar_fsm.base import procs
+from sidecar_fsm.state.fsm import InstanceMachine
+from sidecar_fsm.state.store import Store
 
 needs_ray = pytest.mark.skipif(
     importlib.util.find_spec("ray") is None,

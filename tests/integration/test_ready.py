@@ -13,8 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from sidecar_fsm import procs, ready
-from sidecar_fsm.ready import ReadyInfo, ReadyWait
+from sidecar_fsm.base import procs, ready
+from sidecar_fsm.base.ready import ReadyInfo, ReadyWait
 
 # argv: ready_path delay_seconds [exit_code]. Binds first, waits `delay`, then writes the file
 # the way the Go proxy does (temp file + rename) and stores the CLOCK_MONOTONIC time of the

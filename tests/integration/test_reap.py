@@ -19,10 +19,10 @@ from typing import Any
 import pytest
 from helpers import ProcessRegistry
 
-from sidecar_fsm import procs
-from sidecar_fsm.fsm import InstanceMachine
-from sidecar_fsm.reap import owner_status, reap
-from sidecar_fsm.store import Store, database_path
+from sidecar_fsm.base import procs
+from sidecar_fsm.run.reap import owner_status, reap
+from sidecar_fsm.state.fsm import InstanceMachine
+from sidecar_fsm.state.store import Store, database_path
 
 SLEEP = "/bin/sleep" if os.path.exists("/bin/sleep") else "/usr/bin/sleep"
 

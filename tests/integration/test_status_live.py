@@ -29,10 +29,11 @@ import pytest
 from helpers import ProcessRegistry, http11_request, wait_until
 from omegaconf import OmegaConf
 
-from sidecar_fsm import cli, live
+from sidecar_fsm import cli
 from sidecar_fsm.lab import IdleRelay, TlsH2Origin
 from sidecar_fsm.launcher import H2PingSidecarManager, start_h2_ping_sidecar
-from sidecar_fsm.store import Store
+from sidecar_fsm.state.store import Store
+from sidecar_fsm.view import live
 
 ANSI = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]")
 

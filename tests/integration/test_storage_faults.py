@@ -23,8 +23,8 @@ from pathlib import Path
 import pytest
 
 from sidecar_fsm.errors import SchemaTooNewError, SidecarError, UnusableStateError
-from sidecar_fsm.fsm import InstanceMachine
-from sidecar_fsm.store import Store, database_path, open_all_hosts, schema_version
+from sidecar_fsm.state.fsm import InstanceMachine
+from sidecar_fsm.state.store import Store, database_path, open_all_hosts, schema_version
 
 HOST = "node7"
 REPO = Path(__file__).resolve().parents[2]
@@ -159,7 +159,7 @@ def open_without_override(log_dir: Path) -> subprocess.CompletedProcess[str]:
     code = (
         "import sys\n"
         "from sidecar_fsm.errors import SidecarError\n"
-        "from sidecar_fsm.store import Store\n"
+        "from sidecar_fsm.state.store import Store\n"
         "try:\n"
         f"    Store.open({str(log_dir)!r}, host={HOST!r}).close()\n"
         "except SidecarError as error:\n"

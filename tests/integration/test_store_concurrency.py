@@ -23,10 +23,10 @@ REPO = Path(__file__).resolve().parents[2]
 if str(REPO) not in sys.path:  # when run as a script by the tests below
     sys.path.insert(0, str(REPO))
 
-from sidecar_fsm import dbfile  # noqa: E402
 from sidecar_fsm.errors import SidecarError  # noqa: E402
-from sidecar_fsm.fsm import InstanceMachine  # noqa: E402
-from sidecar_fsm.store import Store, database_path, load_migrations, schema_version  # noqa: E402
+from sidecar_fsm.state import dbfile  # noqa: E402
+from sidecar_fsm.state.fsm import InstanceMachine  # noqa: E402
+from sidecar_fsm.state.store import Store, database_path, load_migrations, schema_version  # noqa: E402
 
 HOST = "node-under-test"
 WRITERS = 8

@@ -17,7 +17,7 @@ from typing import IO, Any
 import pytest
 from omegaconf import OmegaConf
 
-from sidecar_fsm import buildcache
+from sidecar_fsm.base import buildcache
 from sidecar_fsm.errors import SidecarError
 
 FAKE_GO = r"""#!/bin/sh

@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 
 from sidecar_fsm.errors import SidecarError
-from sidecar_fsm.fsm import (
+from sidecar_fsm.state.fsm import (
     EVENTS,
     STATES,
     TERMINAL,
@@ -25,7 +25,7 @@ from sidecar_fsm.fsm import (
     legal_events,
     target_of,
 )
-from sidecar_fsm.store import InstanceRecord, Store
+from sidecar_fsm.state.store import InstanceRecord, Store
 
 # SPEC "The instance state machine", pair by pair. Anything not listed must be refused.
 LEGAL: dict[tuple[str, str], str] = {

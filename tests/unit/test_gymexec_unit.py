@@ -6,8 +6,8 @@ import ast
 import os
 from pathlib import Path
 
-from sidecar_fsm.binaryflags import BinaryFlags, filter_command, parse_usage
 from sidecar_fsm.gymexec import BOOTSTRAP_DIR, REDIRECTED_MODULES, command_environ
+from sidecar_fsm.run.binaryflags import BinaryFlags, filter_command, parse_usage
 
 
 def test_the_bootstrap_redirects_exactly_the_documented_modules() -> None:

@@ -16,7 +16,8 @@ import pytest
 from omegaconf import OmegaConf
 from pydantic import ValidationError
 
-from sidecar_fsm import buildcache, interrupts, launcher, messages, sharedstore, supervise
+from sidecar_fsm import launcher
+from sidecar_fsm.base import buildcache
 from sidecar_fsm.config import H2PingSidecarConfig
 from sidecar_fsm.errors import SidecarError
 from sidecar_fsm.launcher import (
@@ -29,6 +30,8 @@ from sidecar_fsm.launcher import (
     sidecar_env,
     start_h2_ping_sidecar,
 )
+from sidecar_fsm.run import interrupts, messages, supervise
+from sidecar_fsm.state import sharedstore
 
 SPEC_NAMES = (
     "start_h2_ping_sidecar",

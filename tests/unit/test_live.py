@@ -10,9 +10,9 @@ import time
 
 import pytest
 
-from sidecar_fsm import live, render
-from sidecar_fsm.live import Figures, Scrape
-from sidecar_fsm.store import InstanceRecord, RunRecord
+from sidecar_fsm.state.store import InstanceRecord, RunRecord
+from sidecar_fsm.view import live, render
+from sidecar_fsm.view.live import Figures, Scrape
 
 NOW = 1_800_000_000.0  # a fixed "now" so relative times are exact
 

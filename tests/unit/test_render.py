@@ -7,9 +7,9 @@ import re
 
 import pytest
 
-from sidecar_fsm import render
-from sidecar_fsm.reap import InstanceReap, ReapReport, RunReap
-from sidecar_fsm.store import InstanceRecord, RunRecord, TransitionRecord
+from sidecar_fsm.run.reap import InstanceReap, ReapReport, RunReap
+from sidecar_fsm.state.store import InstanceRecord, RunRecord, TransitionRecord
+from sidecar_fsm.view import render
 
 NOW = 1_800_000_000.0  # a fixed "now" so relative times are exact
 

@@ -12,10 +12,11 @@ from typing import Any
 
 import pytest
 
-from sidecar_fsm import dbfile, resources
+from sidecar_fsm.base import resources
 from sidecar_fsm.errors import SchemaTooNewError, SidecarError
-from sidecar_fsm.fsm import InstanceMachine
-from sidecar_fsm.store import (
+from sidecar_fsm.state import dbfile
+from sidecar_fsm.state.fsm import InstanceMachine
+from sidecar_fsm.state.store import (
     NewInstance,
     Store,
     database_path,

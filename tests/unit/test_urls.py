@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
+from sidecar_fsm.base.urls import Origin, parse_origin, redact_url, upstream_origin, without_userinfo
 from sidecar_fsm.errors import ConfigError
-from sidecar_fsm.urls import Origin, parse_origin, redact_url, upstream_origin, without_userinfo
 
 F = "sidecar.instances[0].upstream"
 HINT = "use https://HOST[:PORT]"

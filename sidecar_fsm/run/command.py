@@ -12,8 +12,8 @@ import os
 from pathlib import Path
 from typing import Any
 
+from sidecar_fsm.base.urls import redact_url
 from sidecar_fsm.config import H2PingSidecarConfig, SidecarInstanceConfig
-from sidecar_fsm.urls import redact_url
 
 # Loopback only: /metrics has no authentication. Port 0: the proxy picks one and writes it into
 # its ready file, which the ``ready`` event records for ``status`` and ``top``.

@@ -10,10 +10,10 @@ from __future__ import annotations
 
 import os
 
-from sidecar_fsm import procs
+from sidecar_fsm.base import procs
 from sidecar_fsm.config import is_loopback_host
-from sidecar_fsm.fsm import NON_TERMINAL
-from sidecar_fsm.store import InstanceRecord, Store
+from sidecar_fsm.state.fsm import NON_TERMINAL
+from sidecar_fsm.state.store import InstanceRecord, Store
 
 LOG_TAIL_LINES = 20
 _LOG_TAIL_BYTES = 16384

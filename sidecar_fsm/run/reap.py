@@ -25,14 +25,15 @@ from typing import Any, Literal
 
 from filelock import FileLock
 
-from sidecar_fsm import crashpoints, procs
+from sidecar_fsm.base import procs
+from sidecar_fsm.base.ready import temp_files
 from sidecar_fsm.config import parse_duration_seconds
 from sidecar_fsm.errors import ConfigError
+from sidecar_fsm.run import crashpoints
 
 # Imported for their types and machines; each owns its concern (SQL, state changes).
-from sidecar_fsm.fsm import TERMINAL, InstanceMachine
-from sidecar_fsm.ready import temp_files
-from sidecar_fsm.store import InstanceRecord, RunRecord, Store
+from sidecar_fsm.state.fsm import TERMINAL, InstanceMachine
+from sidecar_fsm.state.store import InstanceRecord, RunRecord, Store
 
 OwnerStatus = Literal["alive", "dead", "reused"]
 

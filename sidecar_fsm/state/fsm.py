@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING, Any, NamedTuple
 from transitions import EventData, Machine, MachineError
 
 if TYPE_CHECKING:
-    from sidecar_fsm.store import Store
+    from sidecar_fsm.state.store import Store
 
 __all__ = [
     "EVENTS",

@@ -33,9 +33,10 @@ from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
 
-from sidecar_fsm import resources, storagefault
+from sidecar_fsm.base import resources
 from sidecar_fsm.errors import SchemaTooNewError, SidecarError, UnusableStateError
-from sidecar_fsm.hostname import host_name
+from sidecar_fsm.state import storagefault
+from sidecar_fsm.state.hostname import host_name
 
 DB_DIR_NAME = "sidecar-fsm"
 

@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from sidecar_fsm.errors import SidecarError
-from sidecar_fsm.reap import ReapReport
+from sidecar_fsm.run.reap import ReapReport
 
 DEFAULT_ADDRESS = "auto"
 
@@ -123,13 +123,13 @@ def _reap_on_this_node(log_dir: str, dry_run: bool) -> tuple[str, str, str, Reap
 
     Returns (node id, host, database path, report, error). A missing database is not created:
     there is nothing to reap and nothing to write. Runs in a Ray worker, so it is a module-level
-    function (workers import ``sidecar_fsm.cluster`` by name) and imports ray lazily too.
+    function (workers import ``sidecar_fsm.run.cluster`` by name) and imports ray lazily too.
     """
     import ray
 
-    from sidecar_fsm.hostname import HOST_ENV, host_name
-    from sidecar_fsm.reap import reap
-    from sidecar_fsm.store import Store, database_path
+    from sidecar_fsm.run.reap import reap
+    from sidecar_fsm.state.hostname import HOST_ENV, host_name
+    from sidecar_fsm.state.store import Store, database_path
 
     node_id = str(ray.get_runtime_context().get_node_id())
     try:

@@ -24,7 +24,7 @@ from omegaconf.errors import OmegaConfBaseException
 from pydantic import BaseModel, ValidationError
 from pydantic_core import ErrorDetails, InitErrorDetails, PydanticCustomError
 
-from sidecar_fsm.urls import without_userinfo
+from sidecar_fsm.base.urls import without_userinfo
 
 _NODES_REMOVED = (
     "is not supported: the sidecar always runs next to the servers that call it "

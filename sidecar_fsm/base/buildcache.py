@@ -34,8 +34,8 @@ from typing import Any, NamedTuple
 
 from filelock import FileLock, Timeout
 
-from .errors import SidecarError
-from .resources import SIDECAR_SOURCE_DIR
+from sidecar_fsm.base.resources import SIDECAR_SOURCE_DIR
+from sidecar_fsm.errors import SidecarError
 
 SIDECAR_BINARY_NAME = "h2-ping-sidecar"
 CACHE_DIR_KEY = "cache_dir"

@@ -39,17 +39,17 @@ from typing import Any, Literal, NamedTuple, NoReturn
 
 import sqlite_utils
 
-from sidecar_fsm import dbfile
-from sidecar_fsm.dbfile import (  # re-exported: callers and tests know them as store's
+from sidecar_fsm.base.urls import redact_url
+from sidecar_fsm.errors import SidecarError
+from sidecar_fsm.state import dbfile
+from sidecar_fsm.state.dbfile import (  # re-exported: callers and tests know them as store's
     DB_DIR_NAME,
     Migration,
     database_path,
     load_migrations,
     schema_version,
 )
-from sidecar_fsm.errors import SidecarError
-from sidecar_fsm.hostname import host_name
-from sidecar_fsm.urls import redact_url
+from sidecar_fsm.state.hostname import host_name
 
 __all__ = [
     "DB_DIR_NAME",

@@ -11,9 +11,9 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
+from sidecar_fsm.base.ready import temp_files
 from sidecar_fsm.errors import SidecarError
-from sidecar_fsm.messages import log_failure_message
-from sidecar_fsm.ready import temp_files
+from sidecar_fsm.run.messages import log_failure_message
 
 
 def run_file(log_dir: str, instance: str, host: str, run_id: str, suffix: str) -> str:

@@ -12,9 +12,9 @@ import contextlib
 import os
 import threading
 
-from sidecar_fsm import procs
-from sidecar_fsm.storagefault import RecordWatch
-from sidecar_fsm.store import Store
+from sidecar_fsm.base import procs
+from sidecar_fsm.state.storagefault import RecordWatch
+from sidecar_fsm.state.store import Store
 
 _shared_stores: dict[tuple[int, str], tuple[Store, RecordWatch]] = {}
 _shared_stores_lock = threading.Lock()

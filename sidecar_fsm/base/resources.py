@@ -9,7 +9,7 @@ import os
 import tempfile
 from pathlib import Path
 
-_PACKAGE_DIR = Path(__file__).resolve().parent
+_PACKAGE_DIR = Path(__file__).resolve().parent.parent
 
 
 def _bundled_or_checkout(name: str) -> Path:

@@ -19,10 +19,10 @@ from datetime import datetime, timezone
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from sidecar_fsm.cluster import ClusterReap, NodeReap
-    from sidecar_fsm.live import Scrape
-    from sidecar_fsm.reap import ReapReport
-    from sidecar_fsm.store import InstanceRecord, RunRecord, TransitionRecord
+    from sidecar_fsm.run.cluster import ClusterReap, NodeReap
+    from sidecar_fsm.run.reap import ReapReport
+    from sidecar_fsm.state.store import InstanceRecord, RunRecord, TransitionRecord
+    from sidecar_fsm.view.live import Scrape
 
 UNKNOWN = "-"
 

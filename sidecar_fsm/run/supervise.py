@@ -34,19 +34,21 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from sidecar_fsm import crashpoints, procs, storagefault
-from sidecar_fsm.binaryflags import BinaryFlags, filter_command
-from sidecar_fsm.command import config_summary, sidecar_command, sidecar_env
+from sidecar_fsm.base import procs
+from sidecar_fsm.base.ready import ReadyInfo, ReadyOutcome, ReadyWait, wait_all_ready
 from sidecar_fsm.config import H2PingSidecarConfig, SidecarInstanceConfig
 from sidecar_fsm.errors import SidecarError
-from sidecar_fsm.fsm import TERMINAL, Firing, InstanceMachine, fire_together
-from sidecar_fsm.hostname import host_name
-from sidecar_fsm.interrupts import interrupts_deferred
-from sidecar_fsm.messages import exit_message, log_failure_message, log_tail, port_clash_message, where
-from sidecar_fsm.ready import ReadyInfo, ReadyOutcome, ReadyWait, wait_all_ready
-from sidecar_fsm.runfiles import create_logs, remove_files, remove_ready_files, run_file
-from sidecar_fsm.sharedstore import owner_identity, shared_store
-from sidecar_fsm.store import NewInstance, Store
+from sidecar_fsm.run import crashpoints
+from sidecar_fsm.run.binaryflags import BinaryFlags, filter_command
+from sidecar_fsm.run.command import config_summary, sidecar_command, sidecar_env
+from sidecar_fsm.run.interrupts import interrupts_deferred
+from sidecar_fsm.run.messages import exit_message, log_failure_message, log_tail, port_clash_message, where
+from sidecar_fsm.run.runfiles import create_logs, remove_files, remove_ready_files, run_file
+from sidecar_fsm.state import storagefault
+from sidecar_fsm.state.fsm import TERMINAL, Firing, InstanceMachine, fire_together
+from sidecar_fsm.state.hostname import host_name
+from sidecar_fsm.state.sharedstore import owner_identity, shared_store
+from sidecar_fsm.state.store import NewInstance, Store
 
 __all__ = ["NodeSidecars", "shared_store", "sidecar_command", "sidecar_env"]
 

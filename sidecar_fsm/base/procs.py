@@ -24,7 +24,7 @@ from typing import Literal
 
 import psutil
 
-from .errors import SidecarError
+from sidecar_fsm.errors import SidecarError
 
 # psutil derives the start time from clock ticks since boot (USER_HZ, 100 per second), so the
 # same process always reads the same value while two processes that reuse a pid differ by at

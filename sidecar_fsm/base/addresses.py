@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import ipaddress
 
-from sidecar_fsm.urls import is_valid_host_name
+from sidecar_fsm.base.urls import is_valid_host_name
 
 LISTEN_HINT = "use 127.0.0.1:PORT (0 picks a free port; IPv6 as [::1]:PORT)"
 

@@ -36,6 +36,7 @@ _START_TIME_TOLERANCE = 0.005
 _KILL_WAIT_SECONDS = 5.0
 
 TerminateOutcome = Literal["exited", "killed", "not-ours", "gone"]
+PidStatus = Literal["alive", "dead", "reused"]
 
 
 # How far a process's start time may read before the moment its run was recorded and still be
@@ -129,6 +130,22 @@ def is_ours(record: ProcessIdentity) -> bool:
     if record.exe is not None and not _same_exe(record.exe, current.exe):
         return False
     return record.ready_path is None or _carries_ready_path(record.pid, record.ready_path)
+
+
+def pid_status(pid: int, start_time: float | None, exe: str | None = None) -> PidStatus:
+    """What became of a recorded process: ``alive`` (still it), ``dead`` or ``reused``.
+
+    Read-only. A run can stay open in the database for days after its launcher was SIGKILLed,
+    long enough for the kernel to give the pid to an unrelated process; the recorded start time
+    (and executable, when given) tells them apart. Without a recorded start time the pid cannot
+    be proven reused, so a live process there counts as alive: the safe answer, since it keeps
+    reap away from a run that may still be owned.
+    """
+    if identity_of(pid) is None:
+        return "dead"
+    if start_time is None:
+        return "alive"
+    return "alive" if is_ours(ProcessIdentity(pid=pid, start_time=start_time, exe=exe)) else "reused"
 
 
 def _argv(pid: int) -> list[str]:

@@ -72,20 +72,8 @@ class ReapReport:
 
 
 def owner_status(run: RunRecord) -> OwnerStatus:
-    """Whether the process that started ``run`` is still alive: ``alive``, ``dead`` or ``reused``.
-
-    Read-only. A run can stay open in the database for days after its launcher was SIGKILLed,
-    long enough for the kernel to give the pid to an unrelated process; the recorded start time
-    tells them apart. Without a recorded start time the pid cannot be proven reused, so a live
-    process there counts as the owner: the safe answer, since it keeps reap away.
-    """
-    current = procs.identity_of(run.owner_pid)
-    if current is None:
-        return "dead"
-    if run.owner_start_time is None:
-        return "alive"
-    recorded = procs.ProcessIdentity(pid=run.owner_pid, start_time=run.owner_start_time, exe=None)
-    return "alive" if procs.is_ours(recorded) else "reused"
+    """Whether the process that started ``run`` is still alive (``procs.pid_status``). Read-only."""
+    return procs.pid_status(run.owner_pid, run.owner_start_time)
 
 
 def _reason(run: RunRecord, owner: OwnerStatus) -> str:

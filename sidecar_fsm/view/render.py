@@ -14,9 +14,18 @@ from __future__ import annotations
 import json
 import time
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from typing import TYPE_CHECKING, Any
+
+from sidecar_fsm.view.status import (
+    OWNER_GONE,
+    PROCESS_GONE,
+    PROCESS_REUSED,
+    REAP_HINT,
+    RunStatus,
+    process_alive,
+    process_note,
+)
 
 if TYPE_CHECKING:
     from sidecar_fsm.run.cluster import ClusterReap, NodeReap
@@ -46,80 +55,6 @@ _STATE_STYLES = {
     "failed": "red",
 }
 _OWNER_STYLES = {"alive": "green", "dead": "red", "reused": "red"}
-
-# What runs at an instance's recorded pid now (``RunStatus.processes``). The caller decides it
-# with ``procs`` (pid, start time and executable), never from the pid alone.
-PROCESS_RUNNING = "running"
-PROCESS_GONE = "gone"
-PROCESS_REUSED = "reused"
-PROCESS_OTHER_HOST = "other host"
-_OWNER_GONE = frozenset({"dead", "reused"})
-REAP_HINT = "run sidecar-fsm reap"
-
-
-@dataclass(frozen=True)
-class RunStatus:
-    """One run as ``status`` shows it: the record, what became of its owner, its instances.
-
-    ``owner`` is ``"alive"``, ``"dead"`` (no such process), ``"reused"`` (the pid now belongs
-    to another process) or ``"other host"`` (not judged here); the caller decides it with
-    ``procs``, never from the pid alone. ``processes`` maps the id of each instance recorded
-    live (spawned, ready, draining) with a pid to what runs there now (``PROCESS_*``); an
-    instance absent from it has no process. ``live`` maps the id of each instance whose
-    ``/metrics`` was scraped to the outcome (``live.Scrape``); absent: not scraped (no metrics
-    address, not running, another host).
-    """
-
-    run: RunRecord
-    owner: str
-    instances: Sequence[InstanceRecord]
-    processes: Mapping[int, str] = field(default_factory=dict)
-    live: Mapping[int, Scrape] = field(default_factory=dict)
-    # Instance id -> pids of live processes proven ours (``procs.find_ours``) that its row does
-    # not name: a launcher killed between a spawn and its commit. Such an instance is running.
-    unrecorded: Mapping[int, Sequence[int]] = field(default_factory=dict)
-
-    def process_of(self, inst: InstanceRecord) -> str | None:
-        return self.processes.get(inst.id)
-
-    def live_of(self, inst: InstanceRecord) -> Scrape | None:
-        return self.live.get(inst.id)
-
-
-def process_alive(process: str | None) -> bool | None:
-    """The ``"alive"`` of ``--json``: True when our process runs, False when it is gone or its
-    pid reused, None when there is no process or it cannot be judged here (another host)."""
-    if process == PROCESS_RUNNING:
-        return True
-    if process in (PROCESS_GONE, PROCESS_REUSED):
-        return False
-    return None
-
-
-def process_note(status: RunStatus, inst: InstanceRecord) -> str | None:
-    """Why a recorded-live instance is not what its row says, and what to do; None if it is.
-
-    The database keeps the state its launcher last recorded; a launcher killed with -9 records
-    nothing more, and with ``exit_with_owner`` its sidecars drain and exit by themselves. Only
-    ``reap`` (or the launcher, while it lives) records that, so the hint depends on the owner.
-    """
-    process = status.process_of(inst)
-    unrecorded = status.unrecorded.get(inst.id)
-    if unrecorded:
-        pids = ", ".join(str(pid) for pid in unrecorded)
-        what = f"pid {pids} runs but was never recorded (its launcher died first)"
-    elif process == PROCESS_GONE:
-        what = f"recorded {inst.state} but pid {inst.pid} has exited"
-    elif process == PROCESS_REUSED:
-        what = f"recorded {inst.state} but pid {inst.pid} now belongs to another process"
-    else:
-        return None
-    if status.owner in _OWNER_GONE:
-        return f"{what}; {REAP_HINT}"
-    if status.owner == "alive":
-        return f"{what}; its launcher (pid {status.run.owner_pid}) has not recorded it yet"
-    return what
-
 
 # --------------------------------------------------------------------------------- formatting
 
@@ -420,7 +355,7 @@ def _owner_words(run: RunRecord, owner: str | None) -> str:
     """``owner pid 41022 (alive)``; for a live run whose owner is gone, with the reap hint."""
     if owner is None:
         return f"owner pid {run.owner_pid}"
-    if run.ended_at is None and owner in _OWNER_GONE:
+    if run.ended_at is None and owner in OWNER_GONE:
         return f"owner pid {run.owner_pid} ({owner}: {REAP_HINT})"
     return f"owner pid {run.owner_pid} ({owner})"
 

@@ -107,7 +107,8 @@ CASES: list[tuple[str, str, str]] = [
     ("two", "reap-run-ended", "reap"),
 ]
 
-LIFECYCLE_MODULES = ("supervise.py", "reap.py", "launcher.py")
+# Every module of the run layer (it starts, signals and records children) and the launcher.
+LIFECYCLE_MODULES = ("run/*.py", "launcher.py")
 # Calls that commit, start a process or signal one; ``transaction`` is checked at its ``with``.
 _SITE_NAMES = frozenset(
     {
@@ -191,7 +192,8 @@ def _owned_by(statement: ast.stmt, call: ast.Call) -> bool:
 
 def _module_trees() -> dict[str, ast.Module]:
     package = Path(sidecar_fsm.__file__).parent
-    return {name: ast.parse((package / name).read_text()) for name in LIFECYCLE_MODULES}
+    paths = [path for pattern in LIFECYCLE_MODULES for path in sorted(package.glob(pattern))]
+    return {str(path.relative_to(package)): ast.parse(path.read_text()) for path in paths}
 
 
 def test_every_commit_spawn_and_signal_site_is_followed_by_a_crash_point() -> None:

@@ -12,6 +12,7 @@ import pytest
 
 from sidecar_fsm.state.store import InstanceRecord, RunRecord
 from sidecar_fsm.view import live, render
+from sidecar_fsm.view import status as view_status
 from sidecar_fsm.view.live import Figures, Scrape
 
 NOW = 1_800_000_000.0  # a fixed "now" so relative times are exact
@@ -116,8 +117,8 @@ def test_parse_refuses_what_is_not_the_proxys_answer(text: str, reason: str | No
         assert str(refused.value) == reason
 
 
-def status_with(scrapes: dict[int, Scrape]) -> render.RunStatus:
-    return render.RunStatus(
+def status_with(scrapes: dict[int, Scrape]) -> view_status.RunStatus:
+    return view_status.RunStatus(
         run=RunRecord("4c1e9a3f2b10", "node7", 41022, NOW - 501, NOW - 500, None, None, {}),
         owner="alive",
         instances=[
@@ -125,7 +126,11 @@ def status_with(scrapes: dict[int, Scrape]) -> render.RunStatus:
             instance_record(2, "judge", "127.0.0.1:9102"),
             instance_record(3, "nometrics", None),
         ],
-        processes={1: render.PROCESS_RUNNING, 2: render.PROCESS_RUNNING, 3: render.PROCESS_RUNNING},
+        processes={
+            1: view_status.PROCESS_RUNNING,
+            2: view_status.PROCESS_RUNNING,
+            3: view_status.PROCESS_RUNNING,
+        },
         live=scrapes,
     )
 

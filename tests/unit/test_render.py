@@ -10,6 +10,7 @@ import pytest
 from sidecar_fsm.run.reap import InstanceReap, ReapReport, RunReap
 from sidecar_fsm.state.store import InstanceRecord, RunRecord, TransitionRecord
 from sidecar_fsm.view import render
+from sidecar_fsm.view import status as view_status
 
 NOW = 1_800_000_000.0  # a fixed "now" so relative times are exact
 
@@ -51,8 +52,8 @@ def instance_record(**overrides: object) -> InstanceRecord:
     return InstanceRecord(**fields)  # type: ignore[arg-type]
 
 
-def two_instance_status() -> render.RunStatus:
-    return render.RunStatus(
+def two_instance_status() -> view_status.RunStatus:
+    return view_status.RunStatus(
         run=run_record(),
         owner="alive",
         instances=[
@@ -111,8 +112,8 @@ def test_status_columns_are_aligned_and_unknowns_are_dashes() -> None:
 
 
 def test_status_shows_a_dead_owner_and_finished_runs() -> None:
-    dead = render.RunStatus(run=run_record(), owner="dead", instances=[])
-    ended = render.RunStatus(
+    dead = view_status.RunStatus(run=run_record(), owner="dead", instances=[])
+    ended = view_status.RunStatus(
         run=run_record(run_id="aaaa", ended_at=NOW - 30, outcome="reaped"), owner="dead", instances=[]
     )
     lines = render.status_lines([dead, ended], now=NOW)
@@ -120,7 +121,7 @@ def test_status_shows_a_dead_owner_and_finished_runs() -> None:
     assert lines[1].endswith("owner gone: run sidecar-fsm reap")
     assert lines[2] == ""
     assert lines[4].endswith("reaped 30s ago")
-    elsewhere = render.RunStatus(run=run_record(host="node8"), owner="other host", instances=[])
+    elsewhere = view_status.RunStatus(run=run_record(host="node8"), owner="other host", instances=[])
     assert render.status_lines([elsewhere], now=NOW)[1].endswith("live (owner on another host)")
 
 
@@ -252,38 +253,38 @@ def test_table_pads_to_widest_value_and_replaces_empty() -> None:
     ]
 
 
-def observed(owner: str, process: str, **run: object) -> render.RunStatus:
+def observed(owner: str, process: str, **run: object) -> view_status.RunStatus:
     """The two-instance run with the policy sidecar's process observed as ``process``."""
     base = two_instance_status()
-    return render.RunStatus(run_record(**run), owner, base.instances, {1: process})
+    return view_status.RunStatus(run_record(**run), owner, base.instances, {1: process})
 
 
 # (owner, what runs at policy's pid) -> PID cell, DETAIL, json alive
 OBSERVED = [
-    ("alive", render.PROCESS_RUNNING, "41030", "-", True),
-    ("dead", render.PROCESS_RUNNING, "41030", "-", True),
+    ("alive", view_status.PROCESS_RUNNING, "41030", "-", True),
+    ("dead", view_status.PROCESS_RUNNING, "41030", "-", True),
     (
         "dead",
-        render.PROCESS_GONE,
+        view_status.PROCESS_GONE,
         "41030 (gone)",
         "recorded ready but pid 41030 has exited; run sidecar-fsm reap",
         False,
     ),
     (
         "reused",
-        render.PROCESS_REUSED,
+        view_status.PROCESS_REUSED,
         "41030 (reused)",
         "recorded ready but pid 41030 now belongs to another process; run sidecar-fsm reap",
         False,
     ),
     (
         "alive",
-        render.PROCESS_GONE,
+        view_status.PROCESS_GONE,
         "41030 (gone)",
         "recorded ready but pid 41030 has exited; its launcher (pid 41022) has not recorded it yet",
         False,
     ),
-    ("other host", render.PROCESS_OTHER_HOST, "41030", "-", None),
+    ("other host", view_status.PROCESS_OTHER_HOST, "41030", "-", None),
 ]
 
 
@@ -304,11 +305,11 @@ def test_status_shows_the_observed_process_of_a_recorded_live_instance(
 
 def test_status_names_a_running_process_no_record_names() -> None:
     """A launcher killed between a spawn and its commit: the row says configured, no pid."""
-    unrecorded = render.RunStatus(
+    unrecorded = view_status.RunStatus(
         run=run_record(),
         owner="dead",
         instances=[instance_record(state="configured", pid=None, pid_start_time=None)],
-        processes={1: render.PROCESS_RUNNING},
+        processes={1: view_status.PROCESS_RUNNING},
         unrecorded={1: [41077]},
     )
     lines = render.status_lines([unrecorded], now=NOW)
@@ -322,7 +323,7 @@ def test_status_names_a_running_process_no_record_names() -> None:
 
 
 def test_history_header_says_whether_owner_and_processes_live() -> None:
-    status = observed("dead", render.PROCESS_GONE)
+    status = observed("dead", view_status.PROCESS_GONE)
     rows = [("policy", TransitionRecord(1, 1, "spawned", "ready", "ready", NOW, None))]
     lines = render.history_lines(status.run, rows, status=status)
     assert lines[0].startswith(
@@ -336,5 +337,5 @@ def test_history_header_says_whether_owner_and_processes_live() -> None:
         {"name": "policy", "state": "ready", "pid": 41030, "alive": False, "process": "gone"},
         {"name": "judge", "state": "failed", "pid": None, "alive": None, "process": None},
     ]
-    ended = observed("dead", render.PROCESS_GONE, ended_at=NOW, outcome="ended")
+    ended = observed("dead", view_status.PROCESS_GONE, ended_at=NOW, outcome="ended")
     assert "owner pid 41022 (dead), started" in render.history_lines(ended.run, rows, status=ended)[0]

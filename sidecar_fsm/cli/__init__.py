@@ -1,0 +1,107 @@
+"""The ``sidecar-fsm`` command: arguments, subcommands and exit codes.
+
+Owns parsing the command line (global options before or after the command) and mapping every
+outcome to an exit code: 0 success, 1 a failure (a missing log dir or run included), 2 bad
+usage or config (``ConfigError``, ``SchemaTooNewError``, a bad argument), always with a
+one-line message on stderr, never a traceback. The commands live in one module per group
+(``launch``: start, exec, build, demo; ``show``: status, top, history; ``upkeep``: reap), each
+of which parses, calls and prints, and decides nothing itself: what runs now is
+``view.status``'s judgement, the tables are ``view.render``'s, the work is the layers'.
+
+A new subcommand is a ``cmd_<name>(args) -> exit code`` function and an ``add_command`` call in
+its group's ``register``.
+"""
+
+from __future__ import annotations
+
+import sys
+import warnings
+from collections.abc import Sequence
+from typing import TextIO
+
+from sidecar_fsm.cli import launch, show, upkeep
+from sidecar_fsm.cli.common import PROG, Parser, UsageError, err, global_options, os_reason
+from sidecar_fsm.errors import ConfigError, ConfigWarning, SchemaTooNewError, SidecarError
+
+__all__ = ["build_parser", "main"]
+
+
+def build_parser() -> Parser:
+    parser = Parser(
+        prog=PROG,
+        description="Launch, inspect and reap h2-ping-sidecar proxies, each a persisted state machine.",
+        parents=[global_options(True, "machine-readable output (status, history, reap)")],
+    )
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True, parser_class=Parser)
+    for group in (launch, show, upkeep):
+        group.register(sub)
+    return parser
+
+
+def _config_warning_line(
+    message: Warning | str,
+    category: type[Warning],
+    filename: str,
+    lineno: int,
+    file: TextIO | None = None,
+    line: str | None = None,
+) -> None:
+    """Print a ``ConfigWarning`` as the one line it is; any other warning as Python would."""
+    if issubclass(category, ConfigWarning):
+        err(f"{PROG}: warning: {message}")
+    else:
+        _show_python_warning(message, category, filename, lineno, file, line)
+
+
+_show_python_warning = warnings.showwarning
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Run one command; the exit code (0 ok, 1 failure, 2 bad usage or config)."""
+    # Python's default form adds the file, line and source of the warn() call: noise for a user
+    # who only needs to know that an upstream's path is dropped. Restored on the way out, for a
+    # caller (a test) that runs main() in its own process.
+    with warnings.catch_warnings():
+        warnings.showwarning = _config_warning_line
+        return _run(argv)
+
+
+def _run(argv: Sequence[str] | None) -> int:
+    where = PROG
+    try:
+        args = build_parser().parse_args(argv)
+        if getattr(args, "json", False) and not args.accepts_json:
+            raise UsageError(f"{PROG} {args.command}: --json does not apply to {args.command}; drop it")
+        args.json = getattr(args, "json", False)
+        where = f"{PROG} {args.command}"
+        return int(args.func(args))
+    except UsageError as error:
+        err(_one_line(error))
+        return 2
+    except (ConfigError, SchemaTooNewError) as error:
+        # The first line is the one-line message; a config error may add an example after it
+        # (the instances YAML), which STYLE allows on later lines.
+        err(str(error).strip())
+        return 2
+    except LookupError as error:
+        err(_one_line(error))
+        return 1
+    except SidecarError as error:
+        err(str(error))
+        return 1
+    except OSError as error:
+        # A filesystem fault no command foresaw (full disk, permissions): one line, not a trace.
+        err(f"{where}: {os_reason(error)}")
+        return 1
+    except KeyboardInterrupt:
+        err(f"{PROG}: interrupted")
+        return 130
+
+
+def _one_line(error: BaseException) -> str:
+    text = str(error.args[0]) if isinstance(error, LookupError) and error.args else str(error)
+    return text.strip().splitlines()[0] if text.strip() else type(error).__name__
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())

@@ -1,0 +1,159 @@
+"""What every ``sidecar-fsm`` command shares: the log dir, output, usage errors, finding a run.
+
+Owns the global options (``--log-dir``, ``--json``, accepted before or after the command), the
+one-line usage error (exit 2), printing to stdout and stderr, opening every host's database of
+a log dir for reading, and resolving a run id prefix. Must not judge processes (``view.status``)
+or format tables (``view.render``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import os
+import sys
+from collections.abc import Callable, Iterator, Sequence
+from typing import Any, Literal, NoReturn
+
+from sidecar_fsm.base.resources import default_log_dir
+from sidecar_fsm.state.store import RunRecord, Store, open_all_hosts
+from sidecar_fsm.view import render
+
+PROG = "sidecar-fsm"
+LOG_DIR_ENV = "SIDECAR_FSM_LOG_DIR"
+
+
+class UsageError(Exception):
+    """A bad argument: one line on stderr, exit 2."""
+
+
+class Parser(argparse.ArgumentParser):
+    """argparse that reports a usage error as one line (``where: what; what to do``), exit 2."""
+
+    def error(self, message: str) -> NoReturn:
+        raise UsageError(f"{self.prog}: {message}; see {self.prog} --help")
+
+
+def log_dir_of(args: argparse.Namespace) -> tuple[str, bool]:
+    """The log dir and whether the user chose it (flag or environment) rather than the default."""
+    chosen = getattr(args, "log_dir", None) or os.environ.get(LOG_DIR_ENV)
+    return (chosen, True) if chosen else (default_log_dir(), False)
+
+
+def color() -> bool:
+    return sys.stdout.isatty() and "NO_COLOR" not in os.environ and os.environ.get("TERM") != "dumb"
+
+
+def out(lines: Sequence[str] | str) -> None:
+    text = lines if isinstance(lines, str) else "\n".join(lines)
+    print(text, flush=True)
+
+
+def err(message: str) -> None:
+    print(message, file=sys.stderr, flush=True)
+
+
+def os_reason(error: OSError) -> str:
+    """``Not a directory: '/a/b'``: the reason and the path the system named, one line."""
+    reason = error.strerror or type(error).__name__
+    return f"{reason}: '{error.filename}'" if error.filename else reason
+
+
+def _file_in_the_way(path: str) -> str | None:
+    """The file that ``path`` is or runs through (``/notes.txt`` of ``/notes.txt/logs``); None if none."""
+    current = os.path.abspath(path)
+    while not os.path.exists(current):
+        parent = os.path.dirname(current)
+        if parent == current:
+            return None
+        current = parent
+    return None if os.path.isdir(current) else current
+
+
+@contextlib.contextmanager
+def all_stores(log_dir: str, where: str) -> Iterator[list[Store]]:
+    """Every host's database under ``log_dir``, read side; a missing log dir is a lookup failure.
+
+    A missing log dir and a missing run answer alike (exit 1, one line): both mean "nothing was
+    recorded where you looked", most often a mistyped ``--log-dir``. A log dir that is, or runs
+    through, a file cannot be used at all: exit 2, as for an unusable database. Opening creates
+    nothing.
+    """
+    if not os.path.isdir(log_dir):
+        blocker = _file_in_the_way(log_dir)
+        if blocker is None:
+            raise LookupError(
+                f"{PROG} {where}: log dir '{log_dir}' does not exist; "
+                f"give the --log-dir (or {LOG_DIR_ENV}) the run was started with"
+            )
+        # The store may name it first (UnusableStateError, exit 2); if it finds nothing, we do.
+        for store in open_all_hosts(log_dir):
+            store.close()
+        raise UsageError(
+            f"{PROG} {where}: log dir '{log_dir}': '{blocker}' is a file, not a directory; "
+            "use another --log-dir"
+        )
+    stores = open_all_hosts(log_dir)
+    try:
+        yield stores
+    finally:
+        for store in stores:
+            store.close()
+
+
+def every_run(
+    stores: Sequence[Store], which: Literal["live", "all"] = "all"
+) -> list[tuple[Store, RunRecord]]:
+    """Each recorded run (``which``: ``all`` or ``live``) with the store it lives in."""
+    return [(store, run) for store in stores for run in store.list_runs(which)]
+
+
+def find_run(
+    runs: list[tuple[Store, RunRecord]], prefix: str, where: str, log_dir: str
+) -> tuple[Store, RunRecord]:
+    """The one run whose id is ``prefix`` or starts with it; a lookup or usage error otherwise."""
+    exact = [pair for pair in runs if pair[1].run_id == prefix]
+    matches = exact or [pair for pair in runs if pair[1].run_id.startswith(prefix)]
+    if not matches:
+        raise LookupError(
+            f"{PROG} {where}: run '{prefix}' is not recorded in {log_dir}; see {PROG} status --all"
+        )
+    if len(matches) > 1:
+        names = ", ".join(render.short_run_id(pair[1].run_id) for pair in matches[:5])
+        raise UsageError(
+            f"{PROG} {where}: run prefix '{prefix}' matches {len(matches)} runs ({names}); give more of it"
+        )
+    return matches[0]
+
+
+def global_options(json_option: bool, json_help: str = "machine-readable output") -> argparse.ArgumentParser:
+    """The options every command takes before or after its name (``status --log-dir X`` works).
+
+    ``default=SUPPRESS``: a subcommand that does not see the option must not overwrite the value
+    the main parser took before the command name with its own default.
+    """
+    options = argparse.ArgumentParser(add_help=False)
+    options.add_argument(
+        "--log-dir",
+        metavar="DIR",
+        default=argparse.SUPPRESS,
+        help=f"where state lives (env {LOG_DIR_ENV}; default {default_log_dir()})",
+    )
+    if json_option:
+        options.add_argument("--json", action="store_true", default=argparse.SUPPRESS, help=json_help)
+    return options
+
+
+def add_command(
+    sub: Any, name: str, func: Callable[[argparse.Namespace], int], help: str, *, json_option: bool = False
+) -> argparse.ArgumentParser:
+    """Add subcommand ``name`` run by ``func(args) -> exit code``; its parser, to add arguments to.
+
+    Every command takes the global options (``--log-dir``, and ``--json`` when ``json_option``)
+    before or after its name; ``args.json`` is then always set.
+    """
+    command: argparse.ArgumentParser = sub.add_parser(
+        name, help=help, description=help, parents=[global_options(json_option)]
+    )
+    command.set_defaults(func=func, accepts_json=json_option)
+    return command

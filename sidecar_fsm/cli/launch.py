@@ -1,0 +1,190 @@
+"""The commands that start things: ``start``, ``exec``, ``build`` and ``demo``.
+
+``start`` is ``gym env start``'s sidecar step standalone: load the config (``configfile``),
+start the sidecars (``launcher``), print what was rewritten, run them in the foreground
+(``run.foreground``) until a signal or a failure, then drain them. Each command parses, calls
+and prints; the work lives in the modules it calls.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import signal
+from pathlib import Path
+from types import FrameType
+from typing import TYPE_CHECKING, Any
+
+from omegaconf import DictConfig, open_dict
+
+from sidecar_fsm.base.buildcache import CACHE_DIR_KEY, ensure_binary, user_cache_dir
+from sidecar_fsm.cli.common import PROG, UsageError, add_command, color, err, log_dir_of, os_reason, out
+from sidecar_fsm.configfile import config_to_write, load_config, write_atomically
+from sidecar_fsm.errors import ConfigError
+from sidecar_fsm.gymexec import ExecFailed, exec_command
+from sidecar_fsm.run.foreground import catching_stop_signals, watch_until_signal
+from sidecar_fsm.view import render
+
+if TYPE_CHECKING:
+    from sidecar_fsm.launcher import H2PingSidecarManager
+
+
+def _cli_cache_dir(configured: Any) -> Path:
+    """The build cache of ``start``, ``build`` and ``demo``: the one named, else the user's cache.
+
+    Not ``./cache`` (the Python API's default, NeMo Gym's): a command run from another folder
+    would otherwise build the proxy again there.
+    """
+    if configured:
+        return Path(os.path.abspath(os.path.expanduser(str(configured))))
+    return user_cache_dir()
+
+
+def cmd_build(args: argparse.Namespace) -> int:
+    cache_dir = _cli_cache_dir(args.cache_dir)
+    try:
+        binary = ensure_binary(cache_dir, progress=err)
+    except OSError as error:
+        raise UsageError(
+            f"{PROG} build: cache dir '{cache_dir}' cannot be used ({os_reason(error)}); "
+            "give a --cache-dir you can write"
+        ) from error
+    out(str(binary))
+    return 0
+
+
+def cmd_demo(args: argparse.Namespace) -> int:
+    # Imported here: the demo's lab (a TLS HTTP/2 origin) pulls cryptography and h2.
+    from sidecar_fsm.demo import run_demo
+
+    chosen, explicit = log_dir_of(args)
+    return run_demo(log_dir=chosen if explicit else None, cache_dir=args.cache_dir, color=color())
+
+
+class _Interrupted(KeyboardInterrupt):
+    """SIGTERM during startup, raised as KeyboardInterrupt so the launcher cleans up first."""
+
+
+def _raise_interrupt(signum: int, frame: FrameType | None) -> None:
+    raise _Interrupted(signal.Signals(signum).name)
+
+
+def cmd_start(args: argparse.Namespace) -> int:
+    # Imported here: the launcher pulls pydantic and the supervisor, which read commands never need.
+    from pydantic import ValidationError
+
+    from sidecar_fsm.config import describe_error
+    from sidecar_fsm.launcher import start_h2_ping_sidecar
+
+    config = load_config(args.configs, f"{PROG} start")
+    chosen, explicit = log_dir_of(args)
+    sidecar_block = config.get("sidecar")
+    if not isinstance(sidecar_block, DictConfig) or not sidecar_block.get("enabled", False):
+        raise UsageError(f"{PROG} start: sidecar.enabled is not true in the config; set sidecar.enabled=true")
+    if args.write_config and not Path(args.write_config).resolve().parent.is_dir():
+        raise UsageError(f"{PROG} start: --write-config '{args.write_config}': its directory does not exist")
+    with open_dict(config):
+        if explicit and sidecar_block.get("log_dir") is None:
+            config.sidecar.log_dir = chosen
+        inject_cache_dir = config.get(CACHE_DIR_KEY) is None
+        if inject_cache_dir:
+            config[CACHE_DIR_KEY] = str(_cli_cache_dir(None))
+
+    # Until the foreground wait owns the signals, SIGTERM interrupts startup like Ctrl-C, so
+    # start_h2_ping_sidecar stops whatever it already spawned before the error propagates.
+    previous = signal.signal(signal.SIGTERM, _raise_interrupt)
+    try:
+        manager = start_h2_ping_sidecar(config)
+    except ValidationError as error:
+        # The schema raises pydantic's error, as NeMo Gym's does; here it is bad config: exit 2.
+        raise ConfigError(describe_error(error)) from None
+    except KeyboardInterrupt:
+        err(f"{PROG} start: interrupted before the sidecars were ready; everything started was stopped")
+        return 130
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+    if manager is None:  # pragma: no cover - enabled was checked above
+        raise UsageError(f"{PROG} start: sidecar.enabled is not true in the config; set sidecar.enabled=true")
+    written = (
+        config_to_write(config, [CACHE_DIR_KEY] if inject_cache_dir else []) if args.write_config else None
+    )
+    return _run_in_foreground(manager, args.write_config, written)
+
+
+def _run_in_foreground(manager: H2PingSidecarManager, write_config: str | None, written: str | None) -> int:
+    """Print what started, watch the sidecars until a signal or a failure, drain; the exit code."""
+    failed = False
+    with catching_stop_signals() as signals:
+        try:
+            if write_config and written is not None:
+                write_atomically(write_config, written)
+            instances = [(inst.name, inst.listen, inst.upstream) for inst in manager.instances_actual]
+            out(render.started_lines(manager.run_id, manager.log_dir, instances))
+            if write_config:
+                out(f"wrote the rewritten config to {write_config}")
+            error = watch_until_signal(manager.check, signals)
+            if error is not None:
+                err(str(error))
+                failed = True
+            else:
+                err(f"{signals.received[0].name}: draining the sidecars")
+        except BaseException:
+            failed = True
+            raise
+        finally:
+            # Drain even when writing the config or printing failed: the sidecars must not
+            # outlive this command unsupervised.
+            manager.stop()
+    err("stopped" if not failed else "stopped after a failure")
+    return 1 if failed else 0
+
+
+def cmd_exec(args: argparse.Namespace) -> int:
+    """Become COMMAND with Gym's sidecar launcher redirected; returns only if it cannot be run.
+
+    127 when COMMAND is not found, 126 when it is found but cannot be run, as a shell reports.
+    """
+    command = args.argv[1:] if args.argv[:1] == ["--"] else args.argv
+    if not command:
+        raise UsageError(f"{PROG} exec: no COMMAND given; use {PROG} exec -- COMMAND [ARG...]")
+    try:
+        exec_command(command, where=f"{PROG} exec")
+    except ExecFailed as error:
+        err(str(error))
+        return error.exit_code
+    return 0  # pragma: no cover - exec_command replaces this process or raises
+
+
+def register(sub: Any) -> None:
+    start = add_command(
+        sub, "start", cmd_start, "start the sidecars of a Gym config and supervise them until a signal"
+    )
+    start.add_argument(
+        "configs", nargs="+", metavar="CONFIG.yaml|key=value", help="YAML files, then overrides"
+    )
+    start.add_argument(
+        "--write-config",
+        metavar="OUT.yaml",
+        help="write the rewritten config here (atomically), with sidecar.enabled: false",
+    )
+
+    cache_help = "build cache root (default: $XDG_CACHE_HOME/sidecar-fsm, else ~/.cache/sidecar-fsm)"
+    build = add_command(
+        sub, "build", cmd_build, "build (or find) the h2-ping-sidecar binary and print its path"
+    )
+    build.add_argument("--cache-dir", metavar="DIR", help=cache_help)
+
+    demo = add_command(
+        sub, "demo", cmd_demo, "show a long request failing directly and succeeding through a sidecar"
+    )
+    demo.add_argument("--cache-dir", metavar="DIR", help=cache_help)
+
+    exec_ = add_command(
+        sub,
+        "exec",
+        cmd_exec,
+        "run COMMAND with NeMo Gym's sidecar launcher resolved to sidecar-fsm's (becomes COMMAND)",
+    )
+    exec_.add_argument(
+        "argv", nargs=argparse.REMAINDER, metavar="[--] COMMAND [ARG...]", help="the command to become"
+    )

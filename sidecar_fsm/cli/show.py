@@ -1,0 +1,132 @@
+"""The read commands: ``status``, ``top`` and ``history``.
+
+Each parses its options, reads every host's database of the log dir, asks ``view.status`` what
+runs now, hands the result to ``view.render`` and prints it. Reading never changes a state,
+writes a row or signals a process.
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+from typing import Any
+
+from sidecar_fsm.cli.common import (
+    PROG,
+    UsageError,
+    add_command,
+    all_stores,
+    color,
+    every_run,
+    find_run,
+    log_dir_of,
+    out,
+)
+from sidecar_fsm.view import render, status, top
+
+TOP_INTERVAL_SECONDS = 2.0
+
+
+def cmd_status(args: argparse.Namespace) -> int:
+    log_dir, _ = log_dir_of(args)
+    with all_stores(log_dir, "status") as stores:
+        runs = every_run(stores)
+        if args.run:
+            runs = [find_run(runs, args.run, "status --run", log_dir)]
+        elif not runs:
+            out(render.empty_json("runs") if args.json else f"no runs recorded in {log_dir}")
+            return 0
+        else:
+            runs = status.runs_to_show(runs, everything=args.all)
+        statuses = [status.observe(store, run) for store, run in runs]
+    statuses = status.with_live(statuses)
+    out(render.status_json(statuses) if args.json else render.status_lines(statuses, color=color()))
+    return 0
+
+
+def _top_interval(text: str) -> float:
+    """``--interval``: seconds between frames, a finite number above 0."""
+    try:
+        seconds = float(text)
+    except ValueError:
+        seconds = math.nan
+    if not (math.isfinite(seconds) and seconds > 0):
+        raise UsageError(f"{PROG} top: --interval '{text}': must be a number of seconds above 0; try 2")
+    return seconds
+
+
+def cmd_top(args: argparse.Namespace) -> int:
+    """Live runs (or ``--run``) with their proxies' figures, redrawn every interval until Ctrl-C."""
+    log_dir, _ = log_dir_of(args)
+    interval = _top_interval(args.interval)
+    use_color = color()
+
+    def frame() -> str:
+        # Reopened for every frame: a run started meanwhile may be on a host database that did
+        # not exist at the previous frame. Reading creates and changes nothing.
+        with all_stores(log_dir, "top") as stores:
+            if args.run:
+                runs = [find_run(every_run(stores), args.run, "top --run", log_dir)]
+            else:
+                runs = status.runs_to_show(every_run(stores, "live"), everything=True)
+            statuses = [status.observe(store, run) for store, run in runs]
+        lines = render.top_lines(
+            status.with_live(statuses), where=log_dir, interval=interval, color=use_color
+        )
+        return "\n".join(lines)
+
+    return top.show(frame, interval)
+
+
+def cmd_history(args: argparse.Namespace) -> int:
+    log_dir, _ = log_dir_of(args)
+    with all_stores(log_dir, "history") as stores:
+        store, run = find_run(every_run(stores), args.run, "history", log_dir)
+        observed = status.observe(store, run)
+        instances = list(observed.instances)
+        if args.instance is not None:
+            chosen = [inst for inst in instances if inst.name == args.instance]
+            if not chosen:
+                names = ", ".join(inst.name for inst in instances) or "none"
+                raise LookupError(
+                    f"{PROG} history: instance '{args.instance}' is not in run "
+                    f"{render.short_run_id(run.run_id)}; its instances: {names}"
+                )
+            instances = chosen
+            observed = status.RunStatus(run, observed.owner, chosen, observed.processes)
+        rows = [(inst.name, t) for inst in instances for t in store.history(inst.id)]
+    rows.sort(key=lambda row: (row[1].at, row[1].id))
+    if args.json:
+        out(render.history_json(run, rows, status=observed))
+    else:
+        out(render.history_lines(run, rows, color=color(), status=observed))
+    return 0
+
+
+def register(sub: Any) -> None:
+    status_ = add_command(
+        sub,
+        "status",
+        cmd_status,
+        "runs and their instances (default: live runs and the latest finished)",
+        json_option=True,
+    )
+    status_.add_argument("--run", metavar="ID", help="only this run (a unique prefix is enough)")
+    status_.add_argument("--all", action="store_true", help="every recorded run")
+
+    top_ = add_command(
+        sub, "top", cmd_top, "the live figures of status (in flight, PINGs, upstream), redrawn until Ctrl-C"
+    )
+    top_.add_argument("--run", metavar="ID", help="only this run (default: every live run)")
+    top_.add_argument(
+        "--interval",
+        metavar="SECONDS",
+        default=str(TOP_INTERVAL_SECONDS),
+        help=f"seconds between frames (default {TOP_INTERVAL_SECONDS:g})",
+    )
+
+    history = add_command(
+        sub, "history", cmd_history, "a run's state transitions, oldest first", json_option=True
+    )
+    history.add_argument("run", metavar="RUN", help="run id or a unique prefix of it")
+    history.add_argument("instance", metavar="INSTANCE", nargs="?", help="only this instance")

@@ -1,0 +1,129 @@
+"""Loading a NeMo Gym config from files and overrides, and writing the rewritten one back.
+
+Owns what ``gym env start --config A.yaml --config B.yaml key=value`` does before Gym sees the
+config: merging the YAML files in order with OmegaConf, applying ``key=value`` overrides
+(OmegaConf's dotlist), and writing the rewritten config atomically for ``--write-config``.
+Every failure is a ``ConfigError`` whose first line names the file (and line) or the override
+and what is wrong, so the CLI prints one line and exits 2 before anything starts.
+
+Must not validate the ``sidecar:`` block (``config`` does) or start anything.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import tempfile
+from collections.abc import Sequence
+from pathlib import Path
+
+from omegaconf import DictConfig, OmegaConf, open_dict
+from omegaconf.errors import OmegaConfBaseException
+from yaml import MarkedYAMLError, YAMLError
+
+from sidecar_fsm.errors import ConfigError
+
+
+def yaml_error_line(name: str, error: YAMLError) -> str:
+    """``FILE:LINE:COLUMN: not valid YAML: problem (context at line L column C)``, one line.
+
+    PyYAML's marks are 0-based; editors and compilers count from 1, so do we.
+    """
+    if isinstance(error, MarkedYAMLError):
+        mark = error.problem_mark or error.context_mark
+        where = f"{name}:{mark.line + 1}:{mark.column + 1}" if mark is not None else name
+        problem = error.problem or error.context or type(error).__name__
+        context = ""
+        at = error.context_mark
+        if error.context and error.problem and at is not None:
+            context = f" ({error.context} at line {at.line + 1} column {at.column + 1})"
+        return f"{where}: not valid YAML: {problem}{context}"
+    first = str(error).strip().splitlines()
+    return f"{name}: not valid YAML: {first[0] if first else type(error).__name__}"
+
+
+def _first_line(error: BaseException) -> str:
+    text = str(error).strip()
+    return text.splitlines()[0] if text else type(error).__name__
+
+
+def load_yaml(name: str, where: str) -> DictConfig:
+    """One YAML file as a mapping; a missing, unreadable or malformed file is a one-line error."""
+    if not os.path.isfile(name):
+        raise ConfigError(f"{where}: '{name}' is not a file; give a YAML config file")
+    try:
+        loaded = OmegaConf.load(name)
+    except YAMLError as error:
+        raise ConfigError(f"{where}: {yaml_error_line(name, error)}; fix the file") from error
+    except OmegaConfBaseException as error:
+        raise ConfigError(f"{where}: {name}: {_first_line(error)}; fix the file") from error
+    except UnicodeDecodeError as error:
+        raise ConfigError(
+            f"{where}: {name}: not UTF-8 text (byte {error.start}); save it as UTF-8"
+        ) from error
+    except OSError as error:
+        raise ConfigError(
+            f"{where}: '{name}' cannot be read ({error.strerror or error}); check its permissions"
+        ) from error
+    if not isinstance(loaded, DictConfig):
+        raise ConfigError(f"{where}: {name}: the top level is a list, not a mapping; fix the file")
+    return loaded
+
+
+def load_config(items: Sequence[str], where: str) -> DictConfig:
+    """Merge the YAML files, then the ``key=value`` overrides, in order, as ``gym env start`` does.
+
+    An item with ``=`` is an override, anything else a file. The files must come first: an
+    override applies to what is merged before it.
+    """
+    files = [item for item in items if "=" not in item]
+    overrides = [item for item in items if "=" in item]
+    if not files:
+        raise ConfigError(f"{where}: no CONFIG.yaml given; pass at least one YAML file")
+    configs = [load_yaml(name, where) for name in files]
+    try:
+        configs.append(OmegaConf.from_dotlist(overrides))
+        merged = OmegaConf.merge(*configs)
+    except OmegaConfBaseException as error:
+        raise ConfigError(
+            f"{where}: overrides {overrides} cannot be merged ({_first_line(error)}); use key=value"
+        ) from error
+    assert isinstance(merged, DictConfig)  # a merge of mappings is a mapping
+    return merged
+
+
+def config_to_write(config: DictConfig, drop_keys: Sequence[str] = ()) -> str:
+    """The rewritten config as YAML for ``--write-config``, with ``sidecar.enabled: false``.
+
+    Its sidecars already run (``start`` supervises them), so ``gym env start --config OUT.yaml``
+    must use them through the rewritten base URLs, not start a second set. ``drop_keys`` are
+    top-level keys the caller added itself (a ``cache_dir`` the user did not write: Gym reads
+    that key for its own caches).
+    """
+    written = OmegaConf.create(OmegaConf.to_container(config, resolve=False))
+    assert isinstance(written, DictConfig)
+    with open_dict(written):
+        written.sidecar.enabled = False
+        for key in drop_keys:
+            del written[key]
+    return OmegaConf.to_yaml(written)
+
+
+def write_atomically(path: str, text: str) -> None:
+    """Write ``text`` to ``path`` via a temp file in the same directory and a rename.
+
+    A reader (the model servers being started next) sees either the old file or the whole new
+    one, never a half-written config; the fsync makes the rename durable before we report it.
+    """
+    target = Path(path)
+    fd, temp = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent)
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as handle:
+            handle.write(text)
+            handle.flush()
+            os.fsync(handle.fileno())
+        os.replace(temp, target)
+    except BaseException:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(temp)
+        raise

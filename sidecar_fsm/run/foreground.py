@@ -1,0 +1,83 @@
+"""Running a started set of sidecars in the foreground until a signal or a failure.
+
+Owns the wait of ``sidecar-fsm start``: call ``check()`` every interval, and wake at once when
+SIGINT or SIGTERM arrives. A self-pipe does the waking: the handler only records the signal and
+writes a byte, so nothing runs inside a handler that could interleave badly with ``check()``
+(which writes the database), and a Ctrl-C is answered at once, not after the interval.
+
+Must not stop the sidecars (the caller's ``stop()`` does, in its ``finally``), print, or decide
+exit codes.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import select
+import signal
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from types import FrameType
+
+from sidecar_fsm.errors import SidecarError
+
+# How often ``check()`` asks whether a sidecar stopped. A signal wakes the wait at once, so this
+# bounds only how late a crashed sidecar is noticed.
+CHECK_INTERVAL_SECONDS = 0.5
+
+STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM)
+
+
+@dataclass
+class Signals:
+    """The stop signals received while :func:`catching_stop_signals` is active, oldest first."""
+
+    received: list[signal.Signals] = field(default_factory=list)
+    _wake_fd: int = -1
+    _read_fd: int = -1
+
+    def wait(self, timeout: float) -> None:
+        """Return after ``timeout`` seconds or as soon as a signal arrives, whichever is first."""
+        with contextlib.suppress(InterruptedError):
+            select.select([self._read_fd], [], [], timeout)
+        with contextlib.suppress(BlockingIOError):
+            os.read(self._read_fd, 64)
+
+
+@contextlib.contextmanager
+def catching_stop_signals() -> Iterator[Signals]:
+    """SIGINT and SIGTERM recorded in a :class:`Signals` instead of raising; handlers restored
+    on exit. Main thread only (Python delivers signals there)."""
+    read_fd, write_fd = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
+    signals = Signals(_wake_fd=write_fd, _read_fd=read_fd)
+
+    def on_signal(signum: int, frame: FrameType | None) -> None:
+        signals.received.append(signal.Signals(signum))
+        with contextlib.suppress(BlockingIOError):
+            os.write(write_fd, b"!")
+
+    previous = {sig: signal.signal(sig, on_signal) for sig in STOP_SIGNALS}
+    try:
+        yield signals
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+        os.close(read_fd)
+        os.close(write_fd)
+
+
+def watch_until_signal(
+    check: Callable[[], None], signals: Signals, interval: float = CHECK_INTERVAL_SECONDS
+) -> SidecarError | None:
+    """Call ``check()`` every ``interval`` until a stop signal arrives or it raises.
+
+    Returns the ``SidecarError`` that ended the watch (a sidecar stopped and was not brought
+    back), or None when a signal did (``signals.received`` names it).
+    """
+    while not signals.received:
+        try:
+            check()
+        except SidecarError as error:
+            return error
+        signals.wait(interval)
+    return None

@@ -35,7 +35,7 @@ from sidecar_fsm.lab.origin import TlsH2Origin
 from sidecar_fsm.lab.relay import IdleRelay
 from sidecar_fsm.launcher import H2PingSidecarManager, start_h2_ping_sidecar
 from sidecar_fsm.state.store import Store, database_path
-from sidecar_fsm.view import render
+from sidecar_fsm.view import cells, render
 
 IDLE_SECONDS = 2.0
 FIRST_BYTE_SECONDS = 3 * IDLE_SECONDS
@@ -270,7 +270,7 @@ def _tell_failure(say: _Narrator, step: str, why: str, scratch: str, run_id: str
         say.line(f"kept its scratch folder for a look: {scratch}")
         say.line(f"  it holds {'; '.join(kept)}")
         if run_id is not None:
-            say.line(f"  try: sidecar-fsm --log-dir {scratch} history {render.short_run_id(run_id)}")
+            say.line(f"  try: sidecar-fsm --log-dir {scratch} history {cells.short_run_id(run_id)}")
     say.line("nothing left running")
     return bool(kept)
 

@@ -17,7 +17,7 @@ from typing import Any, Literal, NoReturn
 
 from sidecar_fsm.base.resources import default_log_dir
 from sidecar_fsm.state.store import RunRecord, Store, open_all_hosts
-from sidecar_fsm.view import render
+from sidecar_fsm.view import cells
 
 PROG = "sidecar-fsm"
 LOG_DIR_ENV = "SIDECAR_FSM_LOG_DIR"
@@ -119,7 +119,7 @@ def find_run(
             f"{PROG} {where}: run '{prefix}' is not recorded in {log_dir}; see {PROG} status --all"
         )
     if len(matches) > 1:
-        names = ", ".join(render.short_run_id(pair[1].run_id) for pair in matches[:5])
+        names = ", ".join(cells.short_run_id(pair[1].run_id) for pair in matches[:5])
         raise UsageError(
             f"{PROG} {where}: run prefix '{prefix}' matches {len(matches)} runs ({names}); give more of it"
         )

@@ -22,7 +22,7 @@ from sidecar_fsm.cli.common import (
     log_dir_of,
     out,
 )
-from sidecar_fsm.view import render, status, top
+from sidecar_fsm.view import cells, render, status, top
 
 TOP_INTERVAL_SECONDS = 2.0
 
@@ -90,7 +90,7 @@ def cmd_history(args: argparse.Namespace) -> int:
                 names = ", ".join(inst.name for inst in instances) or "none"
                 raise LookupError(
                     f"{PROG} history: instance '{args.instance}' is not in run "
-                    f"{render.short_run_id(run.run_id)}; its instances: {names}"
+                    f"{cells.short_run_id(run.run_id)}; its instances: {names}"
                 )
             instances = chosen
             observed = status.RunStatus(run, observed.owner, chosen, observed.processes)

@@ -14,7 +14,7 @@ from sidecar_fsm.cli.common import PROG, UsageError, add_command, color, err, lo
 from sidecar_fsm.run.cluster import DEFAULT_ADDRESS, ClusterUnavailableError, reap_cluster
 from sidecar_fsm.run.reap import ReapReport, reap
 from sidecar_fsm.state.store import Store, database_path
-from sidecar_fsm.view import render
+from sidecar_fsm.view import reap_report
 
 
 def cmd_reap(args: argparse.Namespace) -> int:
@@ -31,7 +31,7 @@ def cmd_reap(args: argparse.Namespace) -> int:
             report = reap(store, dry_run=args.dry_run)
         finally:
             store.close()
-    out(render.reap_json(report) if args.json else render.reap_lines(report, color=color()))
+    out(reap_report.reap_json(report) if args.json else reap_report.reap_lines(report, color=color()))
     return 0
 
 
@@ -42,9 +42,9 @@ def _reap_ray(args: argparse.Namespace, log_dir: str) -> int:
     except ClusterUnavailableError as error:
         raise UsageError(f"{PROG} {error}") from error
     if args.json:
-        out(render.cluster_reap_json(result))
+        out(reap_report.cluster_reap_json(result))
     else:
-        out(render.cluster_reap_lines(result, color=color()))
+        out(reap_report.cluster_reap_lines(result, color=color()))
     for node in result.nodes:
         if node.error is not None:
             err(f"{PROG} reap --ray: node {node.node_id} ({node.address}): {node.error}")

@@ -1,22 +1,35 @@
-"""Every human table and every ``--json`` document the command line prints.
+"""What ``status``, ``top``, ``history`` and ``start`` print, as tables and ``--json`` documents.
 
-Owns the presentation of runs, instances, transition histories and reap plans: column layout
-(padded to the widest value, like ``supervisorctl status``), relative and absolute times, the
-``-`` for an unknown value, colour on a terminal, and the stable JSON shapes (ISO-8601 UTC
-times). Must not read the database, inspect processes or print: it turns records the caller
-already holds into strings, so the CLI decides where they go and the tests can compare them.
-Longer than the usual module on purpose: one file holds every output shape, so the tables and
-JSON documents of all commands stay consistent with each other.
+Owns the shape of each: a run's line and its instances' rows, the live figures' columns, a
+history's transitions, the summary ``start`` prints, and the stable JSON documents (ISO-8601
+UTC times). Must not read the database, inspect processes or print: it turns the status model
+(``view.status``) into strings, so the CLI decides where they go and the tests can compare
+them. Cells, times and colour are ``cells``'; the reap report is ``reap_report``'s.
 """
 
 from __future__ import annotations
 
-import json
 import time
-from collections.abc import Iterable, Mapping, Sequence
-from datetime import datetime, timezone
+from collections.abc import Sequence
+from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
+from sidecar_fsm.view.cells import (
+    OWNER_STYLES,
+    STATE_STYLES,
+    UNKNOWN,
+    Cell,
+    dumps,
+    first_line,
+    format_age,
+    format_elapsed,
+    format_local_time,
+    instance_detail,
+    iso_utc,
+    short_run_id,
+    styled,
+    table,
+)
 from sidecar_fsm.view.status import (
     OWNER_GONE,
     PROCESS_GONE,
@@ -28,147 +41,8 @@ from sidecar_fsm.view.status import (
 )
 
 if TYPE_CHECKING:
-    from sidecar_fsm.run.cluster import ClusterReap, NodeReap
-    from sidecar_fsm.run.reap import ReapReport
     from sidecar_fsm.state.store import InstanceRecord, RunRecord, TransitionRecord
     from sidecar_fsm.view.live import Scrape
-
-UNKNOWN = "-"
-
-# ANSI SGR codes. Colour is decoration only: the state name is always printed in full, so a log
-# file, a pipe or a colour-blind reader loses nothing.
-_STYLE_CODES = {
-    "green": "32",
-    "red": "31",
-    "yellow": "33",
-    "cyan": "36",
-    "dim": "2",
-    "bold": "1",
-}
-_STATE_STYLES = {
-    "configured": "dim",
-    "building": "yellow",
-    "spawned": "yellow",
-    "ready": "green",
-    "draining": "yellow",
-    "stopped": "dim",
-    "failed": "red",
-}
-_OWNER_STYLES = {"alive": "green", "dead": "red", "reused": "red"}
-
-# --------------------------------------------------------------------------------- formatting
-
-
-def format_age(seconds: float | None) -> str:
-    """A short, coarse duration: ``41s``, ``3m12s``, ``2h05m``, ``3d04h``; ``-`` when unknown.
-
-    Clock steps can make a stored time lie in the future; that reads as ``0s``, not a negative.
-    """
-    if seconds is None:
-        return UNKNOWN
-    s = max(0, int(seconds))
-    if s < 60:
-        return f"{s}s"
-    if s < 3600:
-        return f"{s // 60}m{s % 60:02d}s"
-    if s < 86400:
-        return f"{s // 3600}h{s % 3600 // 60:02d}m"
-    return f"{s // 86400}d{s % 86400 // 3600:02d}h"
-
-
-def format_elapsed(seconds: float) -> str:
-    """Offset from the first transition of a history: ``+0.000s``, ``+1.234s``, ``+3m12s``."""
-    if seconds < 60:
-        return f"+{max(0.0, seconds):.3f}s"
-    return "+" + format_age(seconds)
-
-
-def format_local_time(ts: float | None, *, seconds: bool = False) -> str:
-    """Wall-clock time in the local zone for people (``2026-11-30 12:03``); ``-`` when unknown."""
-    if ts is None:
-        return UNKNOWN
-    moment = datetime.fromtimestamp(ts)
-    if seconds:
-        return moment.strftime("%Y-%m-%d %H:%M:%S.") + f"{moment.microsecond // 1000:03d}"
-    return moment.strftime("%Y-%m-%d %H:%M")
-
-
-def iso_utc(ts: float | None) -> str | None:
-    """ISO-8601 UTC with microseconds and a ``Z`` (the JSON form); ``None`` stays ``null``."""
-    if ts is None:
-        return None
-    return datetime.fromtimestamp(ts, tz=timezone.utc).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
-
-
-def short_run_id(run_id: str) -> str:
-    """The first 12 characters: unique in practice, and ``history`` accepts any unique prefix."""
-    return run_id[:12]
-
-
-def _first_line(text: str | None) -> str | None:
-    if not text:
-        return None
-    return text.strip().splitlines()[0] if text.strip() else None
-
-
-def instance_detail(instance: InstanceRecord) -> str:
-    """The free-text column: ``exit 1: bind: address already in use``, restarts, or ``-``.
-
-    Only the first line of a stored error is shown; the JSON and ``history`` keep all of it.
-    """
-    parts: list[str] = []
-    error = _first_line(instance.error)
-    if instance.exit_code is not None:
-        parts.append(f"exit {instance.exit_code}: {error}" if error else f"exit {instance.exit_code}")
-    elif error:
-        parts.append(error)
-    if instance.restart_count:
-        parts.append(f"{instance.restart_count} restart{'s' if instance.restart_count != 1 else ''}")
-    return "; ".join(parts) or UNKNOWN
-
-
-# ------------------------------------------------------------------------------------- tables
-
-
-Cell = tuple[str, "str | None"]
-
-
-def _style(text: str, style: str | None, color: bool) -> str:
-    if not color or not style or not text:
-        return text
-    return f"\x1b[{_STYLE_CODES[style]}m{text}\x1b[0m"
-
-
-def table(
-    headers: Sequence[str],
-    rows: Iterable[Sequence[str | Cell]],
-    *,
-    indent: str = "",
-    color: bool = False,
-) -> list[str]:
-    """Lines of a table whose columns are padded to the widest value (header included).
-
-    A cell is a string or ``(text, style)``; styles are applied after padding, so escape codes
-    never skew the alignment. The last column is free text and is not padded (no trailing
-    blanks). Empty strings become ``-``.
-    """
-    matrix: list[list[Cell]] = [[(h, "bold") for h in headers]]
-    for row in rows:
-        normalized: list[Cell] = []
-        for cell in row:
-            text, style = (cell, None) if isinstance(cell, str) else cell
-            normalized.append((text if text != "" else UNKNOWN, style))
-        matrix.append(normalized)
-    widths = [max(len(row[i][0]) for row in matrix) for i in range(len(headers))]
-    lines = []
-    for row in matrix:
-        parts = []
-        for i, (text, style) in enumerate(row):
-            padded = text if i == len(row) - 1 else text.ljust(widths[i])
-            # Style only the text, not the padding, so underlines/backgrounds stay tight.
-            parts.append(_style(text, style, color) + padded[len(text) :])
-        lines.append((indent + "  ".join(parts)).rstrip())
-    return lines
 
 
 def _owner_text(run: RunRecord, owner: str) -> str:
@@ -223,7 +97,7 @@ def status_lines(runs: Sequence[RunStatus], *, now: float | None = None, color: 
                 [
                     short_run_id(run.run_id),
                     run.host,
-                    (_owner_text(run, status.owner), _OWNER_STYLES.get(status.owner)),
+                    (_owner_text(run, status.owner), OWNER_STYLES.get(status.owner)),
                     format_local_time(run.started_at),
                     str(len(status.instances)),
                     _run_result(run, status.owner, now),
@@ -241,7 +115,7 @@ def status_lines(runs: Sequence[RunStatus], *, now: float | None = None, color: 
             [
                 [
                     inst.name,
-                    (inst.state, _STATE_STYLES.get(inst.state)),
+                    (inst.state, STATE_STYLES.get(inst.state)),
                     _pid_cell(status, inst),
                     f"{inst.listen or UNKNOWN} → {inst.upstream or UNKNOWN}",
                     format_age(now - inst.state_since) if inst.state_since is not None else UNKNOWN,
@@ -340,7 +214,7 @@ def top_lines(
     """One ``top`` frame: a heading (where, when, how often) and the ``status`` table of ``runs``."""
     now = time.time() if now is None else now
     clock = datetime.fromtimestamp(now).strftime("%H:%M:%S")
-    head = _style(
+    head = styled(
         f"sidecar-fsm top: {len(runs)} live run{'s' if len(runs) != 1 else ''} in {where}, "
         f"{clock}, every {interval:g}s; Ctrl-C to quit",
         "bold",
@@ -381,7 +255,7 @@ def history_lines(
         for inst in status.instances:
             note = process_note(status, inst)
             if note is not None:
-                head.append(_style(f"{inst.name}: {note}", "red", color))
+                head.append(styled(f"{inst.name}: {note}", "red", color))
     if not transitions:
         return [*head, "no transitions recorded"]
     first = transitions[0][1].at
@@ -390,45 +264,14 @@ def history_lines(
             format_local_time(t.at, seconds=True),
             format_elapsed(t.at - first),
             name,
-            (t.source, _STATE_STYLES.get(t.source)),
-            (t.dest, _STATE_STYLES.get(t.dest)),
+            (t.source, STATE_STYLES.get(t.source)),
+            (t.dest, STATE_STYLES.get(t.dest)),
             t.event,
-            _first_line(t.detail) or UNKNOWN,
+            first_line(t.detail) or UNKNOWN,
         ]
         for name, t in transitions
     ]
     return [*head, *table(["TIME", "AFTER", "INSTANCE", "FROM", "TO", "EVENT", "DETAIL"], rows, color=color)]
-
-
-def reap_lines(report: ReapReport, *, color: bool = False) -> list[str]:
-    """What ``reap`` did (or, with ``--dry-run``, would do), a block per run."""
-    if not report.runs:
-        return ["nothing to reap: every recorded run has a live owner or is already closed"]
-    lines: list[str] = []
-    verb = "would reap" if report.dry_run else "reaped"
-    for index, run in enumerate(report.runs):
-        if index:
-            lines.append("")
-        lines.append(f"{verb} run {short_run_id(run.run_id)} on {run.host}: {run.reason}")
-        if run.instances:
-            lines += table(
-                ["NAME", "STATE", "PID", "ACTION", "RESULT"],
-                [
-                    [
-                        inst.name,
-                        (inst.state, _STATE_STYLES.get(inst.state)),
-                        str(inst.pid) if inst.pid is not None else UNKNOWN,
-                        inst.action,
-                        inst.result or UNKNOWN,
-                    ]
-                    for inst in run.instances
-                ],
-                indent="  ",
-                color=color,
-            )
-        for path in run.ready_files:
-            lines.append(f"  {'would remove' if report.dry_run else 'removed'} stale ready file {path}")
-    return lines
 
 
 def started_lines(run_id: str | None, log_dir: str, instances: Sequence[tuple[str, str, str]]) -> list[str]:
@@ -448,11 +291,6 @@ def started_lines(run_id: str | None, log_dir: str, instances: Sequence[tuple[st
 
 
 # --------------------------------------------------------------------------------------- JSON
-
-
-def dumps(document: Mapping[str, Any]) -> str:
-    """The one JSON document a ``--json`` command prints: sorted keys, so diffs stay small."""
-    return json.dumps(document, indent=2, sort_keys=True, ensure_ascii=False)
 
 
 def run_json(run: RunRecord, owner: str | None = None) -> dict[str, Any]:
@@ -560,109 +398,6 @@ def history_json(
     )
 
 
-def reap_json(report: ReapReport) -> str:
-    return dumps(
-        {
-            "dry_run": report.dry_run,
-            "runs": [
-                {
-                    "run_id": run.run_id,
-                    "host": run.host,
-                    "owner_pid": run.owner_pid,
-                    "owner": run.owner,
-                    "reason": run.reason,
-                    "ready_files": list(run.ready_files),
-                    "instances": [
-                        {
-                            "id": inst.instance_id,
-                            "name": inst.name,
-                            "state": inst.state,
-                            "pid": inst.pid,
-                            "action": inst.action,
-                            "result": inst.result,
-                        }
-                        for inst in run.instances
-                    ],
-                }
-                for run in report.runs
-            ],
-        }
-    )
-
-
 def empty_json(kind: str) -> str:
     """The JSON of a command that found no state at all (``{"runs": []}``, ``{"transitions": []}``)."""
     return dumps({kind: []})
-
-
-# ------------------------------------------------------------------------------ reap --ray
-
-
-def short_node_id(node_id: str) -> str:
-    """The first 12 hex digits of a Ray node id (56 in full): enough to tell nodes apart."""
-    return node_id[:12]
-
-
-def _node_result(node: NodeReap, dry_run: bool) -> Cell:
-    if node.error is not None or node.report is None:
-        return (f"error: {node.error or 'no report'}", "red")
-    count = len(node.report.runs)
-    if not count:
-        return ("nothing to reap", None)
-    verb = "would reap" if dry_run else "reaped"
-    return (f"{verb} {count} run{'s' if count != 1 else ''}", "yellow")
-
-
-def cluster_reap_lines(result: ClusterReap, *, color: bool = False) -> list[str]:
-    """What ``reap --ray`` did on each node: a table of nodes, then each node's reap block.
-
-    The blocks are exactly what ``reap`` prints on that host, indented under the node they came
-    from, so a run is always read next to the node (and database) that reaped it.
-    """
-    count = len(result.nodes)
-    head = f"reap on {count} alive node{'s' if count != 1 else ''} of the Ray cluster at {result.address}"
-    if not result.nodes:
-        return [head, "no alive nodes: nothing reaped"]
-    lines = [head]
-    lines += table(
-        ["NODE", "HOST", "ADDRESS", "DATABASE", "RESULT"],
-        [
-            [
-                short_node_id(node.node_id),
-                node.host or node.ray_hostname,
-                node.address,
-                node.database or UNKNOWN,
-                _node_result(node, result.dry_run),
-            ]
-            for node in result.nodes
-        ],
-        color=color,
-    )
-    for node in result.nodes:
-        if node.report is None or not node.report.runs:
-            continue
-        lines.append("")
-        lines.append(f"on {node.host or node.ray_hostname} (node {short_node_id(node.node_id)}):")
-        lines += ["  " + line if line else line for line in reap_lines(node.report, color=color)]
-    return lines
-
-
-def cluster_reap_json(result: ClusterReap) -> str:
-    """``{"address", "dry_run", "nodes": [...]}``; each node's ``runs`` are what ``reap --json``
-    prints on that host (same keys), plus the node it came from and its error (or ``null``)."""
-    nodes = []
-    for node in result.nodes:
-        # Reusing reap_json keeps one definition of a reaped run's shape for both commands.
-        runs = json.loads(reap_json(node.report))["runs"] if node.report is not None else []
-        nodes.append(
-            {
-                "node_id": node.node_id,
-                "address": node.address,
-                "ray_hostname": node.ray_hostname,
-                "host": node.host,
-                "database": node.database,
-                "error": node.error,
-                "runs": runs,
-            }
-        )
-    return dumps({"address": result.address, "dry_run": result.dry_run, "nodes": nodes})

@@ -9,7 +9,7 @@ import pytest
 
 from sidecar_fsm.run.reap import InstanceReap, ReapReport, RunReap
 from sidecar_fsm.state.store import InstanceRecord, RunRecord, TransitionRecord
-from sidecar_fsm.view import render
+from sidecar_fsm.view import cells, reap_report, render
 from sidecar_fsm.view import status as view_status
 
 NOW = 1_800_000_000.0  # a fixed "now" so relative times are exact
@@ -74,20 +74,20 @@ def two_instance_status() -> view_status.RunStatus:
 
 
 def test_age_formats() -> None:
-    assert [render.format_age(s) for s in (0, 41, 192, 3600 + 5 * 60, 3 * 86400 + 4 * 3600)] == [
+    assert [cells.format_age(s) for s in (0, 41, 192, 3600 + 5 * 60, 3 * 86400 + 4 * 3600)] == [
         "0s",
         "41s",
         "3m12s",
         "1h05m",
         "3d04h",
     ]
-    assert render.format_age(None) == "-"
-    assert render.format_age(-5) == "0s"  # a clock step never shows a negative age
+    assert cells.format_age(None) == "-"
+    assert cells.format_age(-5) == "0s"  # a clock step never shows a negative age
 
 
 def test_iso_utc_is_utc_with_z() -> None:
-    assert render.iso_utc(0) == "1970-01-01T00:00:00.000000Z"
-    assert render.iso_utc(None) is None
+    assert cells.iso_utc(0) == "1970-01-01T00:00:00.000000Z"
+    assert cells.iso_utc(None) is None
 
 
 def test_status_columns_are_aligned_and_unknowns_are_dashes() -> None:
@@ -147,7 +147,7 @@ def test_status_json_keys_and_times() -> None:
         "config_summary",
         "instances",
     }
-    assert run["owner"] == {"pid": 41022, "start_time": render.iso_utc(NOW - 500.25), "status": "alive"}
+    assert run["owner"] == {"pid": 41022, "start_time": cells.iso_utc(NOW - 500.25), "status": "alive"}
     assert run["ended_at"] is None
     assert run["started_at"].endswith("Z")
     judge = run["instances"][1]
@@ -203,7 +203,7 @@ def test_history_lines_and_json() -> None:
         "from": "building",
         "to": "spawned",
         "event": "spawn",
-        "at": render.iso_utc(NOW + 0.25),
+        "at": cells.iso_utc(NOW + 0.25),
         "detail": "pid 41030",
     }
     assert render.history_lines(run, [])[1] == "no transitions recorded"
@@ -224,12 +224,12 @@ def test_reap_lines_and_json() -> None:
             )
         ],
     )
-    lines = render.reap_lines(report)
+    lines = reap_report.reap_lines(report)
     assert lines[0] == "would reap run 4c1e9a3f2b10 on node7: owner pid 41022 is gone"
     assert lines[1].split() == ["NAME", "STATE", "PID", "ACTION", "RESULT"]
     assert lines[2].split()[:3] == ["policy", "ready", "41030"] and lines[2].endswith("-")
     assert lines[3] == "  would remove stale ready file /logs/h2ping-policy.ready"
-    document = json.loads(render.reap_json(report))
+    document = json.loads(reap_report.reap_json(report))
     assert document["dry_run"] is True
     assert set(document["runs"][0]) == {
         "run_id",
@@ -241,11 +241,11 @@ def test_reap_lines_and_json() -> None:
         "instances",
     }
     assert document["runs"][0]["instances"][0]["action"] == "SIGTERM, mark failed"
-    assert render.reap_lines(ReapReport(dry_run=False, runs=[]))[0].startswith("nothing to reap")
+    assert reap_report.reap_lines(ReapReport(dry_run=False, runs=[]))[0].startswith("nothing to reap")
 
 
 def test_table_pads_to_widest_value_and_replaces_empty() -> None:
-    lines = render.table(["A", "LONGER", "LAST"], [["xxxxx", "", "free text"], ["y", "z", ""]])
+    lines = cells.table(["A", "LONGER", "LAST"], [["xxxxx", "", "free text"], ["y", "z", ""]])
     assert lines == [
         "A      LONGER  LAST",
         "xxxxx  -       free text",

@@ -1,0 +1,151 @@
+"""What ``reap`` and ``reap --ray`` print: a block per reaped run, a row per node.
+
+Owns the human lines and the ``--json`` documents of a reap report (``run.reap.ReapReport``)
+and of a cluster-wide reap (``run.cluster.ClusterReap``). Must not read the database, inspect
+processes or print: it turns the reports into strings.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import TYPE_CHECKING
+
+from sidecar_fsm.view.cells import STATE_STYLES, UNKNOWN, Cell, dumps, short_run_id, table
+
+if TYPE_CHECKING:
+    from sidecar_fsm.run.cluster import ClusterReap, NodeReap
+    from sidecar_fsm.run.reap import ReapReport
+
+
+def reap_lines(report: ReapReport, *, color: bool = False) -> list[str]:
+    """What ``reap`` did (or, with ``--dry-run``, would do), a block per run."""
+    if not report.runs:
+        return ["nothing to reap: every recorded run has a live owner or is already closed"]
+    lines: list[str] = []
+    verb = "would reap" if report.dry_run else "reaped"
+    for index, run in enumerate(report.runs):
+        if index:
+            lines.append("")
+        lines.append(f"{verb} run {short_run_id(run.run_id)} on {run.host}: {run.reason}")
+        if run.instances:
+            lines += table(
+                ["NAME", "STATE", "PID", "ACTION", "RESULT"],
+                [
+                    [
+                        inst.name,
+                        (inst.state, STATE_STYLES.get(inst.state)),
+                        str(inst.pid) if inst.pid is not None else UNKNOWN,
+                        inst.action,
+                        inst.result or UNKNOWN,
+                    ]
+                    for inst in run.instances
+                ],
+                indent="  ",
+                color=color,
+            )
+        for path in run.ready_files:
+            lines.append(f"  {'would remove' if report.dry_run else 'removed'} stale ready file {path}")
+    return lines
+
+
+def reap_json(report: ReapReport) -> str:
+    return dumps(
+        {
+            "dry_run": report.dry_run,
+            "runs": [
+                {
+                    "run_id": run.run_id,
+                    "host": run.host,
+                    "owner_pid": run.owner_pid,
+                    "owner": run.owner,
+                    "reason": run.reason,
+                    "ready_files": list(run.ready_files),
+                    "instances": [
+                        {
+                            "id": inst.instance_id,
+                            "name": inst.name,
+                            "state": inst.state,
+                            "pid": inst.pid,
+                            "action": inst.action,
+                            "result": inst.result,
+                        }
+                        for inst in run.instances
+                    ],
+                }
+                for run in report.runs
+            ],
+        }
+    )
+
+
+# ------------------------------------------------------------------------------ reap --ray
+
+
+def short_node_id(node_id: str) -> str:
+    """The first 12 hex digits of a Ray node id (56 in full): enough to tell nodes apart."""
+    return node_id[:12]
+
+
+def _node_result(node: NodeReap, dry_run: bool) -> Cell:
+    if node.error is not None or node.report is None:
+        return (f"error: {node.error or 'no report'}", "red")
+    count = len(node.report.runs)
+    if not count:
+        return ("nothing to reap", None)
+    verb = "would reap" if dry_run else "reaped"
+    return (f"{verb} {count} run{'s' if count != 1 else ''}", "yellow")
+
+
+def cluster_reap_lines(result: ClusterReap, *, color: bool = False) -> list[str]:
+    """What ``reap --ray`` did on each node: a table of nodes, then each node's reap block.
+
+    The blocks are exactly what ``reap`` prints on that host, indented under the node they came
+    from, so a run is always read next to the node (and database) that reaped it.
+    """
+    count = len(result.nodes)
+    head = f"reap on {count} alive node{'s' if count != 1 else ''} of the Ray cluster at {result.address}"
+    if not result.nodes:
+        return [head, "no alive nodes: nothing reaped"]
+    lines = [head]
+    lines += table(
+        ["NODE", "HOST", "ADDRESS", "DATABASE", "RESULT"],
+        [
+            [
+                short_node_id(node.node_id),
+                node.host or node.ray_hostname,
+                node.address,
+                node.database or UNKNOWN,
+                _node_result(node, result.dry_run),
+            ]
+            for node in result.nodes
+        ],
+        color=color,
+    )
+    for node in result.nodes:
+        if node.report is None or not node.report.runs:
+            continue
+        lines.append("")
+        lines.append(f"on {node.host or node.ray_hostname} (node {short_node_id(node.node_id)}):")
+        lines += ["  " + line if line else line for line in reap_lines(node.report, color=color)]
+    return lines
+
+
+def cluster_reap_json(result: ClusterReap) -> str:
+    """``{"address", "dry_run", "nodes": [...]}``; each node's ``runs`` are what ``reap --json``
+    prints on that host (same keys), plus the node it came from and its error (or ``null``)."""
+    nodes = []
+    for node in result.nodes:
+        # Reusing reap_json keeps one definition of a reaped run's shape for both commands.
+        runs = json.loads(reap_json(node.report))["runs"] if node.report is not None else []
+        nodes.append(
+            {
+                "node_id": node.node_id,
+                "address": node.address,
+                "ray_hostname": node.ray_hostname,
+                "host": node.host,
+                "database": node.database,
+                "error": node.error,
+                "runs": runs,
+            }
+        )
+    return dumps({"address": result.address, "dry_run": result.dry_run, "nodes": nodes})

@@ -1,8 +1,8 @@
 """``sidecar-fsm reap --ray`` on a real local Ray cluster: every node reaps its own host's database.
 
-The cluster is two real Ray nodes on this machine (``ray start --head --block`` and a second
-``ray start --address=... --block``), each with its own ``SIDECAR_FSM_HOST`` so they stand for
-two hosts sharing one log dir, as nodes on a cluster filesystem do. The runs point at real
+The cluster is two real Ray nodes on this machine (``raycluster.LocalRayCluster``: a private
+temp dir and HOME, so no other Ray's files reach it), each with its own ``SIDECAR_FSM_HOST`` so
+they stand for two hosts sharing one log dir, as nodes on a cluster filesystem do. The runs point at real
 ``sleep`` processes whose owners are gone (or, for one run, alive), and the command runs as a
 subprocess joining the cluster by address. No mocks. The cluster lives in a private temp dir
 and is ended by its own ``ray start`` processes (never ``ray stop``, which would end every Ray
@@ -12,26 +12,20 @@ killed as a backstop, pass or fail.
 
 from __future__ import annotations
 
-import contextlib
 import importlib.util
 import json
 import os
-import re
-import shutil
-import signal
 import socket
 import subprocess
 import sys
-import tempfile
 import uuid
 from collections.abc import Iterator
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import psutil
 import pytest
-from helpers import ProcessRegistry, wait_until
+from helpers import ProcessRegistry
+from raycluster import LocalRayCluster, ray_env
 
 from sidecar_fsm.base import procs
 from sidecar_fsm.state.fsm import InstanceMachine
@@ -42,113 +36,7 @@ needs_ray = pytest.mark.skipif(
     reason="ray is not installed (pip install 'ray>=2.9'): reap --ray is tested on a real Ray cluster",
 )
 
-RAY = Path(sys.executable).with_name("ray")
 SLEEP = "/bin/sleep" if os.path.exists("/bin/sleep") else "/usr/bin/sleep"
-_NODE_START_SECONDS = 60.0
-_NODE_STOP_SECONDS = 30.0
-_JOIN = re.compile(r"ray start --address='([^']+)'")
-
-
-def ray_env(host: str | None = None) -> dict[str, str]:
-    """Our environment without any pointer to another Ray, plus this node's database host name."""
-    env = {k: v for k, v in os.environ.items() if not k.startswith("RAY_")}
-    env["RAY_USAGE_STATS_ENABLED"] = "0"
-    if host is not None:
-        env["SIDECAR_FSM_HOST"] = host
-    return env
-
-
-@dataclass
-class RayNode:
-    """One ``ray start --block`` process; ending it ends the node's raylet, GCS and workers."""
-
-    host: str
-    process: subprocess.Popen[bytes]
-    output: Path
-
-    def text(self) -> str:
-        return self.output.read_text(errors="replace") if self.output.exists() else ""
-
-
-class LocalRayCluster:
-    """Ray nodes on this machine in a private temp dir; ``stop()`` leaves none of their processes."""
-
-    def __init__(self, registry: ProcessRegistry) -> None:
-        # Short and private: Ray puts unix sockets under it (107-byte path limit) and records its
-        # address there, so nothing of another Ray on this machine is read or touched.
-        self.temp_dir = Path(tempfile.mkdtemp(prefix="sfray", dir="/tmp"))
-        self.registry = registry
-        self.nodes: list[RayNode] = []
-        self.address = ""
-
-    def start_node(self, host: str) -> RayNode:
-        head = not self.nodes
-        argv = [str(RAY), "start", "--block", "--num-cpus=1", "--object-store-memory=80000000"]
-        argv += ["--disable-usage-stats", f"--temp-dir={self.temp_dir}"]
-        if head:
-            argv += ["--head", "--port=0", "--include-dashboard=false"]
-        else:
-            argv += [f"--address={self.address}"]
-        output = self.temp_dir / f"{host}.out"
-        with open(output, "wb") as out:
-            process = subprocess.Popen(
-                argv,
-                stdin=subprocess.DEVNULL,
-                stdout=out,
-                stderr=subprocess.STDOUT,
-                env=ray_env(host),
-                start_new_session=True,  # its own process group: the backstop kills exactly it
-            )
-        self.registry.add(process)
-        node = RayNode(host, process, output)
-        self.nodes.append(node)
-        wait_until(
-            lambda: "Ray runtime started" in node.text() or process.poll() is not None,
-            _NODE_START_SECONDS,
-            f"ray node {host} to start",
-        )
-        assert process.poll() is None, f"ray start for {host} exited {process.returncode}:\n{node.text()}"
-        if head:
-            # `ray start --head` prints how other nodes join: ray start --address='IP:PORT'.
-            match = wait_until(
-                lambda: _JOIN.search(node.text()), _NODE_START_SECONDS, f"ray head address in {output}"
-            )
-            self.address = match.group(1)
-        return node
-
-    def _leftovers(self) -> list[psutil.Process]:
-        """Processes of this cluster: in a node's process group or naming our temp dir."""
-        groups = {node.process.pid for node in self.nodes}
-        found = []
-        for proc in psutil.process_iter(["pid", "cmdline"]):
-            with contextlib.suppress(psutil.Error):
-                if proc.pid == os.getpid():
-                    continue
-                if os.getpgid(proc.pid) in groups or str(self.temp_dir) in " ".join(
-                    proc.info["cmdline"] or []
-                ):
-                    found.append(proc)
-        return found
-
-    def stop(self) -> None:
-        # Workers first, then the head: each `ray start --block` ends its own node on SIGTERM.
-        for node in reversed(self.nodes):
-            if node.process.poll() is None:
-                node.process.send_signal(signal.SIGTERM)
-                try:
-                    node.process.wait(_NODE_STOP_SECONDS)
-                except subprocess.TimeoutExpired:
-                    node.process.kill()
-                    node.process.wait(_NODE_STOP_SECONDS)
-        for node in self.nodes:
-            with contextlib.suppress(ProcessLookupError, PermissionError):
-                os.killpg(node.process.pid, signal.SIGKILL)
-        leftovers = self._leftovers()
-        for proc in leftovers:
-            with contextlib.suppress(psutil.Error):
-                proc.kill()
-        psutil.wait_procs(leftovers, timeout=_NODE_STOP_SECONDS)
-        shutil.rmtree(self.temp_dir, ignore_errors=True)
 
 
 @pytest.fixture
@@ -164,12 +52,15 @@ def ray_cluster(process_registry: ProcessRegistry) -> Iterator[LocalRayCluster]:
 
 
 def sidecar_cli(log_dir: Path, *args: str, timeout: float = 90) -> subprocess.CompletedProcess[str]:
+    """The CLI as a user runs it, with a HOME of its own: no other Ray's files reach it."""
+    home = log_dir.parent / "home"
+    home.mkdir(exist_ok=True)
     return subprocess.run(
         [sys.executable, "-m", "sidecar_fsm", "--log-dir", str(log_dir), *args],
         capture_output=True,
         text=True,
         timeout=timeout,
-        env=ray_env(),
+        env=ray_env(home),
         cwd=log_dir.parent,
     )
 

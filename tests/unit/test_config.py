@@ -36,7 +36,6 @@ PROCS = "try 2, or null to leave it to the go runtime"
 NAME = "is not a valid name; use letters, digits, '_' and '-', starting with a letter or digit"
 HTTPS = "must be https:// (HTTP/2 is chosen by ALPN); use https://HOST[:PORT]"
 CLASH = "instances must listen on different addresses: a unique port each, or 0 for any free port"
-NOT_LOOPBACK = "is not loopback; use 127.0.0.1:PORT or allow_non_loopback"
 LIST_HINT = "write a list of {name, upstream, listen} entries"
 MEM_HINT = "use bytes or a KiB, MiB, GiB or TiB count like '1GiB', or 'off'"
 
@@ -365,15 +364,6 @@ BAD = [
     ),
     # listens
     (
-        {"instances": [inst(listen="0.0.0.0:1250")]},
-        f"sidecar.instances[0].listen: '0.0.0.0:1250' {NOT_LOOPBACK}",
-    ),
-    (
-        {"instances": [inst("a", "127.0.0.1:1"), inst(listen="node7:1250")]},
-        f"sidecar.instances[1].listen: 'node7:1250' {NOT_LOOPBACK}",
-    ),
-    ({"instances": [inst(listen="[::]:1250")]}, f"sidecar.instances[0].listen: '[::]:1250' {NOT_LOOPBACK}"),
-    (
         {"instances": [inst(listen="1250")]},
         f"sidecar.instances[0].listen: '1250' is not host:port; {LISTEN_HINT}",
     ),
@@ -578,6 +568,27 @@ def _warnings_of(block: Any) -> list[str]:
         load(block)
     assert all(w.category is ConfigWarning for w in caught)
     return [str(w.message) for w in caught]
+
+
+@pytest.mark.parametrize("listen", ["0.0.0.0:1250", "node7:1250", "[::]:1250"])
+def test_a_listen_off_loopback_is_accepted_with_gyms_warning(listen: str) -> None:
+    """As NeMo Gym takes it: the config runs, and the warning says what is exposed to whom."""
+    block = {"enabled": True, "instances": [inst("a", "127.0.0.1:1"), inst("b", listen)]}
+    with pytest.warns(ConfigWarning) as caught:
+        config = H2PingSidecarConfig.model_validate(block)
+    assert config.instances[1].listen == listen
+    assert [str(w.message) for w in caught] == [
+        f"sidecar.instances[1].listen: '{listen}' is not a loopback address; the proxy has no "
+        "authentication, so anything that can reach it can send requests, with its own credentials, "
+        "to https://api.example.com; use 127.0.0.1, or set allow_non_loopback: true if this is meant"
+    ]
+
+
+def test_allow_non_loopback_silences_the_warning() -> None:
+    block = {"enabled": True, "allow_non_loopback": True, "instances": [inst(listen="0.0.0.0:1250")]}
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert H2PingSidecarConfig.model_validate(block).instances[0].listen == "0.0.0.0:1250"
 
 
 def test_an_upstream_path_is_dropped_with_a_warning() -> None:

@@ -204,6 +204,7 @@ def test_a_killed_actor_leaves_no_sidecar_and_status_reads_the_run_as_ended(
         driver, gym_config(tls_origin, sidecar_binary, log_dir), process_registry, log_dir
     )
     assert get(answer["base_url"], "/echo")[0] == 200
+
     # A request that would wait longer than the grace is in flight when the owner dies: the
     # sidecar drains it for the grace, then exits anyway.
     def wait_long() -> None:

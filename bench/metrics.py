@@ -2,12 +2,12 @@
 metrics off, on, and on with a 1 Hz scraper, plus idle RSS with and without the flag.
 
 Owns this one comparison only; the building blocks (origin, sidecar start, wrk, /proc readings,
-child cleanup) are bench/proxy.py's. The three sidecars run side by side against one origin and
-are measured in interleaved rounds whose order rotates, so the noise of this shared machine falls
+child cleanup, the build cache) are bench/harness's. The sidecars run side by side against one
+origin and are measured in interleaved rounds whose order rotates, so the noise of this shared machine falls
 on each alike; figures are medians over the rounds and ratios of those medians. Writes the report
 to bench/results/metrics.md and its table, with the command, into bench/README.md (bench:metrics).
 
-Must not touch go/ (it builds into a temp dir), bind anything but loopback, or leave a process
+Must not touch go/ (binaries come from the build cache), bind anything but loopback, or leave a process
 behind: every child is ended in a finally.
 
 Run: .venv/bin/python bench/metrics.py [--reps 7] [--duration 3] [--no-readme]   (about a minute)
@@ -35,19 +35,11 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
-from bench.proxy import (  # noqa: E402
-    GO_DIR,
-    ORIGIN_DIR,
-    WRK_LUA,
-    Children,
-    find_go,
-    go_build,
-    mem_kib,
-    run_wrk,
-    start_origin,
-    start_sidecar,
-    wait_until,
-)
+from bench.harness.binaries import GO_DIR, go_tool, origin_binary, sidecar_binary  # noqa: E402
+from bench.harness.children import Children, mem_kib  # noqa: E402
+from bench.harness.tables import load_average  # noqa: E402
+from bench.harness.targets import run_wrk, start_origin, start_sidecar, wrk_script  # noqa: E402
+from bench.harness.waits import wait_until  # noqa: E402
 from bench.readme import update_readme  # noqa: E402
 
 REPORT = REPO / "bench" / "results" / "metrics.md"
@@ -69,7 +61,7 @@ def scrape(address: str) -> str:
         return text
 
 
-def idle_rss_without_upstream(kids: Children, work: Path, ca: str) -> int:
+def idle_rss_without_upstream(kids: Children, work: Path, binary: Path, ca: str) -> int:
     """VmRSS (KiB) of an idle sidecar, metrics on, whose start-up dial is refused: the same
     process without the pooled upstream connection and TLS state a successful dial leaves, so
     the difference from "on" is what the start-up dial costs an idle sidecar."""
@@ -79,7 +71,7 @@ def idle_rss_without_upstream(kids: Children, work: Path, ca: str) -> int:
         closed.bind(("127.0.0.1", 0))
         sc = start_sidecar(
             kids,
-            work / "h2-ping-sidecar",
+            binary,
             work,
             f"127.0.0.1:{closed.getsockname()[1]}",
             ca,
@@ -95,12 +87,12 @@ def idle_rss_without_upstream(kids: Children, work: Path, ca: str) -> int:
         return rss
 
 
-def go_bench_ns(go: str) -> dict[str, float]:
+def go_bench_ns(go: Path) -> dict[str, float]:
     """Median ns/op of the Go benchmarks of the counting itself (go/metrics_test.go): CPU time on
     one core, far less sensitive to the other tenants of this machine than req/s."""
     env = dict(os.environ, CGO_ENABLED="0", GOFLAGS="-buildvcs=false", GOTOOLCHAIN="local")
     r = subprocess.run(
-        [go, "test", "-run", "^$", "-bench", "RequestCounting|FrameWatch", "-count", "5", "."],
+        [str(go), "test", "-run", "^$", "-bench", "RequestCounting|FrameWatch", "-count", "5", "."],
         cwd=GO_DIR,
         env=env,
         capture_output=True,
@@ -122,6 +114,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--reps", type=int, default=7, help="interleaved rounds (default 7)")
     parser.add_argument("--duration", type=float, default=3.0, help="seconds per wrk run (default 3)")
     parser.add_argument("--conns", type=int, default=16, help="wrk connections (default 16)")
+    parser.add_argument("--out", type=Path, default=REPORT, help=f"full report (default {REPORT})")
     parser.add_argument(
         "--no-readme", action="store_true", help="do not write the table into bench/README.md"
     )
@@ -130,22 +123,20 @@ def main(argv: Sequence[str] | None = None) -> int:
     if wrk is None:
         print("bench: wrk not installed; apt-get update && apt-get install -y wrk", file=sys.stderr)
         return 2
-    go = find_go()
+    go = go_tool()
     command = " ".join([".venv/bin/python bench/metrics.py", *(sys.argv[1:] if argv is None else argv)])
-    load_before = Path("/proc/loadavg").read_text().split()[0]
+    load_before = load_average()
     kids = Children()
     stop_scraper = threading.Event()
     work = Path(tempfile.mkdtemp(prefix="bench-metrics-"))
     try:
-        go_build(go, ORIGIN_DIR, work / "origin")
-        go_build(go, GO_DIR, work / "h2-ping-sidecar")
-        lua = work / "report.lua"
-        lua.write_text(WRK_LUA)
-        origin = start_origin(kids, work / "origin", work)
+        binary = sidecar_binary()
+        lua = wrk_script(work)
+        origin = start_origin(kids, origin_binary(), work)
         sidecars = {
             mode: start_sidecar(
                 kids,
-                work / "h2-ping-sidecar",
+                binary,
                 work,
                 origin.tls,
                 origin.ca,
@@ -159,7 +150,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         wait_until(lambda: 'dials_total{result="ok"} 1' in scrape(on_addr), 10, "the start-up dial")
         time.sleep(1.0)
         rss_kib = {mode: mem_kib(sidecars[mode].proc.pid, "VmRSS") for mode in ("off", "on")}
-        rss_kib["refused"] = idle_rss_without_upstream(kids, work, origin.ca)
+        rss_kib["refused"] = idle_rss_without_upstream(kids, work, binary, origin.ca)
 
         scraped_addr = metrics_address(work, "sidecar-scraped")
         scrapes: list[float] = []
@@ -226,7 +217,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     requests = next(
         line.split()[1] for line in last.splitlines() if line.startswith("h2ping_requests_total ")
     )
-    load_after = Path("/proc/loadavg").read_text().split()[0]
+    load_after = load_average()
     summary = [
         f"`{command}` ({time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}; load average {load_before}"
         f" before, {load_after} after): {args.reps} interleaved rounds of {args.duration:g} s, wrk"
@@ -266,7 +257,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             "",
         ]
     )
-    REPORT.write_text(text)
+    args.out.write_text(text)
     print(text)
     if not args.no_readme:
         readme = [

@@ -278,7 +278,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     }
     with Children() as kids:
         if args.phases == ["paired"]:
-            return run_paired(args, kids, work, origin_bin, results, command)
+            code = run_paired(args, kids, work, origin_bin, results, command)
+            if own_workdir:
+                shutil.rmtree(work, ignore_errors=True)
+            return code
         run_phases(args, kids, work, sidecar_bin, origin_bin, results)
     results["wall_s"] = time.monotonic() - t_start
     results["load_after"] = load_average()

@@ -22,12 +22,13 @@ class BenchError(RuntimeError):
     as failed, its children are ended and the next phase runs."""
 
 
-def wait_until(predicate: Callable[[], T], timeout: float, what: str) -> T:
-    """Poll ``predicate`` until it returns something truthy; return that value.
+def wait_until(predicate: Callable[[], T], timeout: float, what: str, *, poll: float = _POLL_SECONDS) -> T:
+    """Poll ``predicate`` every ``poll`` seconds until it returns something truthy; return that value.
 
     Raises ``BenchError`` naming ``what`` when ``timeout`` passes; an exception from
     ``predicate`` propagates at once (a child that died is not a wait). The last call happens
-    after the deadline, so a condition that became true just in time wins.
+    after the deadline, so a condition that became true just in time wins. A costly predicate
+    (a scan of every process) takes a longer ``poll``.
     """
     deadline = time.monotonic() + timeout
     while True:
@@ -36,4 +37,4 @@ def wait_until(predicate: Callable[[], T], timeout: float, what: str) -> T:
             return value
         if time.monotonic() >= deadline:
             raise BenchError(f"{what}: not ready after {timeout:g}s")
-        time.sleep(_POLL_SECONDS)
+        time.sleep(poll)

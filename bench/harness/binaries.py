@@ -43,7 +43,7 @@ def sidecar_binary() -> Path:
     try:
         return ensure_binary(user_cache_dir(), source_dir=GO_DIR)
     except SidecarError as error:
-        raise BenchError(str(error).splitlines()[0]) from error
+        raise BenchError(str(error)) from error  # compiler output on the lines after the first
 
 
 def cached_program(source_dir: Path, name: str) -> Path:
@@ -54,7 +54,7 @@ def cached_program(source_dir: Path, name: str) -> Path:
         out = user_cache_dir() / "bench" / name / sources_hash(source_dir) / version / name
         build_sidecar(out, source_dir)  # skips the build when `out` is already there
     except SidecarError as error:
-        raise BenchError(str(error).splitlines()[0]) from error
+        raise BenchError(str(error)) from error  # compiler output on the lines after the first
     return out
 
 

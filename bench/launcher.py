@@ -338,24 +338,8 @@ def ms(values: list[float]) -> str:
     return f"{statistics.median(values) * 1000:.1f} ms ({min(values) * 1000:.1f})"
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--repeats", type=int, default=21, help="warm iterations (median reported)")
-    parser.add_argument("--skip-cold", action="store_true", help="only the warm figures")
-    parser.add_argument("--warm-gocache", action="store_true", help="cold runs keep Go's own build cache")
-    parser.add_argument("--cold-rounds", type=int, default=3, help="rounds of the cold figures (median)")
-    parser.add_argument(
-        "--out",
-        default=str(results_path("launcher")),
-        help="full markdown report, default bench/results/launcher.md ('' for none)",
-    )
-    parser.add_argument(
-        "--no-readme", action="store_true", help="do not write the figures into bench/README.md"
-    )
-    args = parser.parse_args()
-    command = ".venv/bin/python bench/launcher.py " + shlex.join(sys.argv[1:])
-    load_before = " / ".join(f"{x:.1f}" for x in os.getloadavg())
-
+def measure(args: argparse.Namespace) -> list[tuple[str, str, str]]:
+    """The warm rounds in blocks, a cold round after each (unless --skip-cold); the table's rows."""
     with tempfile.TemporaryDirectory(prefix="bench-launcher-") as temp:
         root = Path(temp)
         certs = make_ca_and_cert(root / "ca")
@@ -397,7 +381,60 @@ def main() -> None:
             rows.append(("  floor with GOMAXPROCS=1", ms(series["4p1.floor"]), "-"))
             if colds:
                 rows += cold_rows(colds)
+    return rows
 
+
+def report_lines(
+    args: argparse.Namespace, rows: list[tuple[str, str, str]], command: str, load_before: str
+) -> list[str]:
+    """The full report; the README section is the same from its third line on."""
+    gocache_note = (
+        "no cold figures (--skip-cold)"
+        if args.skip_cold
+        else "warm Go build cache"
+        if args.warm_gocache
+        else "empty GOCACHE for each cold figure"
+    )
+    return [
+        "# Launcher benchmark",
+        "",
+        f"Command: `{command}`",
+        "",
+        f"Machine: {os.cpu_count()} cores, shared with other work (load average {load_before} before, "
+        f"{' / '.join(f'{x:.1f}' for x in os.getloadavg())} after); {args.repeats} warm rounds, "
+        f"{0 if args.skip_cold else args.cold_rounds} cold rounds; "
+        f"{gocache_note}. Warm figures: median (best run); cold figures: median (each round). "
+        "Written by bench/launcher.py.",
+        "",
+        "| measure | result | target |",
+        "| --- | --- | --- |",
+        *[f"| {name.strip()} | {value} | {target} |" for name, value, target in rows],
+        "",
+        "NeMo Gym's launcher, same machine class: warm start 102-105 ms (1 or 4 instances); "
+        "8 cold launchers 98 s = 7.3x one cold build (13.4 s).",
+        "",
+    ]
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--repeats", type=int, default=21, help="warm iterations (median reported)")
+    parser.add_argument("--skip-cold", action="store_true", help="only the warm figures")
+    parser.add_argument("--warm-gocache", action="store_true", help="cold runs keep Go's own build cache")
+    parser.add_argument("--cold-rounds", type=int, default=3, help="rounds of the cold figures (median)")
+    parser.add_argument(
+        "--out",
+        default=str(results_path("launcher")),
+        help="full markdown report, default bench/results/launcher.md ('' for none)",
+    )
+    parser.add_argument(
+        "--no-readme", action="store_true", help="do not write the figures into bench/README.md"
+    )
+    args = parser.parse_args()
+    command = ".venv/bin/python bench/launcher.py " + shlex.join(sys.argv[1:])
+    load_before = " / ".join(f"{x:.1f}" for x in os.getloadavg())
+
+    rows = measure(args)
     width = max(len(row[0]) for row in rows)
     value_width = max(18, *(len(row[1]) for row in rows))
     header = f"{'measure':<{width}}  {'result (best)':>{value_width}}  target"
@@ -405,33 +442,9 @@ def main() -> None:
     lines += [f"{name:<{width}}  {value:>{value_width}}  {target}" for name, value, target in rows]
     table = "\n".join(lines)
     print(table)
+    # Built whether or not --out is given: the README section is made of it too.
+    report = report_lines(args, rows, command, load_before)
     if args.out:
-        gocache_note = (
-            "no cold figures (--skip-cold)"
-            if args.skip_cold
-            else "warm Go build cache"
-            if args.warm_gocache
-            else "empty GOCACHE for each cold figure"
-        )
-        report = [
-            "# Launcher benchmark",
-            "",
-            f"Command: `{command}`",
-            "",
-            f"Machine: {os.cpu_count()} cores, shared with other work (load average {load_before} before, "
-            f"{' / '.join(f'{x:.1f}' for x in os.getloadavg())} after); {args.repeats} warm rounds, "
-            f"{0 if args.skip_cold else args.cold_rounds} cold rounds; "
-            f"{gocache_note}. Warm figures: median (best run); cold figures: median (each round). "
-            "Written by bench/launcher.py.",
-            "",
-            "| measure | result | target |",
-            "| --- | --- | --- |",
-            *[f"| {name.strip()} | {value} | {target} |" for name, value, target in rows],
-            "",
-            "NeMo Gym's launcher, same machine class: warm start 102-105 ms (1 or 4 instances); "
-            "8 cold launchers 98 s = 7.3x one cold build (13.4 s).",
-            "",
-        ]
         Path(args.out).write_text("\n".join(report))
     if not args.no_readme:
         update_readme("launcher", "\n".join(report[2:]))

@@ -2,12 +2,12 @@
 metrics off, on, and on with a 1 Hz scraper, plus idle RSS with and without the flag.
 
 Owns this one comparison only; the building blocks (origin, sidecar start, wrk, /proc readings,
-child cleanup) are bench/proxy.py's. The three sidecars run side by side against one origin and
-are measured in interleaved rounds whose order rotates, so the noise of this shared machine falls
+child cleanup, the build cache) are bench/harness's. The sidecars run side by side against one
+origin and are measured in interleaved rounds whose order rotates, so the noise of this shared machine falls
 on each alike; figures are medians over the rounds and ratios of those medians. Writes the report
 to bench/results/metrics.md and its table, with the command, into bench/README.md (bench:metrics).
 
-Must not touch go/ (it builds into a temp dir), bind anything but loopback, or leave a process
+Must not touch go/ (binaries come from the build cache), bind anything but loopback, or leave a process
 behind: every child is ended in a finally.
 
 Run: .venv/bin/python bench/metrics.py [--reps 7] [--duration 3] [--no-readme]   (about a minute)
@@ -30,24 +30,17 @@ import threading
 import time
 import urllib.request
 from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
 if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
-from bench.proxy import (  # noqa: E402
-    GO_DIR,
-    ORIGIN_DIR,
-    WRK_LUA,
-    Children,
-    find_go,
-    go_build,
-    mem_kib,
-    run_wrk,
-    start_origin,
-    start_sidecar,
-    wait_until,
-)
+from bench.harness.binaries import GO_DIR, go_tool, origin_binary, sidecar_binary  # noqa: E402
+from bench.harness.children import Children, mem_kib  # noqa: E402
+from bench.harness.tables import load_average  # noqa: E402
+from bench.harness.targets import run_wrk, start_origin, start_sidecar, wrk_script  # noqa: E402
+from bench.harness.waits import BenchError, wait_until  # noqa: E402
 from bench.readme import update_readme  # noqa: E402
 
 REPORT = REPO / "bench" / "results" / "metrics.md"
@@ -69,7 +62,7 @@ def scrape(address: str) -> str:
         return text
 
 
-def idle_rss_without_upstream(kids: Children, work: Path, ca: str) -> int:
+def idle_rss_without_upstream(kids: Children, work: Path, binary: Path, ca: str) -> int:
     """VmRSS (KiB) of an idle sidecar, metrics on, whose start-up dial is refused: the same
     process without the pooled upstream connection and TLS state a successful dial leaves, so
     the difference from "on" is what the start-up dial costs an idle sidecar."""
@@ -79,7 +72,7 @@ def idle_rss_without_upstream(kids: Children, work: Path, ca: str) -> int:
         closed.bind(("127.0.0.1", 0))
         sc = start_sidecar(
             kids,
-            work / "h2-ping-sidecar",
+            binary,
             work,
             f"127.0.0.1:{closed.getsockname()[1]}",
             ca,
@@ -95,12 +88,12 @@ def idle_rss_without_upstream(kids: Children, work: Path, ca: str) -> int:
         return rss
 
 
-def go_bench_ns(go: str) -> dict[str, float]:
+def go_bench_ns(go: Path) -> dict[str, float]:
     """Median ns/op of the Go benchmarks of the counting itself (go/metrics_test.go): CPU time on
     one core, far less sensitive to the other tenants of this machine than req/s."""
     env = dict(os.environ, CGO_ENABLED="0", GOFLAGS="-buildvcs=false", GOTOOLCHAIN="local")
     r = subprocess.run(
-        [go, "test", "-run", "^$", "-bench", "RequestCounting|FrameWatch", "-count", "5", "."],
+        [str(go), "test", "-run", "^$", "-bench", "RequestCounting|FrameWatch", "-count", "5", "."],
         cwd=GO_DIR,
         env=env,
         capture_output=True,
@@ -117,61 +110,55 @@ def go_bench_ns(go: str) -> dict[str, float]:
     return {name: statistics.median(v) for name, v in found.items()}
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--reps", type=int, default=7, help="interleaved rounds (default 7)")
-    parser.add_argument("--duration", type=float, default=3.0, help="seconds per wrk run (default 3)")
-    parser.add_argument("--conns", type=int, default=16, help="wrk connections (default 16)")
-    parser.add_argument(
-        "--no-readme", action="store_true", help="do not write the table into bench/README.md"
-    )
-    args = parser.parse_args(argv)
-    wrk = shutil.which("wrk")
-    if wrk is None:
-        print("bench: wrk not installed; apt-get update && apt-get install -y wrk", file=sys.stderr)
-        return 2
-    go = find_go()
-    command = " ".join([".venv/bin/python bench/metrics.py", *(sys.argv[1:] if argv is None else argv)])
-    load_before = Path("/proc/loadavg").read_text().split()[0]
-    kids = Children()
+@dataclass
+class Rounds:
+    """What the interleaved rounds measured: per mode, each round's req/s and CPU µs/req."""
+
+    rps: dict[str, list[float]]
+    cpu: dict[str, list[float]]
+    rss_kib: dict[str, int]  # idle VmRSS: off, on, and on with the start-up dial refused
+    scrapes: list[float]  # seconds per GET /metrics of the scraped sidecar
+    last: str  # the scraped sidecar's /metrics after the last round
+
+
+def measure(args: argparse.Namespace, wrk: str, kids: Children, work: Path) -> Rounds:
+    """Four sidecars against one origin; idle RSS first, then ``args.reps`` rounds of wrk with
+    the modes' order rotated, the "scraped" one read once a second meanwhile."""
+    binary = sidecar_binary()
+    lua = wrk_script(work)
+    origin = start_origin(kids, origin_binary(), work)
+    sidecars = {
+        mode: start_sidecar(
+            kids,
+            binary,
+            work,
+            origin.tls,
+            origin.ca,
+            *(() if mode.startswith("off") else ("-metrics-listen", "127.0.0.1:0")),
+            name=f"sidecar-{mode}",
+        )
+        for mode in MODES
+    }
+    # Idle RSS 1 s after the start-up dial (no request yet), as bench/proxy.py's idle row.
+    on_addr = metrics_address(work, "sidecar-on")
+    wait_until(lambda: 'dials_total{result="ok"} 1' in scrape(on_addr), 10, "the start-up dial")
+    time.sleep(1.0)
+    rss_kib = {mode: mem_kib(sidecars[mode].proc.pid, "VmRSS") for mode in ("off", "on")}
+    rss_kib["refused"] = idle_rss_without_upstream(kids, work, binary, origin.ca)
+
+    scraped_addr = metrics_address(work, "sidecar-scraped")
+    scrapes: list[float] = []
     stop_scraper = threading.Event()
-    work = Path(tempfile.mkdtemp(prefix="bench-metrics-"))
+
+    def scraper() -> None:
+        while not stop_scraper.wait(1.0):
+            t0 = time.perf_counter()
+            scrape(scraped_addr)
+            scrapes.append(time.perf_counter() - t0)
+
+    thread = threading.Thread(target=scraper, daemon=True)
+    thread.start()
     try:
-        go_build(go, ORIGIN_DIR, work / "origin")
-        go_build(go, GO_DIR, work / "h2-ping-sidecar")
-        lua = work / "report.lua"
-        lua.write_text(WRK_LUA)
-        origin = start_origin(kids, work / "origin", work)
-        sidecars = {
-            mode: start_sidecar(
-                kids,
-                work / "h2-ping-sidecar",
-                work,
-                origin.tls,
-                origin.ca,
-                *(() if mode.startswith("off") else ("-metrics-listen", "127.0.0.1:0")),
-                name=f"sidecar-{mode}",
-            )
-            for mode in MODES
-        }
-        # Idle RSS 1 s after the start-up dial (no request yet), as bench/proxy.py's idle row.
-        on_addr = metrics_address(work, "sidecar-on")
-        wait_until(lambda: 'dials_total{result="ok"} 1' in scrape(on_addr), 10, "the start-up dial")
-        time.sleep(1.0)
-        rss_kib = {mode: mem_kib(sidecars[mode].proc.pid, "VmRSS") for mode in ("off", "on")}
-        rss_kib["refused"] = idle_rss_without_upstream(kids, work, origin.ca)
-
-        scraped_addr = metrics_address(work, "sidecar-scraped")
-        scrapes: list[float] = []
-
-        def scraper() -> None:
-            while not stop_scraper.wait(1.0):
-                t0 = time.perf_counter()
-                scrape(scraped_addr)
-                scrapes.append(time.perf_counter() - t0)
-
-        thread = threading.Thread(target=scraper, daemon=True)
-        thread.start()
         for sc in sidecars.values():  # warm up: connections, TLS sessions, heaps
             run_wrk(wrk, lua, sc.listen, args.conns, 1, sc.proc.pid, origin.proc.pid)
         rps: dict[str, list[float]] = {m: [] for m in MODES}
@@ -181,55 +168,61 @@ def main(argv: Sequence[str] | None = None) -> int:
                 sc = sidecars[mode]
                 r = run_wrk(wrk, lua, sc.listen, args.conns, args.duration, sc.proc.pid, origin.proc.pid)
                 if r.errors:
-                    print(f"bench: {mode}: {r.errors} wrk errors", file=sys.stderr)
-                    return 1
+                    raise BenchError(f"{mode}: {r.errors} wrk errors")
                 rps[mode].append(r.rps)
                 cpu[mode].append(r.cpu_us_per_req)
-        stop_scraper.set()
-        thread.join(5)
-        last = scrape(scraped_addr)
     finally:
         stop_scraper.set()
-        kids.close()
-    ns = go_bench_ns(go)
-    count_ns = ns["RequestCounting/counted"] - ns["RequestCounting/bare"]
-    med_rps = {m: statistics.median(v) for m, v in rps.items()}
-    med_cpu = {m: statistics.median(v) for m, v in cpu.items()}
+        thread.join(5)
+    return Rounds(rps, cpu, rss_kib, scrapes, scrape(scraped_addr))
+
+
+def table(m: Rounds) -> tuple[list[str], float, dict[str, float]]:
+    """The markdown rows, the noise floor (off-again against off) and the median CPU per mode."""
+    med_rps = {mode: statistics.median(v) for mode, v in m.rps.items()}
+    med_cpu = {mode: statistics.median(v) for mode, v in m.cpu.items()}
     # Beside the ratio of medians, the median of each round's own ratio: a round's runs are
     # seconds apart, so the load drifting over minutes cancels out of it.
     paired = {
-        m: (
-            statistics.median(a / b for a, b in zip(rps[m], rps["off"], strict=True)),
-            statistics.median(a / b for a, b in zip(cpu[m], cpu["off"], strict=True)),
+        mode: (
+            statistics.median(a / b for a, b in zip(m.rps[mode], m.rps["off"], strict=True)),
+            statistics.median(a / b for a, b in zip(m.cpu[mode], m.cpu["off"], strict=True)),
         )
-        for m in MODES
+        for mode in MODES
     }
     rows = [
         "| metrics | req/s (median) | ratio to off | CPU µs/req (median) | ratio to off | per-round ratios,"
         " median (req/s, CPU) | target | pass? |",
         "|---|--:|--:|--:|--:|--:|--:|--:|",
     ]
-    for m in MODES:
-        r_rps, r_cpu = med_rps[m] / med_rps["off"], med_cpu[m] / med_cpu["off"]
-        if m in ("on", "scraped"):
+    for mode in MODES:
+        r_rps, r_cpu = med_rps[mode] / med_rps["off"], med_cpu[mode] / med_cpu["off"]
+        if mode in ("on", "scraped"):
             target = f"within {TARGET:.0%}"
             ok = "yes" if r_rps >= 1 - TARGET and r_cpu <= 1 + TARGET else "NO"
         else:
-            target, ok = ("", "") if m == "off" else ("noise floor", "")
+            target, ok = ("", "") if mode == "off" else ("noise floor", "")
         rows.append(
-            f"| {m} | {med_rps[m]:,.0f} | {r_rps:.3f} | {med_cpu[m]:.1f} | {r_cpu:.3f} "
-            f"| {paired[m][0]:.3f}, {paired[m][1]:.3f} | {target} | {ok} |"
+            f"| {mode} | {med_rps[mode]:,.0f} | {r_rps:.3f} | {med_cpu[mode]:.1f} | {r_cpu:.3f} "
+            f"| {paired[mode][0]:.3f}, {paired[mode][1]:.3f} | {target} | {ok} |"
         )
     noise = max(
         abs(med_rps["off-again"] / med_rps["off"] - 1), abs(med_cpu["off-again"] / med_cpu["off"] - 1)
     )
+    return rows, noise, med_cpu
+
+
+def write(args: argparse.Namespace, m: Rounds, ns: dict[str, float], command: str, load_before: str) -> None:
+    """The report to ``args.out`` and, unless --no-readme, the bench:metrics README section."""
+    rows, noise, med_cpu = table(m)
+    count_ns = ns["RequestCounting/counted"] - ns["RequestCounting/bare"]
     requests = next(
-        line.split()[1] for line in last.splitlines() if line.startswith("h2ping_requests_total ")
+        line.split()[1] for line in m.last.splitlines() if line.startswith("h2ping_requests_total ")
     )
-    load_after = Path("/proc/loadavg").read_text().split()[0]
+    rss = {k: v / 1024 for k, v in m.rss_kib.items()}
     summary = [
         f"`{command}` ({time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}; load average {load_before}"
-        f" before, {load_after} after): {args.reps} interleaved rounds of {args.duration:g} s, wrk"
+        f" before, {load_average()} after): {args.reps} interleaved rounds of {args.duration:g} s, wrk"
         f" -c{args.conns}, four sidecars against one origin, the order rotated each round; ratios are"
         " of the medians (the target's measure) and, beside them, the medians of each round's ratios.",
         "",
@@ -252,10 +245,10 @@ def main(argv: Sequence[str] | None = None) -> int:
             "# What -metrics-listen costs (bench/metrics.py)",
             "",
             *summary,
-            f"Idle RSS 1 s after the start-up dial (VmRSS): off {rss_kib['off'] / 1024:.1f} MiB, "
-            f"on {rss_kib['on'] / 1024:.1f} MiB; on, with the start-up dial refused (closed port, so no"
-            f" pooled connection): {rss_kib['refused'] / 1024:.1f} MiB.",
-            f"Scrapes: {len(scrapes)}, median {statistics.median(scrapes) * 1000:.2f} ms each "
+            f"Idle RSS 1 s after the start-up dial (VmRSS): off {rss['off']:.1f} MiB, "
+            f"on {rss['on']:.1f} MiB; on, with the start-up dial refused (closed port, so no"
+            f" pooled connection): {rss['refused']:.1f} MiB.",
+            f"Scrapes: {len(m.scrapes)}, median {statistics.median(m.scrapes) * 1000:.2f} ms each "
             f"(client side); the scraped sidecar counted {requests} requests.",
             "",
             "Go benchmarks (go/metrics_test.go, median of 5): counting one request "
@@ -266,13 +259,13 @@ def main(argv: Sequence[str] | None = None) -> int:
             "",
         ]
     )
-    REPORT.write_text(text)
+    args.out.write_text(text)
     print(text)
     if not args.no_readme:
         readme = [
             *summary,
-            f"Idle RSS (VmRSS 1 s after the start-up dial): off {rss_kib['off'] / 1024:.1f} MiB,"
-            f" on {rss_kib['on'] / 1024:.1f} MiB; {rss_kib['refused'] / 1024:.1f} MiB when that dial is"
+            f"Idle RSS (VmRSS 1 s after the start-up dial): off {rss['off']:.1f} MiB,"
+            f" on {rss['on']:.1f} MiB; {rss['refused']:.1f} MiB when that dial is"
             " refused (no pooled connection). Counting one request costs"
             f" {count_ns:.0f} ns of CPU (Go benchmark, go/metrics_test.go), about"
             f" {count_ns / 1000 / med_cpu['off'] * 100:.2f} % of the proxy's CPU per request.",
@@ -281,7 +274,34 @@ def main(argv: Sequence[str] | None = None) -> int:
         ]
         update_readme("metrics", "\n".join(readme))
         print("table written to bench/README.md")
-    shutil.rmtree(work, ignore_errors=True)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--reps", type=int, default=7, help="interleaved rounds (default 7)")
+    parser.add_argument("--duration", type=float, default=3.0, help="seconds per wrk run (default 3)")
+    parser.add_argument("--conns", type=int, default=16, help="wrk connections (default 16)")
+    parser.add_argument("--out", type=Path, default=REPORT, help=f"full report (default {REPORT})")
+    parser.add_argument(
+        "--no-readme", action="store_true", help="do not write the table into bench/README.md"
+    )
+    args = parser.parse_args(argv)
+    wrk = shutil.which("wrk")
+    if wrk is None:
+        print("bench: wrk not installed; apt-get update && apt-get install -y wrk", file=sys.stderr)
+        return 2
+    command = " ".join([".venv/bin/python bench/metrics.py", *(sys.argv[1:] if argv is None else argv)])
+    load_before = load_average()
+    work = Path(tempfile.mkdtemp(prefix="bench-metrics-"))
+    try:
+        with Children() as kids:
+            rounds = measure(args, wrk, kids, work)
+        write(args, rounds, go_bench_ns(go_tool()), command, load_before)
+    except BenchError as e:
+        print(f"bench: {e}", file=sys.stderr)
+        return 1
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
     return 0
 
 

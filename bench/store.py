@@ -32,6 +32,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -187,7 +188,75 @@ def time_ms(call: object, repeat: int) -> tuple[float, float]:
     return statistics.median(samples), samples[int(len(samples) * 0.95) - 1]
 
 
-def main() -> None:
+@dataclass
+class Rounds:
+    """Per round: transitions/s of 1 writer alone, of N writers together, and the N writers'
+    CPU microseconds per transition (what waiting costs besides the work)."""
+
+    singles: list[float] = field(default_factory=list)
+    togethers: list[float] = field(default_factory=list)
+    cpu_us: list[float] = field(default_factory=list)
+
+    def add(self, writers: int, transitions: int, code: Path) -> None:
+        self.singles.append(transitions / run_writers(1, transitions, code)[0])
+        wall, cpu = run_writers(writers, transitions, code)
+        self.togethers.append(writers * transitions / wall)
+        self.cpu_us.append(cpu / (writers * transitions) * 1e6)
+
+    def ratio(self) -> float:
+        """N together against 1 alone: the median of each round's own ratio."""
+        return statistics.median(t / s for s, t in zip(self.singles, self.togethers, strict=True))
+
+
+def query_times(history_rows: int, repeat: int) -> tuple[int, tuple[float, float], tuple[float, float]]:
+    """(live runs, list-live ms, one-history ms) on a store filled with ``history_rows`` rows."""
+    with tempfile.TemporaryDirectory(prefix="bench-store-") as log_dir:
+        store, instance_ids = fill(log_dir, history_rows)
+        live = len(store.list_runs("live"))
+        picks = random.Random(1).choices(instance_ids, k=repeat + 1)
+        live_ms = time_ms(lambda: store.list_runs("live"), repeat)
+        history_ms = time_ms(lambda: store.history(picks.pop()), repeat)
+        store.close()
+    return live, live_ms, history_ms
+
+
+Row = tuple[str, str, str, bool]
+
+
+def baseline_rows(args: argparse.Namespace, new: Rounds, old: Rounds) -> tuple[list[Row], str]:
+    """The baseline's rows and the sentence naming its rounds."""
+    baseline = f"baseline {args.baseline.name}"
+    rows: list[Row] = [
+        (
+            f"{baseline}: transitions/s, 1 process",
+            f"{statistics.median(old.singles):,.0f} (this one: "
+            f"{statistics.median(n / o for n, o in zip(new.singles, old.singles, strict=True)):.2f}x)",
+            "-",
+            True,
+        ),
+        (
+            f"{baseline}: transitions/s, {args.writers} processes together",
+            f"{statistics.median(old.togethers):,.0f} ({old.ratio():.2f}x of 1; this one: "
+            f"{statistics.median(n / o for n, o in zip(new.togethers, old.togethers, strict=True)):.2f}x)",
+            "-",
+            True,
+        ),
+        (
+            f"{baseline}: CPU us per transition, {args.writers} processes together",
+            f"{statistics.median(old.cpu_us):,.0f}",
+            "-",
+            True,
+        ),
+    ]
+    context = (
+        "; baseline rounds interleaved with these "
+        f"(1 process: {', '.join(f'{v:,.0f}' for v in old.singles)}; "
+        f"{args.writers} together: {', '.join(f'{v:,.0f}' for v in old.togethers)})"
+    )
+    return rows, context
+
+
+def parse_args() -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--transitions", type=int, default=3000, help="per writer (default 3000)")
     parser.add_argument(
@@ -205,40 +274,22 @@ def main() -> None:
     parser.add_argument(
         "--baseline", type=Path, help="a checkout of another revision, measured in the same rounds"
     )
-    args = parser.parse_args()
+    return parser.parse_args()
+
+
+def main() -> None:
+    args = parse_args()
     command = shlex.join([".venv/bin/python", "bench/store.py", *sys.argv[1:]])
-
-    # Alternating rounds, so a burst of load from elsewhere on the machine hits both sides.
     load_before = os.getloadavg()[0]
-    singles, togethers = [], []
-    old_singles: list[float] = []
-    old_togethers: list[float] = []
-    # CPU microseconds per transition of the N-writer rounds: what waiting costs besides the work.
-    cpu_us: list[float] = []
-    old_cpu_us: list[float] = []
-    total = args.writers * args.transitions
+    new, old = Rounds(), Rounds()
+    # Alternating rounds, so a burst of load from elsewhere on the machine hits both sides.
     for _ in range(args.rounds):
-        singles.append(args.transitions / run_writers(1, args.transitions)[0])
-        wall, cpu = run_writers(args.writers, args.transitions)
-        togethers.append(total / wall)
-        cpu_us.append(cpu / total * 1e6)
+        new.add(args.writers, args.transitions, REPO)
         if args.baseline is not None:
-            old_singles.append(args.transitions / run_writers(1, args.transitions, args.baseline)[0])
-            wall, cpu = run_writers(args.writers, args.transitions, args.baseline)
-            old_togethers.append(total / wall)
-            old_cpu_us.append(cpu / total * 1e6)
-    single, together = statistics.median(singles), statistics.median(togethers)
-    ratio = statistics.median(t / s for s, t in zip(singles, togethers, strict=True))
-
-    with tempfile.TemporaryDirectory(prefix="bench-store-") as log_dir:
-        store, instance_ids = fill(log_dir, args.history_rows)
-        live = len(store.list_runs("live"))
-        picks = random.Random(1).choices(instance_ids, k=args.repeat + 1)
-        live_ms = time_ms(lambda: store.list_runs("live"), args.repeat)
-        history_ms = time_ms(lambda: store.history(picks.pop()), args.repeat)
-        store.close()
-
-    rows = [
+            old.add(args.writers, args.transitions, args.baseline)
+    single, together, ratio = statistics.median(new.singles), statistics.median(new.togethers), new.ratio()
+    live, live_ms, history_ms = query_times(args.history_rows, args.repeat)
+    rows: list[Row] = [
         ("transitions/s, 1 process", f"{single:,.0f}", ">= 2,000", single >= 2000),
         (
             f"transitions/s, {args.writers} processes together",
@@ -248,7 +299,7 @@ def main() -> None:
         ),
         (
             f"CPU us per transition, {args.writers} processes together",
-            f"{statistics.median(cpu_us):,.0f}",
+            f"{statistics.median(new.cpu_us):,.0f}",
             "-",
             True,
         ),
@@ -268,50 +319,28 @@ def main() -> None:
     context = (
         f"{args.transitions:,} transitions per writer (build, spawn, ready, drain, stop), each its own "
         f"transaction; medians of {args.rounds} alternating rounds "
-        f"(1 process: {', '.join(f'{v:,.0f}' for v in singles)}; "
-        f"{args.writers} together: {', '.join(f'{v:,.0f}' for v in togethers)}); queries: "
+        f"(1 process: {', '.join(f'{v:,.0f}' for v in new.singles)}; "
+        f"{args.writers} together: {', '.join(f'{v:,.0f}' for v in new.togethers)}); queries: "
         f"{args.history_rows:,} history rows, median of {args.repeat}; "
         f"{os.cpu_count()} CPUs (load average {load_before:.1f} before, {os.getloadavg()[0]:.1f} after), "
         f"Python {platform.python_version()}, SQLite {sqlite3.sqlite_version}, "
         f"{time.strftime('%Y-%m-%d %H:%M', time.gmtime())} UTC"
     )
     if args.baseline is not None:
-        old_ratio = statistics.median(t / s for s, t in zip(old_singles, old_togethers, strict=True))
-        baseline = f"baseline {args.baseline.name}"
-        rows += [
-            (
-                f"{baseline}: transitions/s, 1 process",
-                f"{statistics.median(old_singles):,.0f} (this one: "
-                f"{statistics.median(n / o for n, o in zip(singles, old_singles, strict=True)):.2f}x)",
-                "-",
-                True,
-            ),
-            (
-                f"{baseline}: transitions/s, {args.writers} processes together",
-                f"{statistics.median(old_togethers):,.0f} ({old_ratio:.2f}x of 1; this one: "
-                f"{statistics.median(n / o for n, o in zip(togethers, old_togethers, strict=True)):.2f}x)",
-                "-",
-                True,
-            ),
-            (
-                f"{baseline}: CPU us per transition, {args.writers} processes together",
-                f"{statistics.median(old_cpu_us):,.0f}",
-                "-",
-                True,
-            ),
-        ]
-        context += (
-            "; baseline rounds interleaved with these "
-            f"(1 process: {', '.join(f'{v:,.0f}' for v in old_singles)}; "
-            f"{args.writers} together: {', '.join(f'{v:,.0f}' for v in old_togethers)})"
-        )
+        more, said = baseline_rows(args, new, old)
+        rows += more
+        context += said
+    write(args, command, rows, context)
+
+
+def write(args: argparse.Namespace, command: str, rows: list[Row], context: str) -> None:
+    """Print the table; the report to ``args.out`` and, unless --no-readme, the README section."""
     width = max(len(r[0]) for r in rows)
     value_width = max(len(r[1]) for r in rows)
     print(f"$ {command}")
     for name, value, target, ok in rows:
         print(f"{name:<{width}}  {value:<{value_width}}  target {target:<20}  {'ok' if ok else 'MISSED'}")
     print(context)
-
     table = "\n".join(
         ["| measure | result | target | |", "|---|---|---|---|"]
         + [

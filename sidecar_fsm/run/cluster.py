@@ -1,12 +1,14 @@
-"""``reap --ray``: the reap run on every alive node of a Ray cluster, results gathered here.
+"""Reaching every alive node of a Ray cluster: a function run on each node, results gathered here.
 
 Owns joining the cluster (the only module that imports ``ray``, and only when called), listing
 its alive nodes, pinning one task to each (``NodeAffinitySchedulingStrategy(soft=False)``: a
-task that cannot run on its node fails rather than reaping some other host), and gathering
-what each node's reap did, with the node it came from. Each task calls ``reap.reap`` on its own
-host's database in the shared log dir, because a reap can signal only processes on its own
-host. Must not reap, signal or write anything on the calling host itself, nor read another
-host's database: every node judges its own owners and ends its own processes.
+task that cannot run on its node fails rather than answering for some other host), and
+gathering each node's answer, or its one-line error, with the node it came from
+(:func:`on_every_node`). ``reap --ray`` is built on it here (each node reaps its own host's
+database in the shared log dir, because a reap can signal only processes on its own host);
+``status --ray`` in ``view.cluster_status``. Must not reap, signal or write anything on the
+calling host itself, nor read another host's database: every node judges its own owners and
+ends its own processes.
 
 Several nodes on one machine share a host name, and so a database, unless each sets
 ``SIDECAR_FSM_HOST`` (``hostname.host_name``); reaping one database twice is safe, since
@@ -18,6 +20,7 @@ from __future__ import annotations
 import logging
 import os
 import socket
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -70,23 +73,25 @@ class ClusterReap:
         return any(node.error is not None for node in self.nodes)
 
 
-def _no_cluster(address: str) -> ClusterUnavailableError:
+def _no_cluster(command: str, address: str) -> ClusterUnavailableError:
     return ClusterUnavailableError(
-        f"reap --ray: no Ray cluster at '{address}'; start one with `ray start --head` or pass --ray-address"
+        f"{command} --ray: no Ray cluster at '{address}'; "
+        "start one with `ray start --head` or pass --ray-address"
     )
 
 
-def _import_ray() -> Any:
+def _import_ray(command: str) -> Any:
     try:
         import ray
     except ImportError as error:
         raise ClusterUnavailableError(
-            "reap --ray: the 'ray' package is not installed; pip install 'ray>=2.9' or reap without --ray"
+            f"{command} --ray: the 'ray' package is not installed; "
+            f"pip install 'ray>=2.9' or {command} without --ray"
         ) from error
     return ray
 
 
-def _bootstrap_address(ray: Any, address: str) -> str:
+def _bootstrap_address(ray: Any, address: str, command: str) -> str:
     """``host:port`` of the cluster's GCS, resolved the way ``ray.init`` would resolve it.
 
     ``auto`` means ``$RAY_ADDRESS``, then the cluster the last ``ray start`` on this machine
@@ -100,13 +105,13 @@ def _bootstrap_address(ray: Any, address: str) -> str:
     try:
         resolved = canonicalize_bootstrap_address(address)
     except (ConnectionError, ValueError) as error:
-        raise _no_cluster(address) from error
+        raise _no_cluster(command, address) from error
     if resolved is None:
-        raise _no_cluster(address)
+        raise _no_cluster(command, address)
     return str(resolved)
 
 
-def _probe(address: str, shown: str) -> None:
+def _probe(address: str, shown: str, command: str) -> None:
     """Raise ``ClusterUnavailableError`` unless something accepts TCP at ``address`` at once."""
     host, sep, port = address.rpartition(":")
     if not sep or not port.isdigit() or "://" in address:
@@ -115,7 +120,7 @@ def _probe(address: str, shown: str) -> None:
         with socket.create_connection((host.strip("[]"), int(port)), timeout=_PROBE_SECONDS):
             pass
     except OSError as error:
-        raise _no_cluster(shown) from error
+        raise _no_cluster(command, shown) from error
 
 
 def _reap_on_this_node(log_dir: str, dry_run: bool) -> tuple[str, str, str, ReapReport | None, str | None]:
@@ -149,55 +154,68 @@ def _line(error: BaseException) -> str:
     return text.splitlines()[0] if text else type(error).__name__
 
 
-def reap_cluster(
-    log_dir: str,
-    *,
-    address: str = DEFAULT_ADDRESS,
-    dry_run: bool = False,
-    timeout: float = NODE_TIMEOUT_SECONDS,
-) -> ClusterReap:
-    """Reap ``log_dir`` on every alive node of the Ray cluster at ``address``; every node's result.
+@dataclass(frozen=True)
+class NodeAnswer:
+    """One node's answer to :func:`on_every_node`: ``value``, or a one-line ``error``."""
 
-    Raises ``ClusterUnavailableError`` when ray is missing or nothing answers at ``address``
-    (checked before ``ray.init``, which would otherwise retry for minutes). A node that fails,
-    dies, or does not answer within ``timeout`` gets its error in its ``NodeReap`` and the
-    other nodes' results are still returned: a partial reap is reported, never hidden.
-    ``log_dir`` is made absolute here, since Ray workers do not share this process's cwd.
+    node_id: str
+    address: str
+    ray_hostname: str
+    value: Any = None
+    error: str | None = None
+
+
+def on_every_node(
+    task_body: Callable[..., Any],
+    args: tuple[Any, ...],
+    *,
+    address: str,
+    timeout: float,
+    command: str,
+) -> tuple[str, list[NodeAnswer]]:
+    """Run ``task_body(*args)`` once on every alive node; (the cluster's address, every answer).
+
+    ``task_body`` must be a module-level function (workers import it by name) returning a
+    picklable value; its first element, when it returns a tuple, may be the node id it ran on,
+    which is then checked against the node it was pinned to. Raises ``ClusterUnavailableError``
+    (naming ``command``) when ray is missing or nothing answers at ``address``, checked before
+    ``ray.init``, which would otherwise retry for minutes. A node that fails, dies, or does not
+    answer within ``timeout`` gets its error in its ``NodeAnswer`` and the other nodes' answers
+    are still returned: a partial answer is reported, never hidden, and never hangs the command.
     """
-    ray = _import_ray()
+    ray = _import_ray(command)
     from ray.exceptions import RayError
     from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
-    bootstrap = _bootstrap_address(ray, address)
-    _probe(bootstrap, address)
+    bootstrap = _bootstrap_address(ray, address, command)
+    _probe(bootstrap, address, command)
     try:
         # log_to_driver=False: a worker's output must never land in our stdout (--json).
         ray.init(address=bootstrap, log_to_driver=False, logging_level=logging.ERROR)
     except (ConnectionError, RuntimeError, ValueError) as error:
-        raise _no_cluster(address) from error
+        raise _no_cluster(command, address) from error
     try:
         nodes = [node for node in ray.nodes() if node.get("Alive")]
-        # num_cpus=0: the reap is tiny and must run even on a node whose CPUs Gym's servers
+        # num_cpus=0: the task is tiny and must run even on a node whose CPUs Gym's servers
         # hold; max_retries=0: a task lost with its node is reported, not re-run elsewhere.
-        task = ray.remote(num_cpus=0, max_retries=0)(_reap_on_this_node)
-        log_dir = os.path.abspath(log_dir)
+        task = ray.remote(num_cpus=0, max_retries=0)(task_body)
         refs = [
             task.options(
                 scheduling_strategy=NodeAffinitySchedulingStrategy(node["NodeID"], soft=False)
-            ).remote(log_dir, dry_run)
+            ).remote(*args)
             for node in nodes
         ]
         if refs:
             ray.wait(refs, num_returns=len(refs), timeout=timeout)
-        results = [_gather(ray, RayError, node, ref, timeout) for node, ref in zip(nodes, refs, strict=True)]
+        answers = [_gather(ray, RayError, node, ref, timeout) for node, ref in zip(nodes, refs, strict=True)]
     finally:
         ray.shutdown()
-    return ClusterReap(address=bootstrap, dry_run=dry_run, nodes=results)
+    return bootstrap, answers
 
 
 def _gather(
     ray: Any, ray_error: type[BaseException], node: dict[str, Any], ref: Any, timeout: float
-) -> NodeReap:
+) -> NodeAnswer:
     node_id = str(node["NodeID"])
     where = {
         "node_id": node_id,
@@ -207,14 +225,42 @@ def _gather(
     ready, _ = ray.wait([ref], timeout=0)
     if not ready:
         ray.cancel(ref)
-        return NodeReap(
-            **where, host=None, database=None, report=None, error=f"no answer within {timeout:g}s"
-        )
+        return NodeAnswer(**where, error=f"no answer within {timeout:g}s")
     try:
-        ran_on, host, database, report, error = ray.get(ref)
+        value = ray.get(ref)
     except ray_error as failure:
-        return NodeReap(**where, host=None, database=None, report=None, error=_line(failure))
-    if ran_on != node_id:  # soft=False forbids this; a result from elsewhere must not pass as this node's
-        error = f"task pinned to node {node_id} ran on {ran_on}"
-        report = None
-    return NodeReap(**where, host=host, database=database or None, report=report, error=error)
+        return NodeAnswer(**where, error=_line(failure))
+    ran_on = value[0] if isinstance(value, tuple) and value else node_id
+    if ran_on != node_id:  # soft=False forbids this; an answer from elsewhere must not pass as this node's
+        return NodeAnswer(**where, error=f"task pinned to node {node_id} ran on {ran_on}")
+    return NodeAnswer(**where, value=value)
+
+
+def reap_cluster(
+    log_dir: str,
+    *,
+    address: str = DEFAULT_ADDRESS,
+    dry_run: bool = False,
+    timeout: float = NODE_TIMEOUT_SECONDS,
+) -> ClusterReap:
+    """Reap ``log_dir`` on every alive node of the Ray cluster at ``address``; every node's result.
+
+    ``log_dir`` is made absolute here, since Ray workers do not share this process's cwd. See
+    :func:`on_every_node` for what a missing cluster or a silent node gives.
+    """
+    bootstrap, answers = on_every_node(
+        _reap_on_this_node,
+        (os.path.abspath(log_dir), dry_run),
+        address=address,
+        timeout=timeout,
+        command="reap",
+    )
+    nodes = []
+    for answer in answers:
+        where = {"node_id": answer.node_id, "address": answer.address, "ray_hostname": answer.ray_hostname}
+        if answer.error is not None:
+            nodes.append(NodeReap(**where, host=None, database=None, report=None, error=answer.error))
+            continue
+        _, host, database, report, error = answer.value
+        nodes.append(NodeReap(**where, host=host, database=database or None, report=report, error=error))
+    return ClusterReap(address=bootstrap, dry_run=dry_run, nodes=nodes)

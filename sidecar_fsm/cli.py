@@ -37,6 +37,7 @@ from yaml import MarkedYAMLError, YAMLError
 
 from sidecar_fsm.base import procs
 from sidecar_fsm.base.buildcache import CACHE_DIR_KEY, ensure_binary, user_cache_dir
+from sidecar_fsm.base.egress import egress_route
 from sidecar_fsm.base.resources import default_log_dir
 from sidecar_fsm.errors import ConfigError, ConfigWarning, SchemaTooNewError, SidecarError
 from sidecar_fsm.gymexec import ExecFailed, exec_command
@@ -549,9 +550,16 @@ def cmd_start(args: argparse.Namespace) -> int:
 
 
 def _started_summary(manager: H2PingSidecarManager) -> tuple[str | None, str, list[tuple[str, str, str]]]:
-    """Run id, log dir and (name, bound listen, upstream) per instance of a started manager."""
-    instances = manager.instances_actual
-    return manager.run_id, manager.log_dir, [(inst.name, inst.listen, inst.upstream) for inst in instances]
+    """Run id, log dir and (name, bound listen, upstream and its route) per instance of a started manager.
+
+    The route ("direct" or "via egress proxy URL", never with credentials) is what the proxy
+    decides from the same environment, which the launcher passes through unchanged.
+    """
+    rows = [
+        (i.name, i.listen, f"{i.upstream} ({egress_route(i.upstream, os.environ)})")
+        for i in manager.instances_actual
+    ]
+    return manager.run_id, manager.log_dir, rows
 
 
 def _supervise(

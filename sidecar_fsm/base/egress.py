@@ -50,7 +50,10 @@ def egress_proxy(upstream: str, environ: Mapping[str, str]) -> str | None:
     if shown is None:
         return None
     parts = urlsplit(upstream)
-    host = parts.hostname or ""
+    # Go compares the host with "localhost" before lower-casing it (LOCALHOST is proxied), so
+    # the host keeps its case here; urlsplit's ``hostname`` would lower it.
+    host = parts.netloc.rpartition("@")[2]
+    host = host[1 : host.find("]")] if host.startswith("[") else host.rpartition(":")[0] or host
     try:
         port = parts.port or _DEFAULT_PORTS["https"]
     except ValueError:

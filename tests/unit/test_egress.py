@@ -29,6 +29,9 @@ CASES: list[tuple[dict[str, str], str, str | None]] = [
     ({"HTTPS_PROXY": "https://proxy.corp"}, "https://api.example.com", "https://proxy.corp"),
     ({"HTTPS_PROXY": PROXY}, "https://localhost:8443", None),
     ({"HTTPS_PROXY": PROXY}, "https://127.0.0.1:8443", None),
+    # Go compares with "localhost" before lower-casing (the launcher lower-cases upstreams anyway).
+    ({"HTTPS_PROXY": PROXY}, "https://LOCALHOST:8443", SHOWN),
+    ({"HTTPS_PROXY": PROXY}, "https://localhost", None),
     ({"HTTPS_PROXY": PROXY}, "https://127.0.0.2", None),
     ({"HTTPS_PROXY": PROXY}, "https://[::1]:8443", None),
     # 0.0.0.0 is not loopback to Go (the tests use this to reach a local origin through a proxy).

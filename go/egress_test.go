@@ -211,6 +211,25 @@ func TestEgressThroughAnHTTPSProxy(t *testing.T) {
 	}
 }
 
+func TestEgressTLSFailureNamesTheRouteAndTheFix(t *testing.T) {
+	origin := newH2Origin(t, http.HandlerFunc(echoHandler))
+	addr := origin.Listener.Addr().String()
+	cp := startConnectProxy(t, &connectProxy{route: func(string) string { return addr }})
+	// The certificate that comes back does not name the upstream, as when a TLS-inspecting
+	// proxy re-signs it with a CA the sidecar was not given.
+	_, port, _ := net.SplitHostPort(addr)
+	p := startProxyWith(t, viaProxy(t, cp.url), "https://upstream.test:"+port, caFileOf(t, origin))
+	tlsErrs := stats.errs[kindTLS].Load()
+	code, body := get(t, p.url+"/x")
+	if code != http.StatusBadGateway || !strings.Contains(body, "x509") ||
+		!strings.Contains(body, "(through egress proxy "+cp.url+"; a proxy that inspects TLS needs its CA in -ca-file)") {
+		t.Fatalf("got %d %q; want 502 naming the x509 failure, the route and the fix", code, body)
+	}
+	if got := stats.errs[kindTLS].Load() - tlsErrs; got != 1 {
+		t.Fatalf("h2ping_upstream_errors_total{kind=\"tls\"} grew by %d; want 1", got)
+	}
+}
+
 func TestEgressRefusalIs502NamingTheProxysAnswer(t *testing.T) {
 	origin := newH2Origin(t, http.HandlerFunc(echoHandler))
 	cases := []struct {

@@ -126,6 +126,11 @@ func (u *upstream) dialTLS(ctx context.Context, network, addr string) (net.Conn,
 		if strings.Contains(err.Error(), "no application protocol") {
 			return nil, &dialError{kindALPN, fmt.Errorf("upstream %s refused ALPN h2 (%v); it does not speak HTTP/2", addr, err)}
 		}
+		if u.cfg.Egress != nil {
+			// A site's proxy that inspects TLS re-signs the upstream's certificate with its
+			// own CA: say which path the handshake took, so the fix (ca_file) is findable.
+			err = fmt.Errorf("%w (through egress proxy %s; a proxy that inspects TLS needs its CA in -ca-file)", err, u.cfg.Egress)
+		}
 		return nil, &dialError{kindTLS, err}
 	}
 	u.handshakes.Add(1)

@@ -185,6 +185,22 @@ type bufferedConn struct {
 
 func (c *bufferedConn) Read(p []byte) (int, error) { return c.r.Read(p) }
 
+// allProxyNote is a start-up log line for a route the user may not expect: ALL_PROXY set
+// (the OpenAI client the sidecar stands in for, httpx, honours it) but no HTTPS_PROXY, so
+// the upstream is dialled directly. Empty otherwise. The value is never shown.
+func allProxyNote(cfg *Config, getenv func(string) string) string {
+	if cfg.Egress != nil || getenv("HTTPS_PROXY") != "" || getenv("https_proxy") != "" {
+		return ""
+	}
+	for _, name := range []string{"ALL_PROXY", "all_proxy"} {
+		if getenv(name) != "" {
+			return name + " is set but not used: like every Go program the sidecar reads HTTPS_PROXY and NO_PROXY; " +
+				"set HTTPS_PROXY to reach the upstream through that proxy"
+		}
+	}
+	return ""
+}
+
 // describeEgress is how the log names the route: "" direct, else " via egress proxy X".
 func describeEgress(e *egressProxy) string {
 	if e == nil {

@@ -407,6 +407,19 @@ func TestE2EEgressNoProxyIsHonoured(t *testing.T) {
 	}
 }
 
+func TestE2EEgressAllProxyAloneIsNamedAsUnused(t *testing.T) {
+	origin := newH2Origin(t, http.HandlerFunc(echoHandler))
+	env := []string{"HTTPS_PROXY=", "https_proxy=", "ALL_PROXY=http://dave:pw-all@127.0.0.1:9", "all_proxy="}
+	p := runSidecarEnv(t, env, "-upstream", origin.URL, "-ca-file", caFileOf(t, origin))
+	if code, _ := get(t, p.url()+"/x"); code != http.StatusOK {
+		t.Fatalf("direct: got %d; want 200", code)
+	}
+	logs := p.stderr.String()
+	if !strings.Contains(logs, "ALL_PROXY is set but not used") || strings.Contains(logs, "pw-all") {
+		t.Fatalf("log: got %q; want ALL_PROXY named as unused, its value not shown", logs)
+	}
+}
+
 func TestE2EEgressSocksProxyIsRefusedAtStart(t *testing.T) {
 	cmd := exec.Command(sidecarBin, "-listen", "127.0.0.1:0", "-upstream", "https://api.example.com")
 	cmd.Env = append(os.Environ(), "HTTPS_PROXY=socks5://carol:pw@127.0.0.1:1080", "NO_PROXY=", "no_proxy=")

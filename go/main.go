@@ -80,6 +80,9 @@ func run(args []string, getenv func(string) string, stdout, stderr io.Writer) in
 	tuneGC(getenv)
 	logger.Printf("listening on %s, upstream %s%s (ping-interval %s, ping-timeout %s, max-conn-age %s)",
 		ln.Addr(), cfg.Upstream, describeEgress(cfg.Egress), cfg.PingInterval, cfg.PingTimeout, cfg.MaxConnAge)
+	if note := allProxyNote(cfg, getenv); note != "" {
+		logger.Print(note)
+	}
 
 	var ownerGone <-chan struct{}
 	if cfg.ExitWithPID > 0 {

@@ -33,7 +33,6 @@ from typing import Any
 
 import pytest
 import yaml
-from conftest import RunningSidecar
 from helpers import ProcessRegistry, http11_request, wait_until
 
 from sidecar_fsm.lab import CertPaths, IdleRelay, TlsH2Origin, make_ca_and_cert
@@ -138,12 +137,12 @@ def proxy_env(https_proxy: str, no_proxy: str = "") -> dict[str, str]:
     return env
 
 
-def get(sidecar: RunningSidecar, path: str, **kwargs: Any) -> tuple[int, bytes]:
+def get(sidecar: Any, path: str, **kwargs: Any) -> tuple[int, bytes]:
     response = http11_request(sidecar.host, sidecar.port, path, **kwargs)
     return response.status, response.body
 
 
-def metric(sidecar: RunningSidecar, name: str) -> float:
+def metric(sidecar: Any, name: str) -> float:
     address = json.loads(sidecar.ready_path.read_text())["metrics"]
     host, port = address.rsplit(":", 1)
     text = http11_request(host, int(port), "/metrics").body.decode()
@@ -213,7 +212,7 @@ def test_a_long_wait_through_the_tunnel_outlives_the_idle_relay(
     tinyproxy: Callable[..., Tinyproxy],
     egress_origin: TlsH2Origin,
     idle_relay: Callable[..., IdleRelay],
-    run_sidecar: Callable[..., RunningSidecar],
+    run_sidecar: Callable[..., Any],
 ) -> None:
     idle = 1.0
     relay = idle_relay(egress_origin, idle=idle)
@@ -237,7 +236,7 @@ def test_a_long_wait_through_the_tunnel_outlives_the_idle_relay(
 def test_a_goaway_refusal_is_resent_through_a_new_tunnel(
     tinyproxy: Callable[..., Tinyproxy],
     egress_origin: TlsH2Origin,
-    run_sidecar: Callable[..., RunningSidecar],
+    run_sidecar: Callable[..., Any],
 ) -> None:
     proxy = tinyproxy()
     sidecar = run_sidecar(
@@ -260,7 +259,7 @@ def test_a_goaway_refusal_is_resent_through_a_new_tunnel(
 def test_no_proxy_naming_the_upstream_goes_direct(
     tinyproxy: Callable[..., Tinyproxy],
     egress_origin: TlsH2Origin,
-    run_sidecar: Callable[..., RunningSidecar],
+    run_sidecar: Callable[..., Any],
 ) -> None:
     proxy = tinyproxy()
     upstream = f"https://0.0.0.0:{egress_origin.port}"
@@ -275,7 +274,7 @@ def test_no_proxy_naming_the_upstream_goes_direct(
 def test_a_proxy_demanding_credentials_answers_502_naming_its_407_without_them(
     tinyproxy: Callable[..., Tinyproxy],
     egress_origin: TlsH2Origin,
-    run_sidecar: Callable[..., RunningSidecar],
+    run_sidecar: Callable[..., Any],
 ) -> None:
     proxy = tinyproxy(auth=(USER, PASSWORD))
     upstream = f"https://0.0.0.0:{egress_origin.port}"

@@ -153,6 +153,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--reps", type=int, default=5, help="interleaved rounds (default 5)")
     parser.add_argument("--duration", type=float, default=3.0, help="seconds per wrk run (default 3)")
     parser.add_argument("--conns", type=int, default=16, help="wrk connections (default 16)")
+    parser.add_argument("--c1-reps", type=int, default=3, help="rounds of 2 s at c=1 for latency (default 3)")
     parser.add_argument(
         "--no-readme", action="store_true", help="do not write the table into bench/README.md"
     )
@@ -202,9 +203,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             run_wrk(wrk, lua, sc.listen, args.conns, 1, sc.proc.pid, origin.proc.pid)
         tunnels = tp_log.read_text(errors="replace").count("Established connection to host")
         if tunnels != 1:
-            raise BenchError(
-                f"tinyproxy opened {tunnels} tunnels after warm-up; want 1 (the tunnel sidecar's)"
-            )
+            raise BenchError(f"tinyproxy opened {tunnels} tunnels after warm-up; want 1 (its sidecar's)")
         rps: dict[str, list[float]] = {m: [] for m in MODES}
         cpu: dict[str, list[float]] = {m: [] for m in MODES}
         p99: dict[str, list[float]] = {m: [] for m in MODES}
@@ -222,6 +221,12 @@ def main(argv: Sequence[str] | None = None) -> int:
                 p99[mode].append(r.p99_ms)
                 if mode == "tinyproxy":
                     tp_cpu.append((cpu_seconds(tp_pid) - t0) / (r.rps * args.duration) * 1e6)
+        # One request at a time: the latency a hop adds, which at c=16 hides in the queueing.
+        c1_p50: dict[str, list[float]] = {m: [] for m in MODES}
+        for rep in range(args.c1_reps):
+            for mode in MODES[rep % len(MODES) :] + MODES[: rep % len(MODES)]:
+                sc = sidecars[mode]
+                c1_p50[mode].append(run_wrk(wrk, lua, sc.listen, 1, 2, sc.proc.pid, origin.proc.pid).p50_ms)
     finally:
         kids.close()
     med = {
@@ -229,16 +234,18 @@ def main(argv: Sequence[str] | None = None) -> int:
     }
     d_rps, d_cpu, _ = med["direct"]
     rows = [
-        "| route | req/s (median) | ratio to direct | sidecar CPU µs/req | ratio to direct | p99 ms |"
-        " tinyproxy CPU µs/req |",
-        "|---|--:|--:|--:|--:|--:|--:|",
+        "| route | req/s (median) | ratio to direct | per-round ratio, median | sidecar CPU µs/req"
+        " | ratio to direct | p99 ms | p50 ms at c=1 | tinyproxy CPU µs/req |",
+        "|---|--:|--:|--:|--:|--:|--:|--:|--:|",
     ]
     for m in MODES:
         m_rps, m_cpu, m_p99 = med[m]
+        # A round's runs are seconds apart, so load drifting over minutes cancels out of it.
+        paired = statistics.median(a / b for a, b in zip(rps[m], rps["direct"], strict=True))
         extra = f"{statistics.median(tp_cpu):.1f}" if m == "tinyproxy" else "-"
         rows.append(
-            f"| {m} | {m_rps:,.0f} | {m_rps / d_rps:.3f} | {m_cpu:.1f} | {m_cpu / d_cpu:.3f}"
-            f" | {m_p99:.2f} | {extra} |"
+            f"| {m} | {m_rps:,.0f} | {m_rps / d_rps:.3f} | {paired:.3f} | {m_cpu:.1f} | {m_cpu / d_cpu:.3f}"
+            f" | {m_p99:.2f} | {statistics.median(c1_p50[m]):.2f} | {extra} |"
         )
     load_after = Path("/proc/loadavg").read_text().split()[0]
     summary = "\n".join(
@@ -249,7 +256,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             " each round. tinyproxy: HTTPS_PROXY to a local tinyproxy (one CONNECT tunnel carries the h2"
             " connection); go-relay: the same through a minimal Go CONNECT proxy (the tunnel's own cost);"
             " direct, direct-again: NO_PROXY names the upstream (their distance is the noise floor)."
-            " CPU per request: the process's utime+stime over the run / requests.",
+            " CPU per request: the process's utime+stime over the run / requests. p50 at c=1: median of"
+            f" {args.c1_reps} rounds of 2 s with one connection.",
             "",
             *rows,
         ]

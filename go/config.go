@@ -32,6 +32,12 @@ type Config struct {
 	UpstreamAddr string
 	// ServerName is the TLS server name and the :authority the upstream sees.
 	ServerName string
+	// Egress is the HTTP proxy the upstream is reached through (CONNECT tunnel), as
+	// net/http's ProxyFromEnvironment decides from HTTPS_PROXY/https_proxy and
+	// NO_PROXY/no_proxy; nil dials the upstream directly (no variable, NO_PROXY matches,
+	// or the upstream is localhost or a loopback address). Not a flag: the variables are
+	// the site's, and every Go program honours them.
+	Egress *egressProxy
 
 	// PingInterval is the read-idle time after which a PING is sent on an upstream
 	// connection (-ping-interval, default 60s). Must be above 0 and below 340s.
@@ -95,6 +101,8 @@ func parseConfig(args []string, getenv func(string) string, usage io.Writer) (*C
 			fs.SetOutput(usage)
 			fmt.Fprintln(usage, "usage: h2-ping-sidecar -upstream https://host[:port] [flags]")
 			fs.PrintDefaults()
+			fmt.Fprintln(usage, "environment: HTTPS_PROXY (or https_proxy) names an HTTP egress proxy for the upstream\n"+
+				"  (CONNECT tunnel; NO_PROXY or no_proxy exempts hosts), as for any Go program")
 			return nil, flag.ErrHelp
 		}
 		return nil, &usageError{err.Error()}
@@ -112,6 +120,9 @@ func parseConfig(args []string, getenv func(string) string, usage io.Writer) (*C
 		return nil, err
 	}
 	if cfg.Upstream, cfg.UpstreamAddr, cfg.ServerName, err = validateUpstream(*upstream); err != nil {
+		return nil, err
+	}
+	if cfg.Egress, err = egressFromEnvironment(cfg.Upstream, getenv); err != nil {
 		return nil, err
 	}
 	if cfg.PingInterval, err = parseDuration("ping-interval", *pingInterval); err != nil {

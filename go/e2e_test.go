@@ -58,10 +58,19 @@ type sidecarProc struct {
 // the ready file. The process is killed at cleanup if still running.
 func runSidecar(t *testing.T, args ...string) *sidecarProc {
 	t.Helper()
+	return runSidecarEnv(t, nil, args...)
+}
+
+// runSidecarEnv is runSidecar with env added to this process's environment.
+func runSidecarEnv(t *testing.T, env []string, args ...string) *sidecarProc {
+	t.Helper()
 	p := &sidecarProc{stderr: &logBuffer{}, ready: filepath.Join(t.TempDir(), "sidecar.ready"), exited: make(chan struct{})}
 	full := append([]string{"-listen", "127.0.0.1:0", "-ready-file", p.ready}, args...)
 	p.cmd = exec.Command(sidecarBin, full...)
 	p.cmd.Stderr = p.stderr
+	if env != nil {
+		p.cmd.Env = append(os.Environ(), env...)
+	}
 	if err := p.cmd.Start(); err != nil {
 		t.Fatal(err)
 	}

@@ -71,10 +71,20 @@ type inProcessProxy struct {
 
 func startProxy(t *testing.T, originURL, caFile string, args ...string) *inProcessProxy {
 	t.Helper()
+	return startProxyWith(t, nil, originURL, caFile, args...)
+}
+
+// startProxyWith is startProxy with edit applied to the parsed Config before anything
+// runs (e.g. an egress proxy, which is not a flag).
+func startProxyWith(t *testing.T, edit func(*Config), originURL, caFile string, args ...string) *inProcessProxy {
+	t.Helper()
 	full := append([]string{"-upstream", originURL, "-ca-file", caFile}, args...)
 	cfg, err := parseConfig(full, func(string) string { return "" }, io.Discard)
 	if err != nil {
 		t.Fatalf("parseConfig(%q): got %v; want nil", full, err)
+	}
+	if edit != nil {
+		edit(cfg)
 	}
 	logs := &logBuffer{}
 	logger := log.New(logs, "", 0)

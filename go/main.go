@@ -78,8 +78,11 @@ func run(args []string, getenv func(string) string, stdout, stderr io.Writer) in
 	}
 	startUpstreamCheck(up, logger)
 	tuneGC(getenv)
-	logger.Printf("listening on %s, upstream %s (ping-interval %s, ping-timeout %s, max-conn-age %s)",
-		ln.Addr(), cfg.Upstream, cfg.PingInterval, cfg.PingTimeout, cfg.MaxConnAge)
+	logger.Printf("listening on %s, upstream %s%s (ping-interval %s, ping-timeout %s, max-conn-age %s)",
+		ln.Addr(), cfg.Upstream, describeEgress(cfg.Egress), cfg.PingInterval, cfg.PingTimeout, cfg.MaxConnAge)
+	if note := allProxyNote(cfg, getenv); note != "" {
+		logger.Print(note)
+	}
 
 	var ownerGone <-chan struct{}
 	if cfg.ExitWithPID > 0 {

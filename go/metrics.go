@@ -32,7 +32,9 @@ import (
 type errKind int
 
 const (
-	// kindDial: TCP connect failed (refused, unreachable, DNS, timeout).
+	// kindDial: the upstream was not reached: TCP connect failed (refused, unreachable,
+	// DNS, timeout), or with an egress proxy, reaching the proxy or its CONNECT did
+	// (a 407, 403 or 502 answer included): nothing of the upstream's TLS had begun.
 	kindDial errKind = iota
 	// kindTLS: the TLS handshake failed (certificate, protocol version, handshake timeout).
 	kindTLS

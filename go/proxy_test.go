@@ -145,6 +145,11 @@ func TestSSEEventsArriveOneByOne(t *testing.T) {
 // graceful shutdown queues GOAWAY(last stream 1), the POST goes out as stream 3 and reaches
 // the origin (counted bytes), and only then the GOAWAY is let through.
 func goawayRefusal(t *testing.T, bodySize int, limit string) (int, string, *connOrigin, map[string]int, int64) {
+	return goawayRefusalWith(t, nil, bodySize, limit)
+}
+
+// goawayRefusalWith is goawayRefusal with edit applied to the proxy's Config.
+func goawayRefusalWith(t *testing.T, edit func(*Config), bodySize int, limit string) (int, string, *connOrigin, map[string]int, int64) {
 	var mu sync.Mutex
 	posts := map[string]int{}
 	slowIn, release := make(chan struct{}), make(chan struct{})
@@ -167,7 +172,7 @@ func goawayRefusal(t *testing.T, bodySize int, limit string) (int, string, *conn
 			close(release)
 		}
 	})
-	p := startProxy(t, o.url, o.caFile, "-retry-body-limit", limit)
+	p := startProxyWith(t, edit, o.url, o.caFile, "-retry-body-limit", limit)
 	slowDone := make(chan error, 1)
 	go func() {
 		resp, err := http.Get(p.url + "/slow")

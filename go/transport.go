@@ -115,10 +115,9 @@ func (e *notH2Error) Error() string {
 func (u *upstream) dialTLS(ctx context.Context, network, addr string) (net.Conn, error) {
 	ctx, cancel := context.WithTimeout(ctx, dialTimeout)
 	defer cancel()
-	d := net.Dialer{KeepAlive: 30 * time.Second}
-	raw, err := d.DialContext(ctx, network, addr)
+	raw, err := u.dialRaw(ctx, network, addr)
 	if err != nil {
-		return nil, &dialError{kindDial, err}
+		return nil, err
 	}
 	cc := newCoalescingConn(raw)
 	tc := tls.Client(cc, u.tlsConfig())
@@ -126,6 +125,11 @@ func (u *upstream) dialTLS(ctx context.Context, network, addr string) (net.Conn,
 		cc.Close()
 		if strings.Contains(err.Error(), "no application protocol") {
 			return nil, &dialError{kindALPN, fmt.Errorf("upstream %s refused ALPN h2 (%v); it does not speak HTTP/2", addr, err)}
+		}
+		if u.cfg.Egress != nil {
+			// A site's proxy that inspects TLS re-signs the upstream's certificate with its
+			// own CA: say which path the handshake took, so the fix (ca_file) is findable.
+			err = fmt.Errorf("%w (through egress proxy %s; a proxy that inspects TLS needs its CA in -ca-file)", err, u.cfg.Egress)
 		}
 		return nil, &dialError{kindTLS, err}
 	}
@@ -136,6 +140,21 @@ func (u *upstream) dialTLS(ctx context.Context, network, addr string) (net.Conn,
 	}
 	// The HTTP/2 client runs on the watcher as on tc (see framewatch.go).
 	return stats.watch(tc, u.cfg.PingTimeout), nil
+}
+
+// dialRaw returns the byte stream the upstream's TLS runs on: a TCP connection to addr,
+// or a CONNECT tunnel to addr through the egress proxy (egress.go). Either way what
+// follows (TLS, ALPN h2, PINGs, GOAWAY, rotation) is end to end with the upstream.
+func (u *upstream) dialRaw(ctx context.Context, network, addr string) (net.Conn, error) {
+	d := &net.Dialer{KeepAlive: 30 * time.Second}
+	if u.cfg.Egress != nil {
+		return u.cfg.Egress.dial(ctx, d, addr, u.tlsConfig())
+	}
+	raw, err := d.DialContext(ctx, network, addr)
+	if err != nil {
+		return nil, &dialError{kindDial, err}
+	}
+	return raw, nil
 }
 
 // errPoolClosed is returned to requests that arrive after the drain closed the pool.

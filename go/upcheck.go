@@ -34,8 +34,10 @@ func startUpstreamCheck(up *upstream, logger *log.Logger) {
 	time.AfterFunc(upstreamCheckDelay, func() { checkUpstream(up, logger) })
 }
 
-// checkUpstream dials the upstream once (TCP, TLS, ALPN h2, the HTTP/2 preface) and logs
-// the outcome in one line, the upstream without userinfo. The dial is counted like any
+// checkUpstream dials the upstream once (TCP or the egress proxy's CONNECT tunnel, TLS,
+// ALPN h2, the HTTP/2 preface) and logs the outcome in one line, the upstream and the
+// proxy without userinfo; a refused CONNECT reads "egress proxy http://proxy:3128
+// answered 407 Proxy Authentication Required". The dial is counted like any
 // other (dials, errors, up).
 func checkUpstream(up *upstream, logger *log.Logger) {
 	if err := up.pool.warm(); err != nil {
@@ -44,7 +46,7 @@ func checkUpstream(up *upstream, logger *log.Logger) {
 		}
 		return
 	}
-	logger.Printf("upstream check: %s: TLS and HTTP/2 ok", up.cfg.Upstream)
+	logger.Printf("upstream check: %s%s: TLS and HTTP/2 ok", up.cfg.Upstream, describeEgress(up.cfg.Egress))
 	// The dial parsed the system roots and ran a handshake: garbage that the GC tuner's
 	// headroom (tuning.go) would keep until requests come, which for a job that starts
 	// sending late means hours. Returned now, an idle sidecar's RSS is about 2.5 MiB lower

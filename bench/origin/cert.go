@@ -38,7 +38,9 @@ func selfSignedCert(caPath string) (tls.Certificate, error) {
 		BasicConstraintsValid: true,
 		IsCA:                  true,
 		DNSNames:              []string{"localhost"},
-		IPAddresses:           []net.IP{net.ParseIP("127.0.0.1"), net.ParseIP("::1")},
+		// 0.0.0.0: bench/egress.py names the upstream so, an address Go does not count as
+		// loopback (so HTTPS_PROXY applies) that Linux connects to the local host.
+		IPAddresses: []net.IP{net.ParseIP("127.0.0.1"), net.ParseIP("::1"), net.ParseIP("0.0.0.0")},
 	}
 	der, err := x509.CreateCertificate(rand.Reader, tmpl, tmpl, &key.PublicKey, key)
 	if err != nil {

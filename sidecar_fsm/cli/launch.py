@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Any
 from omegaconf import DictConfig, open_dict
 
 from sidecar_fsm.base.buildcache import CACHE_DIR_KEY, ensure_binary, user_cache_dir
+from sidecar_fsm.base.egress import egress_route
 from sidecar_fsm.cli.common import PROG, UsageError, add_command, color, err, log_dir_of, os_reason, out
 from sidecar_fsm.configfile import config_to_write, load_config, write_atomically
 from sidecar_fsm.errors import ConfigError
@@ -118,7 +119,12 @@ def _run_in_foreground(manager: H2PingSidecarManager, write_config: str | None, 
         try:
             if write_config and written is not None:
                 write_atomically(write_config, written)
-            instances = [(inst.name, inst.listen, inst.upstream) for inst in manager.instances_actual]
+            # The route ("direct" or "via egress proxy URL", never with credentials) is what the
+            # proxy decides from the same environment, which the launcher passes through unchanged.
+            instances = [
+                (inst.name, inst.listen, f"{inst.upstream} ({egress_route(inst.upstream, os.environ)})")
+                for inst in manager.instances_actual
+            ]
             out(render.started_lines(manager.run_id, manager.log_dir, instances))
             if write_config:
                 out(f"wrote the rewritten config to {write_config}")

@@ -12,6 +12,9 @@ Endpoints:
 - ``/sse?n=N&interval=S``: ``text/event-stream``, ``N`` events, the first at once and each next
   one ``S`` seconds after the previous.
 
+``refuse_next(n)`` makes the next ``n`` requests meet a graceful GOAWAY that refuses them (a load
+balancer retiring a connection), so a client's re-send on a new connection can be tested.
+
 With ``h1_only=True`` the server offers only ``http/1.1`` in ALPN and answers every request with a
 minimal HTTP/1.1 200 and ``Connection: close``: the upstream the sidecar must refuse (no fallback).
 
@@ -174,6 +177,9 @@ class _H2ServerProtocol(asyncio.Protocol):
                     self._conn.increment_flow_control_window(event.flow_controlled_length)
         elif isinstance(event, h2.events.StreamEnded):
             stream = self._streams.get(event.stream_id or 0)
+            if stream is not None and event.stream_id is not None and self._origin._take_refusal():
+                self._refuse(event.stream_id)
+                return
             if stream is not None and stream.task is None and event.stream_id is not None:
                 stream.task = asyncio.get_running_loop().create_task(self._answer(event.stream_id, stream))
         elif isinstance(event, h2.events.StreamReset):
@@ -194,6 +200,20 @@ class _H2ServerProtocol(asyncio.Protocol):
         elif isinstance(event, h2.events.ConnectionTerminated):
             self._flush()
             self._close_transport()
+
+    def _refuse(self, stream_id: int) -> None:
+        """Graceful GOAWAY naming the stream before ``stream_id`` as the last one processed, then close.
+
+        The request was never processed, so a client may re-send it on a new connection (RFC 9113
+        6.8); the connection closes at once, which is what a load balancer retiring it does.
+        """
+        self._forget(stream_id, cancel=True)
+        with contextlib.suppress(h2.exceptions.ProtocolError):
+            self._conn.close_connection(
+                error_code=h2.errors.ErrorCodes.NO_ERROR, last_stream_id=stream_id - 2
+            )
+        self._flush()
+        self._close_transport()
 
     def _wake_all(self) -> None:
         for stream in self._streams.values():
@@ -433,7 +453,15 @@ class TlsH2Origin:
         self._certs = certs
         self._own_cert_dir: Path | None = None
         self._lock = threading.Lock()
-        self._counts = {"pings": 0, "connections": 0, "requests": 0, "resets": 0, "alpn_rejected": 0}
+        self._counts = {
+            "pings": 0,
+            "connections": 0,
+            "requests": 0,
+            "resets": 0,
+            "alpn_rejected": 0,
+            "refused": 0,
+        }
+        self._refusals = 0
         self._protocols: set[_H2ServerProtocol | _H1Protocol] = set()
         self._loop: asyncio.AbstractEventLoop | None = None
         self._thread: threading.Thread | None = None
@@ -474,6 +502,29 @@ class TlsH2Origin:
     def alpn_rejected(self) -> int:
         """Connections closed because the client did not negotiate h2."""
         return self._read("alpn_rejected")
+
+    @property
+    def refused(self) -> int:
+        """Requests refused with a graceful GOAWAY (``refuse_next``)."""
+        return self._read("refused")
+
+    def refuse_next(self, count: int = 1) -> None:
+        """Refuse the next ``count`` requests (once fully received) with a graceful GOAWAY.
+
+        Each refusal names the stream before the request's as the last processed and closes the
+        connection: a request the client may re-send on a new connection, as after a load
+        balancer's GOAWAY. Later requests are answered as usual.
+        """
+        with self._lock:
+            self._refusals += count
+
+    def _take_refusal(self) -> bool:
+        with self._lock:
+            if self._refusals <= 0:
+                return False
+            self._refusals -= 1
+            self._counts["refused"] += 1
+            return True
 
     @property
     def active_connections(self) -> int:

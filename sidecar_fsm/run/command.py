@@ -68,6 +68,8 @@ def sidecar_env(config: H2PingSidecarConfig) -> dict[str, str]:
     ``GODEBUG=http2debug=1`` makes net/http log every HTTP/2 frame, Authorization headers
     included; the proxy refuses to start with it, so it is removed here rather than turned into a
     startup failure caused by a debugging variable the user set for something else.
+    ``HTTPS_PROXY``/``NO_PROXY`` (and their lower-case forms) pass through unchanged: they are
+    the user's, and the proxy dials its upstream through that egress proxy as any Go program would.
     """
     env = dict(os.environ)
     godebug = env.pop("GODEBUG", None)

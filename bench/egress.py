@@ -2,7 +2,7 @@
 upstream dialled directly and through a CONNECT tunnel in a local tinyproxy.
 
 Owns this one comparison only; the building blocks (origin, sidecar start, wrk, /proc readings,
-child cleanup) are bench/proxy.py's. Four sidecars run side by side against one origin, named
+child cleanup) are bench/harness's. Four sidecars run side by side against one origin, named
 ``https://0.0.0.0:PORT`` (Go proxies it, unlike a loopback address; Linux connects it to the local
 host): "tinyproxy" with HTTPS_PROXY set to a tinyproxy, "go-relay" to a minimal Go CONNECT proxy
 built here (the tunnel's own cost, without a proxy's), "direct" and "direct-again" with NO_PROXY
@@ -36,21 +36,10 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
-from bench.proxy import (  # noqa: E402
-    GO_DIR,
-    ORIGIN_DIR,
-    WRK_LUA,
-    BenchError,
-    Children,
-    cpu_seconds,
-    find_go,
-    free_port,
-    go_build,
-    run_wrk,
-    start_origin,
-    start_sidecar,
-    wait_until,
-)
+from bench.harness.binaries import cached_program, go_tool, origin_binary, sidecar_binary  # noqa: E402
+from bench.harness.children import Children, cpu_seconds, free_port  # noqa: E402
+from bench.harness.targets import WRK_LUA, run_wrk, start_origin, start_sidecar  # noqa: E402
+from bench.harness.waits import BenchError, wait_until  # noqa: E402
 from bench.readme import update_readme  # noqa: E402
 
 REPORT = REPO / "bench" / "results" / "egress.md"
@@ -107,14 +96,14 @@ func tunnel(c net.Conn) {
 """
 
 
-def start_go_relay(kids: Children, go: str, work: Path) -> str:
+def start_go_relay(kids: Children, work: Path) -> str:
     """Build and start GO_CONNECT_PROXY; its listen address."""
     src = work / "connect-proxy"
     src.mkdir()
     (src / "go.mod").write_text("module connectproxy\n\ngo 1.24\n")
     (src / "main.go").write_text(GO_CONNECT_PROXY)
-    go_build(go, src, work / "connect-proxy-bin")
-    p = kids.start([str(work / "connect-proxy-bin")], stdin=subprocess.PIPE, stdout=subprocess.PIPE)
+    relay = cached_program(src, "connect-proxy")
+    p = kids.start([str(relay)], stdin=subprocess.PIPE, stdout=subprocess.PIPE)
     assert p.stdout is not None
     ready, _, _ = select.select([p.stdout], [], [], 10)
     line = p.stdout.readline().decode().strip() if ready else ""
@@ -165,21 +154,20 @@ def main(argv: Sequence[str] | None = None) -> int:
             file=sys.stderr,
         )
         return 2
-    go = find_go()
+    go_tool()  # fails here, naming what to install, before anything starts
     command = " ".join([".venv/bin/python bench/egress.py", *(sys.argv[1:] if argv is None else argv)])
     load_before = Path("/proc/loadavg").read_text().split()[0]
     kids = Children()
     work = Path(tempfile.mkdtemp(prefix="bench-egress-"))
     try:
-        go_build(go, ORIGIN_DIR, work / "origin")
-        go_build(go, GO_DIR, work / "h2-ping-sidecar")
+        origin_bin, sidecar_bin = origin_binary(), sidecar_binary()
         lua = work / "report.lua"
         lua.write_text(WRK_LUA)
-        origin = start_origin(kids, work / "origin", work)
+        origin = start_origin(kids, origin_bin, work)
         upstream = "0.0.0.0:" + origin.tls.rsplit(":", 1)[1]
         tp_pid, tp_port, tp_log = start_tinyproxy(kids, tinyproxy, work)
         base = {k: v for k, v in os.environ.items() if k.lower() not in ("https_proxy", "no_proxy")}
-        go_relay = start_go_relay(kids, go, work)
+        go_relay = start_go_relay(kids, work)
         proxy = {"HTTPS_PROXY": f"http://127.0.0.1:{tp_port}"}
         envs = {
             "direct": {**base, **proxy, "NO_PROXY": "0.0.0.0"},
@@ -190,7 +178,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         sidecars = {
             mode: start_sidecar(
                 kids,
-                work / "h2-ping-sidecar",
+                sidecar_bin,
                 work,
                 upstream,
                 origin.ca,

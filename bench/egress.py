@@ -144,7 +144,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--conns", type=int, default=16, help="wrk connections (default 16)")
     parser.add_argument("--c1-reps", type=int, default=3, help="rounds of 2 s at c=1 for latency (default 3)")
     parser.add_argument(
-        "--no-readme", action="store_true", help="do not write the table into bench/README.md"
+        "--no-readme",
+        action="store_true",
+        help="a trial run: write neither bench/README.md nor bench/results/egress.md",
     )
     args = parser.parse_args(argv)
     wrk, tinyproxy = shutil.which("wrk"), shutil.which("tinyproxy")
@@ -251,6 +253,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         ]
     )
     print(summary)
+    shutil.rmtree(work, ignore_errors=True)
+    if args.no_readme:  # a trial run: the figures of record stay as they are
+        return 0
     REPORT.parent.mkdir(parents=True, exist_ok=True)
     per_round = "\n".join(
         f"- {m}: req/s {', '.join(f'{v:,.0f}' for v in rps[m])}; sidecar CPU µs/req"
@@ -261,9 +266,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         "# What the egress proxy's tunnel costs (bench/egress.py)\n\n" + summary + "\n\nPer round:\n\n"
         f"{per_round}\n- tinyproxy CPU µs/req (its rounds): {', '.join(f'{v:.1f}' for v in tp_cpu)}\n"
     )
-    if not args.no_readme:
-        update_readme("egress", summary + "\n\nPer-round figures: [results/egress.md](results/egress.md).")
-    shutil.rmtree(work, ignore_errors=True)
+    update_readme("egress", summary + "\n\nPer-round figures: [results/egress.md](results/egress.md).")
     return 0
 
 

@@ -86,7 +86,7 @@ def runs() -> Iterator[list[NodeSidecars]]:
     yield started
     for sidecars in started:
         sidecars.stop_slack_seconds = 0.5
-        for child in sidecars._children:  # a frozen proxy would otherwise wait out its grace
+        for child in sidecars.children:  # a frozen proxy would otherwise wait out its grace
             if child.process is not None and child.process.poll() is None:
                 with contextlib.suppress(ProcessLookupError):
                     os.kill(child.process.pid, signal.SIGCONT)

@@ -42,14 +42,9 @@ import sqlite_utils
 from sidecar_fsm.base.urls import redact_url
 from sidecar_fsm.errors import SidecarError
 from sidecar_fsm.state import dbfile
-from sidecar_fsm.state.dbfile import (  # re-exported: callers and tests know them as store's
-    DB_DIR_NAME,
-    Migration,
-    database_path,
-    load_migrations,
-    schema_version,
-)
+from sidecar_fsm.state.dbfile import DB_DIR_NAME, database_path  # re-exported: callers and tests
 from sidecar_fsm.state.hostname import host_name
+from sidecar_fsm.state.schema import Migration, load_migrations, schema_version  # know them as store's
 
 __all__ = [
     "DB_DIR_NAME",

@@ -14,7 +14,7 @@ import pytest
 
 from sidecar_fsm.base import resources
 from sidecar_fsm.errors import SchemaTooNewError, SidecarError
-from sidecar_fsm.state import dbfile
+from sidecar_fsm.state import schema
 from sidecar_fsm.state.fsm import InstanceMachine
 from sidecar_fsm.state.store import (
     NewInstance,
@@ -197,7 +197,7 @@ def copy_migrations(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, extra: dict
         (directory / name).write_text(text)
     monkeypatch.setattr(resources, "MIGRATIONS_DIR", directory)
     # Not cache_clear(): the cache would keep this test's version after the directory is restored.
-    monkeypatch.setattr(dbfile, "schema_version", lambda: len(load_migrations()))
+    monkeypatch.setattr(schema, "schema_version", lambda: len(load_migrations()))
 
 
 def test_a_failing_step_rolls_back_and_keeps_the_version(

@@ -2,11 +2,11 @@
 
 Owns every write (runs, instances, transitions) and every query of ``<log_dir>/sidecar-fsm/<host>.db``;
 ``dbfile`` owns the file itself (where it lives, refusing one that cannot be used, creating and
-migrating it), split off so each reads in one sitting (this one runs past 400 lines because the
-record types sit beside the queries that return them). Must not decide state changes: ``fsm``
-decides, and ``record_transition`` only checks the expected source state and stores what it was
-told. Must not inspect or signal processes (whether a run's owner is alive is ``procs``' call,
-from the pid and start time stored here), and never stores a URL with userinfo or a query string.
+migrating it) and ``records`` the values it returns, split off so each reads in one sitting.
+Must not decide state changes: ``fsm`` decides, and ``record_transition`` only checks the
+expected source state and stores what it was told. Must not inspect or signal processes
+(whether a run's owner is alive is ``procs``' call, from the pid and start time stored here),
+and never stores a URL with userinfo or a query string.
 
 Concurrency: several launchers, reapers and CLI readers on one host share the file. The journal
 is WAL (readers never block the writer). Every write is one ``BEGIN IMMEDIATE`` transaction: the
@@ -32,10 +32,9 @@ import threading
 import time
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
-from dataclasses import dataclass
 from pathlib import Path
 from types import TracebackType
-from typing import Any, Literal, NamedTuple, NoReturn
+from typing import Any, Literal, NoReturn
 
 import sqlite_utils
 
@@ -44,6 +43,7 @@ from sidecar_fsm.errors import SidecarError
 from sidecar_fsm.state import dbfile
 from sidecar_fsm.state.dbfile import DB_DIR_NAME, database_path  # re-exported: callers and tests
 from sidecar_fsm.state.hostname import host_name
+from sidecar_fsm.state.records import InstanceRecord, NewInstance, RunRecord, TransitionRecord, run_record
 from sidecar_fsm.state.schema import Migration, load_migrations, schema_version  # know them as store's
 
 __all__ = [
@@ -70,69 +70,6 @@ RUN_OUTCOMES = frozenset({"ended", "failed", "reaped"})
 
 # A URL inside free text (an error, a log line): everything up to whitespace or a quote.
 _URL_IN_TEXT = re.compile(r"[A-Za-z][A-Za-z0-9+.-]*://[^\s\"'<>]+")
-
-
-@dataclass(frozen=True)
-class RunRecord:
-    """One launcher run. ``ended_at``/``outcome`` are None while the run is live."""
-
-    run_id: str
-    host: str
-    owner_pid: int
-    owner_start_time: float | None
-    started_at: float
-    ended_at: float | None
-    outcome: str | None
-    config_summary: dict[str, Any]
-
-
-@dataclass(frozen=True)
-class InstanceRecord:
-    """One sidecar instance of a run, as of its last transition. Times are unix seconds."""
-
-    id: int
-    run_id: str
-    name: str
-    listen: str
-    upstream: str
-    state: str
-    state_since: float
-    pid: int | None
-    pid_start_time: float | None
-    binary: str | None
-    log_path: str | None
-    ready_path: str | None
-    exit_code: int | None
-    error: str | None
-    restart_count: int
-    # The proxy's /metrics listener (host:port), recorded by the ``ready`` event; None when the
-    # instance runs without metrics or has not been ready yet. Defaulted, so a record built by
-    # hand (a test, another tool) from the columns of schema 2 still type-checks.
-    metrics: str | None = None
-
-
-class NewInstance(NamedTuple):
-    """An instance to record (``Store.create_instances``): what its launcher knows before it starts."""
-
-    name: str
-    listen: str
-    upstream: str
-    binary: str | None
-    log_path: str | None
-    ready_path: str | None
-
-
-@dataclass(frozen=True)
-class TransitionRecord:
-    """One history row: ``source`` -> ``dest`` by ``event`` at ``at`` (unix seconds)."""
-
-    id: int
-    instance_id: int
-    source: str
-    dest: str
-    event: str
-    at: float
-    detail: str | None
 
 
 class Store:
@@ -300,7 +237,7 @@ class Store:
         }
         with self._write() as db:
             _insert(db, "runs", row)
-        return _run_record({**row, "config_summary": row["config_summary"]})
+        return run_record({**row, "config_summary": row["config_summary"]})
 
     def end_run(self, run_id: str, outcome: str) -> None:
         """Mark a run finished with ``outcome`` ("ended", "failed" or "reaped"); sets ``ended_at``.
@@ -365,7 +302,7 @@ class Store:
             ]
             sql = f"SELECT * FROM instances WHERE id IN ({', '.join('?' for _ in ids)})"
             by_id = {row["id"]: row for row in db.query(sql, ids)}
-        return [_instance_record(by_id[instance_id]) for instance_id in ids]
+        return [InstanceRecord(**by_id[instance_id]) for instance_id in ids]
 
     def record_transition(
         self,
@@ -434,22 +371,22 @@ class Store:
         if which not in where:
             raise ValueError(f"list_runs: '{which}' is not one of live, finished, all")
         rows = self._rows(f"SELECT * FROM runs {where[which]} ORDER BY started_at DESC, rowid DESC")
-        return [_run_record(row) for row in rows]
+        return [run_record(row) for row in rows]
 
     def get_run(self, run_id: str) -> RunRecord | None:
         """The run, or None if this database has no such run."""
         rows = self._rows("SELECT * FROM runs WHERE run_id = ?", [run_id])
-        return _run_record(rows[0]) if rows else None
+        return run_record(rows[0]) if rows else None
 
     def instances_of(self, run_id: str) -> list[InstanceRecord]:
         """The run's instances in creation order."""
         rows = self._rows("SELECT * FROM instances WHERE run_id = ? ORDER BY id", [run_id])
-        return [_instance_record(row) for row in rows]
+        return [InstanceRecord(**row) for row in rows]
 
     def get_instance(self, instance_id: int) -> InstanceRecord | None:
         """The instance as of its last transition, or None if there is no such instance."""
         rows = self._rows("SELECT * FROM instances WHERE id = ?", [instance_id])
-        return _instance_record(rows[0]) if rows else None
+        return InstanceRecord(**rows[0]) if rows else None
 
     def history(self, instance_id: int) -> list[TransitionRecord]:
         """The instance's transitions, oldest first."""
@@ -467,7 +404,7 @@ class Store:
             return []
         marks = ", ".join("?" for _ in wanted)
         rows = self._rows(f"SELECT * FROM instances WHERE state IN ({marks}) ORDER BY id", wanted)
-        return [_instance_record(row) for row in rows]
+        return [InstanceRecord(**row) for row in rows]
 
     def live_instance_on_listen(self, listen: str) -> InstanceRecord | None:
         """The newest non-terminal instance recorded on ``listen`` (host:port), if any."""
@@ -476,7 +413,7 @@ class Store:
             "ORDER BY id DESC LIMIT 1",
             [listen],
         )
-        return _instance_record(rows[0]) if rows else None
+        return InstanceRecord(**rows[0]) if rows else None
 
 
 def open_all_hosts(log_dir: str | Path) -> list[Store]:
@@ -519,16 +456,6 @@ def _first(db: sqlite_utils.Database, sql: str, params: list[Any]) -> dict[str, 
     if row is None:
         return None
     return dict(zip([d[0] for d in cursor.description], row, strict=True))
-
-
-def _run_record(row: Mapping[str, Any]) -> RunRecord:
-    fields = dict(row)
-    fields["config_summary"] = json.loads(fields["config_summary"] or "{}")
-    return RunRecord(**fields)
-
-
-def _instance_record(row: Mapping[str, Any]) -> InstanceRecord:
-    return InstanceRecord(**row)
 
 
 def _redact_text(text: Any) -> Any:

@@ -236,7 +236,7 @@ class Store:
             "config_summary": json.dumps(summary, sort_keys=True, default=str),
         }
         with self._write() as db:
-            _insert(db, "runs", row)
+            db.table("runs").insert(row)
         return run_record({**row, "config_summary": row["config_summary"]})
 
     def end_run(self, run_id: str, outcome: str) -> None:
@@ -282,24 +282,23 @@ class Store:
         """
         now = time.time()
         with self._write() as db:
-            ids = [
-                _insert(
-                    db,
-                    "instances",
-                    {
-                        "run_id": run_id,
-                        "name": new.name,
-                        "listen": new.listen,
-                        "upstream": redact_url(new.upstream),
-                        "state": "configured",
-                        "state_since": now,
-                        "binary": new.binary,
-                        "log_path": new.log_path,
-                        "ready_path": new.ready_path,
-                    },
-                )
-                for new in instances
-            ]
+            table = db.table("instances")
+            ids: list[int] = []
+            for new in instances:
+                row = {
+                    "run_id": run_id,
+                    "name": new.name,
+                    "listen": new.listen,
+                    "upstream": redact_url(new.upstream),
+                    "state": "configured",
+                    "state_since": now,
+                    "binary": new.binary,
+                    "log_path": new.log_path,
+                    "ready_path": new.ready_path,
+                }
+                inserted = table.insert(row).last_rowid
+                assert inserted is not None  # an INSERT that did not raise made its row
+                ids.append(inserted)
             sql = f"SELECT * FROM instances WHERE id IN ({', '.join('?' for _ in ids)})"
             by_id = {row["id"]: row for row in db.query(sql, ids)}
         return [InstanceRecord(**by_id[instance_id]) for instance_id in ids]
@@ -435,19 +434,6 @@ def open_all_hosts(log_dir: str | Path) -> list[Store]:
 
 
 # -- rows and redaction ------------------------------------------------------------------------
-
-
-def _insert(db: sqlite_utils.Database, table: str, row: Mapping[str, Any]) -> int:
-    """INSERT ``row`` into ``table`` (names from this module only); returns the new rowid.
-
-    Plain SQL rather than ``Table.insert``: sqlite-utils introspects the table's schema on every
-    insert (0.28 ms of a launcher's warm start per instance, inside the write lock).
-    """
-    names = ", ".join(row)
-    marks = ", ".join("?" for _ in row)
-    cursor = db.conn.execute(f"INSERT INTO {table} ({names}) VALUES ({marks})", list(row.values()))
-    assert cursor.lastrowid is not None
-    return cursor.lastrowid
 
 
 def _first(db: sqlite_utils.Database, sql: str, params: list[Any]) -> dict[str, Any] | None:

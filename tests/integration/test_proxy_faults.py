@@ -255,11 +255,3 @@ def test_a_proxy_dying_after_ready_is_restarted_with_backoff_then_failed(
     ]  # fmt: skip
     manager.stop()
     _assert_gone(log_dir)
-
-
-@pytest.fixture
-def managers() -> Iterator[list[H2PingSidecarManager]]:
-    started: list[H2PingSidecarManager] = []
-    yield started
-    for manager in started:
-        manager.stop()

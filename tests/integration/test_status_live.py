@@ -198,24 +198,29 @@ def test_a_stopped_sidecar_reads_no_answer_and_status_still_shows_the_others(
 
 def _read_until(fd: int, seen: bytearray, predicate: Callable[[str], bool], timeout: float) -> str:
     """Read the pty into ``seen`` until ``predicate(text without escapes)`` holds; that text."""
-    deadline = time.monotonic() + timeout
-    while True:
-        text = ANSI.sub("", seen.decode("utf-8", errors="replace"))
-        if predicate(text):
-            return text
-        remaining = deadline - time.monotonic()
-        assert remaining > 0, f"top's output never satisfied the test; it printed:\n{text[-3000:]}"
-        ready, _, _ = select.select([fd], [], [], min(remaining, 0.5))
+    closed = False
+
+    def text() -> str:
+        return ANSI.sub("", seen.decode("utf-8", errors="replace"))
+
+    def satisfied() -> str | None:
+        nonlocal closed
+        if predicate(text()):
+            return text()
+        assert not closed, f"top closed its terminal early; it printed:\n{text()[-3000:]}"
+        ready, _, _ = select.select([fd], [], [], 0.05)
         if ready:
             try:
                 chunk = os.read(fd, 65536)
             except OSError:  # EIO: the child closed the terminal
                 chunk = b""
-            if not chunk:
-                text = ANSI.sub("", seen.decode("utf-8", errors="replace"))
-                assert predicate(text), f"top closed its terminal early; it printed:\n{text[-3000:]}"
-                return text
-            seen += chunk
+            closed = not chunk
+            seen.extend(chunk)
+        return None
+
+    found = wait_until(satisfied, timeout, lambda: f"top's output; it printed:\n{text()[-3000:]}", poll=0)
+    assert found is not None
+    return found
 
 
 def _drain(fd: int, seen: bytearray, timeout: float = 10) -> None:

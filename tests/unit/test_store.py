@@ -6,7 +6,6 @@ import os
 import shutil
 import socket
 import sqlite3
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -26,12 +25,6 @@ from sidecar_fsm.state.store import (
 )
 
 LATEST = schema_version()
-
-
-@pytest.fixture
-def store(tmp_path: Path) -> Iterator[Store]:
-    with Store.open(tmp_path, host="unit") as opened:
-        yield opened
 
 
 def raw(path: Path) -> sqlite3.Connection:
@@ -238,7 +231,7 @@ def test_runs_are_listed_newest_first_by_liveness(store: Store) -> None:
     assert [r.run_id for r in store.list_runs("finished")] == ["b"]
     ended = store.get_run("b")
     assert ended is not None and ended.outcome == "ended" and ended.ended_at is not None
-    assert ended.config_summary == {"n": 1} and ended.host == "unit" and ended.owner_pid == os.getpid()
+    assert ended.config_summary == {"n": 1} and ended.host == store.host and ended.owner_pid == os.getpid()
     assert store.get_run("zzz") is None
     with pytest.raises(ValueError, match="'dead' is not one of"):
         store.list_runs("dead")  # type: ignore[arg-type]

@@ -179,26 +179,27 @@ def failure_of(manager: H2PingSidecarManager) -> Callable[[], SidecarError | Non
 def node_run(
     tls_origin: TlsH2Origin, sidecar_binary: Path, log_dir: Path, cache_dir: Path
 ) -> Iterator[Callable[..., NodeSidecars]]:
-    """Factory: ``node_run(binary=None, run_id=None, store=None, **block)`` → a ``NodeSidecars``.
+    """Factory: ``node_run(binary=None, run_id=None, store=None, logs=None, **block)`` → a ``NodeSidecars``.
 
     Not started: a test drives it directly. Its config is ``gym_config`` on the lab origin with
-    ``block`` over the sidecar defaults; ``binary`` None is the real proxy. Each run is stopped
-    at the end whatever happened (``stop()`` is idempotent).
+    ``block`` over the sidecar defaults; ``binary`` None is the real proxy, ``logs`` None the
+    test's ``log_dir``. Each run is stopped at the end whatever happened (``stop()`` is idempotent).
     """
     runs: list[NodeSidecars] = []
 
     def make(
-        binary: Path | None = None, *, run_id: str | None = None, store: Store | None = None, **block: Any
+        binary: Path | None = None,
+        *,
+        run_id: str | None = None,
+        store: Store | None = None,
+        logs: Path | None = None,
+        **block: Any,
     ) -> NodeSidecars:
-        config = gym_config(tls_origin.url, tls_origin.ca_file, log_dir, cache_dir, **block)
+        logs = log_dir if logs is None else logs
+        config = gym_config(tls_origin.url, tls_origin.ca_file, logs, cache_dir, **block)
         parsed = h2_ping_sidecar_config_from_global_config(config)
         run = NodeSidecars(
-            parsed,
-            parsed.instances,
-            str(binary or sidecar_binary),
-            str(log_dir),
-            store=store,
-            run_id=run_id,
+            parsed, parsed.instances, str(binary or sidecar_binary), str(logs), store=store, run_id=run_id
         )
         runs.append(run)
         return run
@@ -681,11 +682,7 @@ def test_unwritable_log_fails_the_start_naming_it_and_leaves_nothing(
 
 @pytest.mark.parametrize("fault", ["read-only file system", "no space left on device"])
 def test_log_dir_that_breaks_after_the_database_opened_fails_in_one_line(
-    tls_origin: TlsH2Origin,
-    sidecar_binary: Path,
-    make_tmpfs: Callable[..., Path],
-    cache_dir: Path,
-    fault: str,
+    make_tmpfs: Callable[..., Path], node_run: Callable[..., NodeSidecars], fault: str
 ) -> None:
     """A long-lived launcher keeps its database open; the log dir then turns read-only or fills up."""
     small_tmpfs = make_tmpfs("2m", options="nr_inodes=64")  # 64 inodes: a full log dir is a loop away
@@ -704,9 +701,7 @@ def test_log_dir_that_breaks_after_the_database_opened_fails_in_one_line(
                     (small_tmpfs / f"filler-{index}").touch()
                 except OSError:
                     break
-        config = gym_config(tls_origin.url, tls_origin.ca_file, log_dir, cache_dir)
-        parsed = h2_ping_sidecar_config_from_global_config(config)
-        sidecars = NodeSidecars(parsed, parsed.instances, str(sidecar_binary), str(log_dir), store=store)
+        sidecars = node_run(store=store, logs=log_dir)
         with pytest.raises(SidecarError) as raised:
             sidecars.start()
         message = str(raised.value)

@@ -225,18 +225,19 @@ def _read_until(fd: int, seen: bytearray, predicate: Callable[[str], bool], time
 
 def _drain(fd: int, seen: bytearray, timeout: float = 10) -> None:
     """Read what an exited child left on the pty into ``seen``, up to the end (EIO on Linux)."""
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        ready, _, _ = select.select([fd], [], [], max(0.0, deadline - time.monotonic()))
+
+    def ended() -> bool:
+        ready, _, _ = select.select([fd], [], [], 0.05)
         if not ready:
-            return
+            return False
         try:
             chunk = os.read(fd, 65536)
-        except OSError:
-            return
-        if not chunk:
-            return
-        seen += chunk
+        except OSError:  # EIO: every writer of the terminal is gone
+            return True
+        seen.extend(chunk)
+        return not chunk
+
+    wait_until(ended, timeout, "the end of top's output on its terminal", poll=0)
 
 
 def test_top_redraws_the_figures_until_ctrl_c_and_restores_the_terminal(

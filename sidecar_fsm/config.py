@@ -25,6 +25,7 @@ import math
 import re
 import warnings
 from collections.abc import Mapping
+from dataclasses import dataclass
 from typing import Any, ClassVar
 
 from omegaconf import DictConfig, ListConfig, OmegaConf
@@ -150,10 +151,44 @@ class _Model(BaseModel):
             raise translate(exc, cls, cls._where) from None
 
 
-def _reject_bool(value: object, what: str) -> object:
-    # pydantic's lax mode reads true as 1; "gomaxprocs: true" is a mistake, not a request for 1.
+@dataclass(frozen=True)
+class _Number:
+    """A numeric key's rule: what it is (for a bool given instead), the bound it must be above."""
+
+    kind: str
+    above: float
+    rule: str
+    hint: str
+
+
+_NUMBERS = {
+    "max_restarts": _Number("a whole number", -1, "must be 0 or more", "try 2, or 0 to fail fast"),
+    "retry_body_limit": _Number(
+        "a whole number of bytes", -1, "must be 0 or more", "try 16777216, or 0 to disable buffering"
+    ),
+    "gomaxprocs": _Number(
+        "a whole number", 0, "must be a positive whole number", "try 2, or null to leave it to the go runtime"
+    ),
+    "startup_timeout_seconds": _Number(
+        "a number of seconds", 0, "must be a number of seconds above 0", "try 30"
+    ),
+}
+
+
+def _number_type(value: object, info: ValidationInfo) -> object:
+    """Before pydantic reads it: refuse a bool, which its lax mode would read as 1 or 0."""
+    # "gomaxprocs: true" is a mistake, not a request for 1.
     if isinstance(value, bool):
-        raise ValueError(f"is not {what}")
+        number = _NUMBERS[str(info.field_name)]
+        raise ValueError(f"is not {number.kind}; {number.hint}")
+    return value
+
+
+def _number_range(value: float | None, info: ValidationInfo) -> float | None:
+    """After pydantic read it: a finite value above the key's bound; None (where allowed) passes."""
+    number = _NUMBERS[str(info.field_name)]
+    if value is not None and (not math.isfinite(value) or value <= number.above):
+        raise ValueError(f"{number.rule}; {number.hint}")
     return value
 
 
@@ -168,17 +203,8 @@ class RestartPolicy(_Model):
     backoff: str = "1s"
     """Wait this long (a Go duration) before each restart, on the same listen address."""
 
-    @field_validator("max_restarts", mode="before")
-    @classmethod
-    def _check_max_restarts_type(cls, value: object) -> object:
-        return _reject_bool(value, "a whole number; try 2, or 0 to fail fast")
-
-    @field_validator("max_restarts")
-    @classmethod
-    def _check_max_restarts(cls, value: int) -> int:
-        if value < 0:
-            raise ValueError("must be 0 or more; try 2, or 0 to fail fast")
-        return value
+    _check_number_type = field_validator("max_restarts", mode="before")(_number_type)
+    _check_number_range = field_validator("max_restarts")(_number_range)
 
     @field_validator("backoff", mode="before")
     @classmethod
@@ -341,41 +367,12 @@ class H2PingSidecarConfig(_Model):
                 raise ValueError(message)
         return text
 
-    @field_validator("retry_body_limit", mode="before")
-    @classmethod
-    def _check_retry_body_limit_type(cls, value: object) -> object:
-        return _reject_bool(value, "a whole number of bytes; try 16777216, or 0 to disable buffering")
-
-    @field_validator("retry_body_limit")
-    @classmethod
-    def _check_retry_body_limit(cls, value: int) -> int:
-        if value < 0:
-            raise ValueError("must be 0 or more; try 16777216, or 0 to disable buffering")
-        return value
-
-    @field_validator("gomaxprocs", mode="before")
-    @classmethod
-    def _check_gomaxprocs_type(cls, value: object) -> object:
-        return _reject_bool(value, "a whole number; try 2, or null to leave it to the go runtime")
-
-    @field_validator("gomaxprocs")
-    @classmethod
-    def _check_gomaxprocs(cls, value: int | None) -> int | None:
-        if value is not None and value < 1:
-            raise ValueError("must be a positive whole number; try 2, or null to leave it to the go runtime")
-        return value
-
-    @field_validator("startup_timeout_seconds", mode="before")
-    @classmethod
-    def _check_startup_timeout_type(cls, value: object) -> object:
-        return _reject_bool(value, "a number of seconds; try 30")
-
-    @field_validator("startup_timeout_seconds")
-    @classmethod
-    def _check_startup_timeout(cls, value: float) -> float:
-        if not math.isfinite(value) or value <= 0:
-            raise ValueError("must be a number of seconds above 0; try 30")
-        return value
+    _check_number_type = field_validator(
+        "retry_body_limit", "gomaxprocs", "startup_timeout_seconds", mode="before"
+    )(_number_type)
+    _check_number_range = field_validator("retry_body_limit", "gomaxprocs", "startup_timeout_seconds")(
+        _number_range
+    )
 
     @field_validator("gomemlimit", mode="before")
     @classmethod

@@ -289,17 +289,7 @@ def run_demo(
     on it. ``cache_dir`` None means the user's cache, as ``sidecar-fsm build`` uses.
     """
     say = _Narrator(stream or sys.stdout, color)
-    say.line(
-        say._paint(
-            "sidecar-fsm demo: a long request through a load balancer that drops idle connections", "1"
-        )
-    )
-    say.line(
-        "AWS Global Accelerator drops a TCP connection that carries no data for 340 s; HTTP/2 PINGs\n"
-        "count as data, TCP keepalives do not. Here a local relay plays it, scaled down: it drops\n"
-        f"connections idle for {IDLE_SECONDS:g}s, and the origin sends its first byte after "
-        f"{FIRST_BYTE_SECONDS:g}s ({FIRST_BYTE_SECONDS / IDLE_SECONDS:g}x the limit)."
-    )
+    _introduce(say)
     own_log_dir = log_dir is None
     state_dir = (
         tempfile.mkdtemp(prefix="sidecar-fsm-demo-") if log_dir is None else str(Path(log_dir).resolve())
@@ -336,16 +326,7 @@ def run_demo(
         started[0].check()
         started[0].stop()
         _print_history(say, state_dir, started[0].run_id)
-        say.line()
-        say.line(
-            say._paint("result:", "1")
-            + f" the direct request failed at the {IDLE_SECONDS:g}s idle limit; through the sidecar"
-        )
-        say.line(
-            f"        the same request waited {FIRST_BYTE_SECONDS:g}s and succeeded; nothing left running"
-        )
-        if not own_log_dir:
-            say.line(f"try: sidecar-fsm --log-dir {state_dir} status --all")
+        _tell_success(say, None if own_log_dir else state_dir)
         return 0
     except KeyboardInterrupt:
         say.line()
@@ -368,6 +349,33 @@ def run_demo(
         _stop_all(started, relay, origin)
         if not keep:
             shutil.rmtree(state_dir, ignore_errors=True)
+
+
+def _introduce(say: _Narrator) -> None:
+    """What the demo shows and why, before anything starts."""
+    say.line(
+        say._paint(
+            "sidecar-fsm demo: a long request through a load balancer that drops idle connections", "1"
+        )
+    )
+    say.line(
+        "AWS Global Accelerator drops a TCP connection that carries no data for 340 s; HTTP/2 PINGs\n"
+        "count as data, TCP keepalives do not. Here a local relay plays it, scaled down: it drops\n"
+        f"connections idle for {IDLE_SECONDS:g}s, and the origin sends its first byte after "
+        f"{FIRST_BYTE_SECONDS:g}s ({FIRST_BYTE_SECONDS / IDLE_SECONDS:g}x the limit)."
+    )
+
+
+def _tell_success(say: _Narrator, kept_log_dir: str | None) -> None:
+    """The result in two lines, and the command to look at the run if its log dir is kept."""
+    say.line()
+    say.line(
+        say._paint("result:", "1")
+        + f" the direct request failed at the {IDLE_SECONDS:g}s idle limit; through the sidecar"
+    )
+    say.line(f"        the same request waited {FIRST_BYTE_SECONDS:g}s and succeeded; nothing left running")
+    if kept_log_dir is not None:
+        say.line(f"try: sidecar-fsm --log-dir {kept_log_dir} status --all")
 
 
 def _stop_all(started: list[H2PingSidecarManager], relay: IdleRelay | None, origin: TlsH2Origin) -> None:

@@ -1,11 +1,13 @@
 """Fixtures every test shares: the real proxy binary, the local lab, temp dirs, process cleanup.
 
 Owns: ``sidecar_binary`` (session: the real h2-ping-sidecar, through the build cache), ``go_tool``,
-``cache_dir`` (session), ``log_dir``, ``lab_certs``, ``tls_origin`` / ``make_tls_origin``,
-``idle_relay`` (factory), ``wait_until``, ``process_registry`` (per test, with a session-wide
-safety net) and ``run_sidecar`` (the binary started on 127.0.0.1:0, waited for by its ready
-file). Every fixture ends what it started, pass or fail. Must not leave a process, thread or
-socket behind, nor bind anything but loopback.
+``cache_dir`` (session), ``log_dir``, ``store`` (this host's state database in ``log_dir``),
+``managers`` (launcher managers a test started), ``lab_certs``, ``tls_origin`` /
+``make_tls_origin``, ``idle_relay`` (factory), ``wait_until``, ``process_registry`` (per test,
+with a session-wide safety net) and ``run_sidecar`` (the binary started on 127.0.0.1:0, waited
+for by its ready file). One fixture per thing: a test module adds only what no other needs.
+Every fixture ends what it started, pass or fail. Must not leave a process, thread or socket
+behind, nor bind anything but loopback.
 """
 
 from __future__ import annotations
@@ -30,6 +32,8 @@ from helpers import ProcessRegistry, wait_until  # noqa: E402
 from sidecar_fsm.base import buildcache, procs  # noqa: E402
 from sidecar_fsm.base.ready import ReadyWait, wait_all_ready  # noqa: E402
 from sidecar_fsm.lab import CertPaths, IdleRelay, TlsH2Origin, make_ca_and_cert  # noqa: E402
+from sidecar_fsm.launcher import H2PingSidecarManager  # noqa: E402
+from sidecar_fsm.state.store import Store  # noqa: E402
 
 _SIDECAR_READY_SECONDS = 30.0
 _SIDECAR_STOP_SECONDS = 20.0
@@ -106,6 +110,13 @@ def log_dir(tmp_path: Path) -> Path:
     path = tmp_path / "logs"
     path.mkdir()
     return path
+
+
+@pytest.fixture
+def store(log_dir: Path) -> Iterator[Store]:
+    """This host's state database under ``log_dir`` (``Store.open``: created, migrated), closed after."""
+    with Store.open(log_dir) as opened:
+        yield opened
 
 
 @pytest.fixture(scope="session")
@@ -206,6 +217,15 @@ def run_sidecar(
         except subprocess.TimeoutExpired:
             process.kill()
             process.wait(_SIDECAR_STOP_SECONDS)
+
+
+@pytest.fixture
+def managers() -> Iterator[list[H2PingSidecarManager]]:
+    """Launcher managers a test started (append each): stopped at the end whatever happened."""
+    started: list[H2PingSidecarManager] = []
+    yield started
+    for manager in started:
+        manager.stop()
 
 
 # --- the lab ---------------------------------------------------------------------------------

@@ -26,10 +26,16 @@ _POLL_SECONDS = 0.02
 _AnyPopen = Union["subprocess.Popen[bytes]", "subprocess.Popen[str]"]
 
 
-def wait_until(predicate: Callable[[], T], timeout: float = 10.0, message: str = "condition") -> T:
-    """Poll ``predicate`` until it returns something truthy; return that value.
+def wait_until(
+    predicate: Callable[[], T],
+    timeout: float = 10.0,
+    message: str | Callable[[], str] = "condition",
+    poll: float = _POLL_SECONDS,
+) -> T:
+    """Poll ``predicate`` every ``poll`` seconds until it returns something truthy; return that value.
 
-    Raises ``AssertionError`` naming ``message`` and the timeout when the deadline passes; an
+    Raises ``AssertionError`` naming ``message`` and the timeout when the deadline passes;
+    ``message`` may be a callable, asked at the deadline (to show what was seen by then). An
     exception from ``predicate`` propagates at once (a broken probe is a bug, not a wait).
     The last call happens after the deadline, so a condition that became true just in time wins.
     """
@@ -39,8 +45,9 @@ def wait_until(predicate: Callable[[], T], timeout: float = 10.0, message: str =
         if value:
             return value
         if time.monotonic() >= deadline:
-            raise AssertionError(f"timed out after {timeout:g}s waiting for {message}")
-        time.sleep(_POLL_SECONDS)
+            what = message() if callable(message) else message
+            raise AssertionError(f"timed out after {timeout:g}s waiting for {what}")
+        time.sleep(poll)
 
 
 @dataclass(frozen=True)

@@ -107,18 +107,11 @@ def go_version(go: Path, cache_dir: Path) -> str:
     file's resolved path, mtime and size: replacing or upgrading the toolchain changes them and
     the version is asked again. Concurrent writers may drop each other's entries (last rename
     wins); that costs one more ``go env`` later, never a wrong answer. An unwritable cache only
-    loses the memo. The same key also indexes a per-process memo in front of the file (a stat,
-    no JSON read, on a repeated start); a hit there does not write the file into another
-    ``cache_dir``, which then asks ``go env`` once in a later process. Raises ``SidecarError``
-    when ``go`` cannot report its version.
+    loses the memo. Raises ``SidecarError`` when ``go`` cannot report its version.
     """
     resolved = go.resolve()
     stat = resolved.stat()
     key = str(resolved)
-    process_key = (key, stat.st_mtime_ns, stat.st_size)
-    remembered = _go_version_memo.get(process_key)
-    if remembered is not None:
-        return remembered
     memo_path = Path(cache_dir) / SIDECAR_BINARY_NAME / _VERSION_MEMO_NAME
     try:
         memo = json.loads(memo_path.read_bytes())
@@ -134,7 +127,6 @@ def go_version(go: Path, cache_dir: Path) -> str:
         and isinstance(entry.get("version"), str)
         and entry["version"]
     ):
-        _go_version_memo[process_key] = str(entry["version"])
         return str(entry["version"])
     try:
         result = subprocess.run(
@@ -155,7 +147,6 @@ def go_version(go: Path, cache_dir: Path) -> str:
             f"go env GOVERSION: '{go}' exited with code {result.returncode}; check the Go install\n{output}"
         )
     version = _VERSION_SAFE.sub("_", raw)
-    _go_version_memo[process_key] = version
     memo[key] = {"mtime_ns": stat.st_mtime_ns, "size": stat.st_size, "version": version}
     with contextlib.suppress(OSError):
         memo_path.parent.mkdir(parents=True, exist_ok=True)
@@ -193,8 +184,6 @@ _StatKey = tuple[tuple[str, int, int, int, int], ...]
 # Per process: source folder -> (stat key of its files when hashed, the hash). One entry per
 # folder ever hashed (in practice one), so it cannot grow without bound.
 _sources_hash_memo: dict[str, tuple[_StatKey, str]] = {}
-# Per process: (resolved toolchain path, mtime_ns, size) -> version, in front of the JSON memo.
-_go_version_memo: dict[tuple[str, int, int], str] = {}
 
 
 def sources_hash(source_dir: Path = SIDECAR_SOURCE_DIR) -> str:

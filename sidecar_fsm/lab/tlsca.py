@@ -62,6 +62,74 @@ def _write_private(path: Path, data: bytes) -> None:
         handle.write(data)
 
 
+def _key_usage(*, signs_certificates: bool) -> x509.KeyUsage:
+    """Digital signatures always (ECDSA handshakes); certificate and CRL signing for the CA only."""
+    return x509.KeyUsage(
+        digital_signature=True,
+        content_commitment=False,
+        key_encipherment=False,
+        data_encipherment=False,
+        key_agreement=False,
+        key_cert_sign=signs_certificates,
+        crl_sign=signs_certificates,
+        encipher_only=False,
+        decipher_only=False,
+    )
+
+
+def _validity(builder: x509.CertificateBuilder) -> x509.CertificateBuilder:
+    """From a few minutes ago (clock skew between processes) to a day from now."""
+    now = datetime.datetime.now(datetime.timezone.utc)
+    return builder.not_valid_before(now - _BACKDATE).not_valid_after(now + _VALIDITY)
+
+
+def _make_ca() -> tuple[ec.EllipticCurvePrivateKey, x509.Certificate]:
+    """A self-signed CA that may sign server certificates but no further CA (path length 0)."""
+    key = ec.generate_private_key(ec.SECP256R1())
+    name = _name("sidecar-fsm lab CA")
+    builder = (
+        x509.CertificateBuilder()
+        .subject_name(name)
+        .issuer_name(name)
+        .public_key(key.public_key())
+        .serial_number(x509.random_serial_number())
+    )
+    cert = (
+        _validity(builder)
+        .add_extension(x509.BasicConstraints(ca=True, path_length=0), critical=True)
+        .add_extension(_key_usage(signs_certificates=True), critical=True)
+        .add_extension(x509.SubjectKeyIdentifier.from_public_key(key.public_key()), critical=False)
+        .sign(key, hashes.SHA256())
+    )
+    return key, cert
+
+
+def _make_leaf(
+    ca_key: ec.EllipticCurvePrivateKey, ca_cert: x509.Certificate, hosts: Sequence[str]
+) -> tuple[ec.EllipticCurvePrivateKey, x509.Certificate]:
+    """A server certificate for ``hosts`` (names and IPs as SANs), signed by the CA."""
+    key = ec.generate_private_key(ec.SECP256R1())
+    builder = (
+        x509.CertificateBuilder()
+        .subject_name(_name(hosts[0]))
+        .issuer_name(ca_cert.subject)
+        .public_key(key.public_key())
+        .serial_number(x509.random_serial_number())
+    )
+    cert = (
+        _validity(builder)
+        .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
+        .add_extension(x509.SubjectAlternativeName(_subject_alt_names(hosts)), critical=False)
+        .add_extension(x509.ExtendedKeyUsage([ExtendedKeyUsageOID.SERVER_AUTH]), critical=False)
+        .add_extension(_key_usage(signs_certificates=False), critical=True)
+        .add_extension(
+            x509.AuthorityKeyIdentifier.from_issuer_public_key(ca_key.public_key()), critical=False
+        )
+        .sign(ca_key, hashes.SHA256())
+    )
+    return key, cert
+
+
 def make_ca_and_cert(directory: Path, hosts: Sequence[str] = ("localhost", "127.0.0.1")) -> CertPaths:
     """Create a fresh CA and a server certificate for ``hosts`` signed by it, as PEM files.
 
@@ -75,70 +143,8 @@ def make_ca_and_cert(directory: Path, hosts: Sequence[str] = ("localhost", "127.
         raise ValueError("make_ca_and_cert: hosts is empty; name at least one host or ip")
     directory = Path(directory)
     directory.mkdir(parents=True, exist_ok=True)
-    now = datetime.datetime.now(datetime.timezone.utc)
-    not_before, not_after = now - _BACKDATE, now + _VALIDITY
-
-    ca_key = ec.generate_private_key(ec.SECP256R1())
-    ca_name = _name("sidecar-fsm lab CA")
-    ca_cert = (
-        x509.CertificateBuilder()
-        .subject_name(ca_name)
-        .issuer_name(ca_name)
-        .public_key(ca_key.public_key())
-        .serial_number(x509.random_serial_number())
-        .not_valid_before(not_before)
-        .not_valid_after(not_after)
-        .add_extension(x509.BasicConstraints(ca=True, path_length=0), critical=True)
-        .add_extension(
-            x509.KeyUsage(
-                digital_signature=True,
-                content_commitment=False,
-                key_encipherment=False,
-                data_encipherment=False,
-                key_agreement=False,
-                key_cert_sign=True,
-                crl_sign=True,
-                encipher_only=False,
-                decipher_only=False,
-            ),
-            critical=True,
-        )
-        .add_extension(x509.SubjectKeyIdentifier.from_public_key(ca_key.public_key()), critical=False)
-        .sign(ca_key, hashes.SHA256())
-    )
-
-    leaf_key = ec.generate_private_key(ec.SECP256R1())
-    leaf_cert = (
-        x509.CertificateBuilder()
-        .subject_name(_name(hosts[0]))
-        .issuer_name(ca_name)
-        .public_key(leaf_key.public_key())
-        .serial_number(x509.random_serial_number())
-        .not_valid_before(not_before)
-        .not_valid_after(not_after)
-        .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
-        .add_extension(x509.SubjectAlternativeName(_subject_alt_names(hosts)), critical=False)
-        .add_extension(x509.ExtendedKeyUsage([ExtendedKeyUsageOID.SERVER_AUTH]), critical=False)
-        .add_extension(
-            x509.KeyUsage(
-                digital_signature=True,
-                content_commitment=False,
-                key_encipherment=False,
-                data_encipherment=False,
-                key_agreement=False,
-                key_cert_sign=False,
-                crl_sign=False,
-                encipher_only=False,
-                decipher_only=False,
-            ),
-            critical=True,
-        )
-        .add_extension(
-            x509.AuthorityKeyIdentifier.from_issuer_public_key(ca_key.public_key()), critical=False
-        )
-        .sign(ca_key, hashes.SHA256())
-    )
-
+    ca_key, ca_cert = _make_ca()
+    leaf_key, leaf_cert = _make_leaf(ca_key, ca_cert, hosts)
     paths = CertPaths(
         ca_pem=directory / "ca.pem", cert_pem=directory / "cert.pem", key_pem=directory / "key.pem"
     )

@@ -1,7 +1,8 @@
 """The run layer: one run's children, from spawn to the last signal, and reaping them later.
 
 Owns starting, watching, restarting, draining and stopping the proxies of a run
-(``supervise``, with ``command``, ``binaryflags``, ``runfiles``, ``messages``,
+(``supervise``'s ``NodeSidecars`` over the jobs ``start``, ``watch`` and ``stop`` and their
+shared ``children``, with ``command``, ``binaryflags``, ``runfiles``, ``messages``,
 ``interrupts``), reaping runs whose owner is gone (``reap``), reaching every node of a Ray
 cluster (``cluster``) and the named crash points the crash tests kill us at (``crashpoints``).
 

@@ -1,10 +1,10 @@
 """The state layer: what is recorded, and the only code that records it.
 
 Owns the instance state machine (``fsm``: the only code that changes an instance's state), the
-per-host SQLite database (``store``: the only code that speaks SQL; ``dbfile``: opening,
-migrating and refusing the file), storage faults seen on that file (``storagefault``), the
-host name a database is keyed by (``hostname``) and the cached store of a live run
-(``sharedstore``).
+per-host SQLite database (``store``: the only code that speaks SQL, returning ``records``;
+``dbfile``: opening and refusing the file; ``schema``: its numbered migrations), storage faults
+seen on that file and which SQLite errors are about it (``storagefault``), the host name a
+database is keyed by (``hostname``) and the cached store of a live run (``sharedstore``).
 
 May import ``sidecar_fsm.errors``, ``sidecar_fsm.config`` and ``sidecar_fsm.base``. Must not
 import ``run``, ``view`` or the public modules above them: whatever starts, stops or shows

@@ -3,7 +3,7 @@
 Owns ``<log_dir>/sidecar-fsm/<host>.db`` up to the moment a connection is handed to ``store``:
 making its directory, refusing what cannot be used (a path through a file, no permission, a
 read-only or full filesystem, a file that is not ours, a corrupt file, a newer schema) with one
-line naming the path and the reason, creating a new database, applying ``migrations/``, and
+line naming the path and the reason, creating a new database, having ``schema`` migrate it, and
 turning SQLite and OS errors into that one line (``storage_error``, also used by ``store`` for
 writes and reads that fail later). Must not read or write runs, instances or transitions (that is
 ``store``), and never overwrites, truncates or deletes a file it did not create: on failure it
@@ -12,9 +12,8 @@ removes only its own temp file and the directories it made itself.
 A new database is built under a private temp name and hard-linked into place, so a failure (a
 full disk half-way through the schema) leaves nothing behind, and two processes creating it at
 once never see a half-made file: the link of the second fails, and it opens the first's.
-Migrations of an existing database run in one ``BEGIN IMMEDIATE`` transaction: SQLite's write
-lock (a lock on the database's files) serializes the processes that open an old database at
-once, and the version is read again inside the transaction, so a step is never applied twice.
+Migrations of an existing database run in one ``BEGIN IMMEDIATE`` transaction (``schema.migrate``):
+SQLite's write lock serializes the processes that open an old database at once.
 
 Past 400 lines because each way a file can be unusable needs its own check and its own line.
 """
@@ -24,19 +23,24 @@ from __future__ import annotations
 import contextlib
 import errno
 import os
-import re
 import secrets
 import sqlite3
 import threading
-from collections.abc import Iterator
-from dataclasses import dataclass
-from functools import lru_cache
 from pathlib import Path
 
-from sidecar_fsm.base import resources
-from sidecar_fsm.errors import SchemaTooNewError, SidecarError, UnusableStateError
-from sidecar_fsm.state import storagefault
+from sidecar_fsm.errors import SidecarError, UnusableStateError
+from sidecar_fsm.state import schema, storagefault
 from sidecar_fsm.state.hostname import host_name
+from sidecar_fsm.state.storagefault import (
+    SQLITE_BUSY,
+    SQLITE_CANTOPEN,
+    SQLITE_CORRUPT,
+    SQLITE_FULL,
+    SQLITE_LOCKED,
+    SQLITE_NOTADB,
+    SQLITE_PERM,
+    SQLITE_READONLY,
+)
 
 DB_DIR_NAME = "sidecar-fsm"
 
@@ -51,7 +55,6 @@ BUSY_TIMEOUT_SECONDS = 60.0
 MIN_FREE_BYTES = 1024 * 1024
 
 _SQLITE_MAGIC = b"SQLite format 3\x00"
-_MIGRATION_NAME = re.compile(r"(\d{4})_[a-z0-9_]+\.sql")
 # Where a hard link cannot be made: the new database is then created in place (see _create).
 _NO_HARD_LINKS = frozenset({errno.EPERM, errno.EOPNOTSUPP, errno.ENOSYS, errno.EMLINK})
 
@@ -65,14 +68,6 @@ _holders: dict[int, tuple[int, int]] = {}  # id(connection) -> the file it holds
 _open_files_lock = threading.Lock()
 
 
-@dataclass(frozen=True)
-class Migration:
-    """One schema step: ``migrations/NNNN_name.sql``; applying it sets the schema version to ``step``."""
-
-    step: int
-    path: Path
-
-
 def database_path(log_dir: str | Path, host: str | None = None) -> Path:
     """``<log_dir>/sidecar-fsm/<host>.db``: one file per host, so hosts never share a SQLite file.
 
@@ -80,33 +75,6 @@ def database_path(log_dir: str | Path, host: str | None = None) -> Path:
     the name ``reap --ray`` uses for each node, so every command agrees on "this host's" file.
     """
     return Path(log_dir) / DB_DIR_NAME / f"{host or host_name()}.db"
-
-
-def load_migrations(directory: Path | None = None) -> list[Migration]:
-    """The schema steps in ``directory`` (default: the packaged ``migrations/``), in order.
-
-    Read-only. Raises ``SidecarError`` when the steps are not numbered 1, 2, ... without gaps or
-    duplicates: applying a broken sequence could skip a step forever.
-    """
-    directory = resources.MIGRATIONS_DIR if directory is None else directory
-    steps = []
-    for path in sorted(directory.glob("*.sql")):
-        match = _MIGRATION_NAME.fullmatch(path.name)
-        if match is None:
-            raise SidecarError(f"{path}: '{path.name}' is not a migration name; use NNNN_words.sql")
-        steps.append(Migration(int(match.group(1)), path))
-    numbers = [m.step for m in steps]
-    if numbers != list(range(1, len(steps) + 1)):
-        raise SidecarError(
-            f"{directory}: migration steps {numbers} are not 1..N without gaps; fix the package"
-        )
-    return steps
-
-
-@lru_cache(maxsize=1)
-def schema_version() -> int:
-    """The schema version this code writes: the highest step in ``migrations/``."""
-    return len(load_migrations())
 
 
 # -- opening -----------------------------------------------------------------------------------
@@ -265,7 +233,7 @@ def _create(path: Path) -> None:
         conn = sqlite3.connect(temp, isolation_level=None)
         try:
             _set_wal(conn, path)
-            _migrate(conn, path)
+            schema.migrate(conn, path)
         finally:
             conn.close()  # the last connection checkpoints and removes the temp's -wal/-shm
         try:
@@ -292,10 +260,10 @@ def _connect(path: Path, immutable: bool = False) -> sqlite3.Connection:
     create there; refused when a WAL with commits not yet in the file lies beside it (they
     would be missed) or when the schema is older (it cannot be migrated there).
     """
-    latest = schema_version()
+    latest = schema.schema_version()
     # The header check needs no SQLite handle: a refused database gets no -wal/-shm files and
     # no checkpoint, so it stays byte-for-byte what was there.
-    _refuse_if_newer(path, _header_schema_version(path), latest)
+    schema.refuse_if_newer(path, _header_schema_version(path), latest)
     if immutable and os.path.exists(f"{path}-wal") and os.path.getsize(f"{path}-wal") > 0:
         raise UnusableStateError(
             f"{path}: read-only filesystem with a WAL still beside the database; mount it "
@@ -315,8 +283,8 @@ def _connect(path: Path, immutable: bool = False) -> sqlite3.Connection:
         # The header can lag behind a WAL that a running newer process has not checkpointed,
         # so the version is read again through SQLite before anything is written. Reading the
         # schema also finds a corrupt first page, before anything is written.
-        version = _user_version(conn)
-        _refuse_if_newer(path, version, latest)
+        version = schema.user_version(conn)
+        schema.refuse_if_newer(path, version, latest)
         tables = [row[0] for row in conn.execute("SELECT name FROM sqlite_master WHERE type = 'table'")]
         if version == 0 and tables:
             raise UnusableStateError(
@@ -330,7 +298,7 @@ def _connect(path: Path, immutable: bool = False) -> sqlite3.Connection:
             )
         if not immutable and (version < latest or _journal_mode(conn) != "wal"):
             _set_wal(conn, path)
-            _migrate(conn, path)
+            schema.migrate(conn, path)
         conn.execute("PRAGMA synchronous=NORMAL")
         conn.execute("PRAGMA foreign_keys=ON")
     except BaseException as exc:
@@ -369,18 +337,6 @@ def _header_schema_version(path: Path) -> int:
     return int.from_bytes(header[60:64], "big")
 
 
-def _refuse_if_newer(path: Path, version: int, latest: int) -> None:
-    if version > latest:
-        raise SchemaTooNewError(
-            f"{path}: schema {version} is newer than this sidecar-fsm ({latest}); "
-            "upgrade it or use another --log-dir"
-        )
-
-
-def _user_version(conn: sqlite3.Connection) -> int:
-    return int(conn.execute("PRAGMA user_version").fetchone()[0])
-
-
 def _journal_mode(conn: sqlite3.Connection) -> str:
     return str(conn.execute("PRAGMA journal_mode").fetchone()[0]).lower()
 
@@ -395,82 +351,7 @@ def _set_wal(conn: sqlite3.Connection, path: Path) -> None:
             )
 
 
-def _migrate(conn: sqlite3.Connection, path: Path) -> None:
-    """Apply the missing steps and record the version, all in one transaction; a no-op if current.
-
-    The version is read inside the transaction, after the write lock is taken, so of two
-    processes opening an old database at once the second finds the work done. A failure rolls
-    every step back: the database stays at the schema it had.
-    """
-    latest = schema_version()
-    conn.execute("BEGIN IMMEDIATE")
-    try:
-        version = _user_version(conn)
-        _refuse_if_newer(path, version, latest)
-        for migration in load_migrations():
-            if migration.step <= version:
-                continue
-            try:
-                for statement in _statements(migration.path.read_text(encoding="utf-8")):
-                    conn.execute(statement)
-            except sqlite3.Error as exc:
-                if _is_storage_error(exc):
-                    raise
-                raise SidecarError(
-                    f"{migration.path}: step {migration.step} failed on {path}: {exc}; the database "
-                    f"stays at schema {version}"
-                ) from None
-        if version < latest:
-            conn.execute(f"PRAGMA user_version = {latest}")
-        conn.execute("COMMIT")
-    except BaseException:
-        conn.rollback()
-        raise
-
-
-def _statements(script: str) -> Iterator[str]:
-    """The statements of a migration script, one at a time (SQLite's tokenizer finds their ends).
-
-    ``executescript`` would do it in one call, but it commits an open transaction first, and the
-    migration must run inside the one whose write lock guards the version check.
-    """
-    pending = ""
-    for line in script.splitlines(keepends=True):
-        pending += line
-        if sqlite3.complete_statement(pending):
-            yield pending
-            pending = ""
-    if sqlite3.complete_statement(pending + ";") and pending.strip() and not _only_comments(pending):
-        yield pending
-
-
-def _only_comments(text: str) -> bool:
-    return all(not line.strip() or line.strip().startswith("--") for line in text.splitlines())
-
-
 # -- errors ------------------------------------------------------------------------------------
-
-# SQLite's primary result codes for "the file or its filesystem cannot be used".
-_SQLITE_PERM, _SQLITE_BUSY, _SQLITE_LOCKED, _SQLITE_READONLY = 3, 5, 6, 8
-_SQLITE_IOERR, _SQLITE_CORRUPT, _SQLITE_FULL, _SQLITE_CANTOPEN, _SQLITE_NOTADB = 10, 11, 13, 14, 26
-_STORAGE_CODES = frozenset(
-    {
-        _SQLITE_PERM,
-        _SQLITE_BUSY,
-        _SQLITE_LOCKED,
-        _SQLITE_READONLY,
-        _SQLITE_IOERR,
-        _SQLITE_CORRUPT,
-        _SQLITE_FULL,
-        _SQLITE_CANTOPEN,
-        _SQLITE_NOTADB,
-    }
-)
-
-
-def _is_storage_error(exc: sqlite3.Error) -> bool:
-    code = getattr(exc, "sqlite_errorcode", None)
-    return code is not None and code & 0xFF in _STORAGE_CODES
 
 
 def storage_error(
@@ -490,24 +371,24 @@ def storage_error(
     """
     code = getattr(exc, "sqlite_errorcode", None)
     primary = None if code is None else code & 0xFF
-    if primary not in _STORAGE_CODES:
+    if primary not in storagefault.STORAGE_CODES:
         return exc
     advice = "use another --log-dir"
-    if primary == _SQLITE_FULL:
+    if primary == SQLITE_FULL:
         reason, advice = (
             "filesystem is full (no space left on device)",
             "free some space or use another --log-dir",
         )
-    elif primary in (_SQLITE_READONLY, _SQLITE_CANTOPEN, _SQLITE_PERM):
+    elif primary in (SQLITE_READONLY, SQLITE_CANTOPEN, SQLITE_PERM):
         reason = _not_writable_reason(path)
-        if primary == _SQLITE_CANTOPEN and reason == "permission denied" and os.access(path.parent, os.W_OK):
+        if primary == SQLITE_CANTOPEN and reason == "permission denied" and os.access(path.parent, os.W_OK):
             reason = "cannot open the database file"
-    elif primary in (_SQLITE_CORRUPT, _SQLITE_NOTADB):
-        reason = "database file is corrupt" if primary == _SQLITE_CORRUPT else "not a SQLite database"
+    elif primary in (SQLITE_CORRUPT, SQLITE_NOTADB):
+        reason = "database file is corrupt" if primary == SQLITE_CORRUPT else "not a SQLite database"
         advice = "move it away or use another --log-dir"
         # Found by a later read as well as at open: either way the file is unusable, not the run.
         kind = UnusableStateError
-    elif primary in (_SQLITE_BUSY, _SQLITE_LOCKED):
+    elif primary in (SQLITE_BUSY, SQLITE_LOCKED):
         # Named when the kernel can tell (a stuck or SIGSTOPped writer), so the fix is one kill away.
         holder = storagefault.describe_lock_holders(path) or "another process"
         held = BUSY_TIMEOUT_SECONDS if waited is None else waited

@@ -1,15 +1,17 @@
 """A state database that fails under a live run: noticing it, who holds its lock, the one line.
 
-Owns three facts about the file a run records itself in, and their wording:
+Owns four facts about the file a run records itself in, and their wording:
 - whether the file at the database path is still the one the run's connection writes
   (``RecordWatch``): deleted or replaced under a live run, every later transition would go to an
   unlinked inode that no ``status`` or ``reap`` ever reads;
 - which processes hold its write lock (``lock_holders``, from ``/proc/locks``), so "database is
   locked" can name the stuck process instead of "another process";
 - the one line a launcher gives when it stopped a run's sidecars because their state could no
-  longer be recorded (``stopped_message``).
+  longer be recorded (``stopped_message``);
+- which SQLite result codes are about the file or its filesystem rather than a statement
+  (``is_storage_error``; ``dbfile.storage_error`` words them).
 The decision itself, stop every sidecar the record cannot follow, is taken in
-``supervise.NodeSidecars.failures``. This module must not signal, stop or record anything, and
+``run.watch.failures``. This module must not signal, stop or record anything, and
 reads only ``/proc`` and ``stat``: it runs on the error path of a write that already failed.
 """
 
@@ -25,12 +27,36 @@ import psutil
 
 from sidecar_fsm.errors import SidecarError
 
-__all__ = ["RecordLostError", "RecordWatch", "describe_lock_holders", "lock_holders", "stopped_message"]
+__all__ = [
+    "STORAGE_CODES",
+    "RecordLostError",
+    "RecordWatch",
+    "describe_lock_holders",
+    "is_storage_error",
+    "lock_holders",
+    "stopped_message",
+]
 
 # SQLite's WAL write lock: one byte of the -shm file, at 120 (WALINDEX_LOCK_OFFSET) + 0
 # (WAL_WRITE_LOCK), taken exclusively by BEGIN IMMEDIATE and kept until COMMIT or ROLLBACK.
 _WAL_WRITE_LOCK_BYTE = 120
-_SQLITE_FULL = 13
+
+# SQLite's primary result codes for "the file or its filesystem cannot be used".
+SQLITE_PERM, SQLITE_BUSY, SQLITE_LOCKED, SQLITE_READONLY = 3, 5, 6, 8
+SQLITE_IOERR, SQLITE_CORRUPT, SQLITE_FULL, SQLITE_CANTOPEN, SQLITE_NOTADB = 10, 11, 13, 14, 26
+STORAGE_CODES = frozenset(
+    {
+        SQLITE_PERM,
+        SQLITE_BUSY,
+        SQLITE_LOCKED,
+        SQLITE_READONLY,
+        SQLITE_IOERR,
+        SQLITE_CORRUPT,
+        SQLITE_FULL,
+        SQLITE_CANTOPEN,
+        SQLITE_NOTADB,
+    }
+)
 
 
 class RecordLostError(SidecarError):
@@ -106,12 +132,18 @@ def _is_no_space(error: BaseException) -> bool:
             return False
         if isinstance(seen, sqlite3.Error):
             code = getattr(seen, "sqlite_errorcode", None)
-            if code is not None and code & 0xFF == _SQLITE_FULL:
+            if code is not None and code & 0xFF == SQLITE_FULL:
                 return True
         if isinstance(seen, OSError) and seen.errno in (errno.ENOSPC, errno.EDQUOT):
             return True
         seen = seen.__cause__ or seen.__context__
     return False
+
+
+def is_storage_error(exc: sqlite3.Error) -> bool:
+    """True if ``exc`` is about the database file or its filesystem, not a statement or constraint."""
+    code = getattr(exc, "sqlite_errorcode", None)
+    return code is not None and code & 0xFF in STORAGE_CODES
 
 
 def lock_holders(path: Path) -> list[int]:

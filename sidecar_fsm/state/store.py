@@ -2,11 +2,11 @@
 
 Owns every write (runs, instances, transitions) and every query of ``<log_dir>/sidecar-fsm/<host>.db``;
 ``dbfile`` owns the file itself (where it lives, refusing one that cannot be used, creating and
-migrating it), split off so each reads in one sitting (this one runs past 400 lines because the
-record types sit beside the queries that return them). Must not decide state changes: ``fsm``
-decides, and ``record_transition`` only checks the expected source state and stores what it was
-told. Must not inspect or signal processes (whether a run's owner is alive is ``procs``' call,
-from the pid and start time stored here), and never stores a URL with userinfo or a query string.
+migrating it) and ``records`` the values it returns, split off so each reads in one sitting.
+Must not decide state changes: ``fsm`` decides, and ``record_transition`` only checks the
+expected source state and stores what it was told. Must not inspect or signal processes
+(whether a run's owner is alive is ``procs``' call, from the pid and start time stored here),
+and never stores a URL with userinfo or a query string.
 
 Concurrency: several launchers, reapers and CLI readers on one host share the file. The journal
 is WAL (readers never block the writer). Every write is one ``BEGIN IMMEDIATE`` transaction: the
@@ -32,24 +32,19 @@ import threading
 import time
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
-from dataclasses import dataclass
 from pathlib import Path
 from types import TracebackType
-from typing import Any, Literal, NamedTuple, NoReturn
+from typing import Any, Literal, NoReturn
 
 import sqlite_utils
 
 from sidecar_fsm.base.urls import redact_url
 from sidecar_fsm.errors import SidecarError
 from sidecar_fsm.state import dbfile
-from sidecar_fsm.state.dbfile import (  # re-exported: callers and tests know them as store's
-    DB_DIR_NAME,
-    Migration,
-    database_path,
-    load_migrations,
-    schema_version,
-)
+from sidecar_fsm.state.dbfile import DB_DIR_NAME, database_path  # re-exported: callers and tests
 from sidecar_fsm.state.hostname import host_name
+from sidecar_fsm.state.records import InstanceRecord, NewInstance, RunRecord, TransitionRecord, run_record
+from sidecar_fsm.state.schema import Migration, load_migrations, schema_version  # know them as store's
 
 __all__ = [
     "DB_DIR_NAME",
@@ -75,69 +70,6 @@ RUN_OUTCOMES = frozenset({"ended", "failed", "reaped"})
 
 # A URL inside free text (an error, a log line): everything up to whitespace or a quote.
 _URL_IN_TEXT = re.compile(r"[A-Za-z][A-Za-z0-9+.-]*://[^\s\"'<>]+")
-
-
-@dataclass(frozen=True)
-class RunRecord:
-    """One launcher run. ``ended_at``/``outcome`` are None while the run is live."""
-
-    run_id: str
-    host: str
-    owner_pid: int
-    owner_start_time: float | None
-    started_at: float
-    ended_at: float | None
-    outcome: str | None
-    config_summary: dict[str, Any]
-
-
-@dataclass(frozen=True)
-class InstanceRecord:
-    """One sidecar instance of a run, as of its last transition. Times are unix seconds."""
-
-    id: int
-    run_id: str
-    name: str
-    listen: str
-    upstream: str
-    state: str
-    state_since: float
-    pid: int | None
-    pid_start_time: float | None
-    binary: str | None
-    log_path: str | None
-    ready_path: str | None
-    exit_code: int | None
-    error: str | None
-    restart_count: int
-    # The proxy's /metrics listener (host:port), recorded by the ``ready`` event; None when the
-    # instance runs without metrics or has not been ready yet. Defaulted, so a record built by
-    # hand (a test, another tool) from the columns of schema 2 still type-checks.
-    metrics: str | None = None
-
-
-class NewInstance(NamedTuple):
-    """An instance to record (``Store.create_instances``): what its launcher knows before it starts."""
-
-    name: str
-    listen: str
-    upstream: str
-    binary: str | None
-    log_path: str | None
-    ready_path: str | None
-
-
-@dataclass(frozen=True)
-class TransitionRecord:
-    """One history row: ``source`` -> ``dest`` by ``event`` at ``at`` (unix seconds)."""
-
-    id: int
-    instance_id: int
-    source: str
-    dest: str
-    event: str
-    at: float
-    detail: str | None
 
 
 class Store:
@@ -304,8 +236,8 @@ class Store:
             "config_summary": json.dumps(summary, sort_keys=True, default=str),
         }
         with self._write() as db:
-            _insert(db, "runs", row)
-        return _run_record({**row, "config_summary": row["config_summary"]})
+            db.table("runs").insert(row)
+        return run_record({**row, "config_summary": row["config_summary"]})
 
     def end_run(self, run_id: str, outcome: str) -> None:
         """Mark a run finished with ``outcome`` ("ended", "failed" or "reaped"); sets ``ended_at``.
@@ -350,27 +282,26 @@ class Store:
         """
         now = time.time()
         with self._write() as db:
-            ids = [
-                _insert(
-                    db,
-                    "instances",
-                    {
-                        "run_id": run_id,
-                        "name": new.name,
-                        "listen": new.listen,
-                        "upstream": redact_url(new.upstream),
-                        "state": "configured",
-                        "state_since": now,
-                        "binary": new.binary,
-                        "log_path": new.log_path,
-                        "ready_path": new.ready_path,
-                    },
-                )
-                for new in instances
-            ]
+            table = db.table("instances")
+            ids: list[int] = []
+            for new in instances:
+                row = {
+                    "run_id": run_id,
+                    "name": new.name,
+                    "listen": new.listen,
+                    "upstream": redact_url(new.upstream),
+                    "state": "configured",
+                    "state_since": now,
+                    "binary": new.binary,
+                    "log_path": new.log_path,
+                    "ready_path": new.ready_path,
+                }
+                inserted = table.insert(row).last_rowid
+                assert inserted is not None  # an INSERT that did not raise made its row
+                ids.append(inserted)
             sql = f"SELECT * FROM instances WHERE id IN ({', '.join('?' for _ in ids)})"
             by_id = {row["id"]: row for row in db.query(sql, ids)}
-        return [_instance_record(by_id[instance_id]) for instance_id in ids]
+        return [InstanceRecord(**by_id[instance_id]) for instance_id in ids]
 
     def record_transition(
         self,
@@ -439,22 +370,22 @@ class Store:
         if which not in where:
             raise ValueError(f"list_runs: '{which}' is not one of live, finished, all")
         rows = self._rows(f"SELECT * FROM runs {where[which]} ORDER BY started_at DESC, rowid DESC")
-        return [_run_record(row) for row in rows]
+        return [run_record(row) for row in rows]
 
     def get_run(self, run_id: str) -> RunRecord | None:
         """The run, or None if this database has no such run."""
         rows = self._rows("SELECT * FROM runs WHERE run_id = ?", [run_id])
-        return _run_record(rows[0]) if rows else None
+        return run_record(rows[0]) if rows else None
 
     def instances_of(self, run_id: str) -> list[InstanceRecord]:
         """The run's instances in creation order."""
         rows = self._rows("SELECT * FROM instances WHERE run_id = ? ORDER BY id", [run_id])
-        return [_instance_record(row) for row in rows]
+        return [InstanceRecord(**row) for row in rows]
 
     def get_instance(self, instance_id: int) -> InstanceRecord | None:
         """The instance as of its last transition, or None if there is no such instance."""
         rows = self._rows("SELECT * FROM instances WHERE id = ?", [instance_id])
-        return _instance_record(rows[0]) if rows else None
+        return InstanceRecord(**rows[0]) if rows else None
 
     def history(self, instance_id: int) -> list[TransitionRecord]:
         """The instance's transitions, oldest first."""
@@ -472,7 +403,7 @@ class Store:
             return []
         marks = ", ".join("?" for _ in wanted)
         rows = self._rows(f"SELECT * FROM instances WHERE state IN ({marks}) ORDER BY id", wanted)
-        return [_instance_record(row) for row in rows]
+        return [InstanceRecord(**row) for row in rows]
 
     def live_instance_on_listen(self, listen: str) -> InstanceRecord | None:
         """The newest non-terminal instance recorded on ``listen`` (host:port), if any."""
@@ -481,7 +412,7 @@ class Store:
             "ORDER BY id DESC LIMIT 1",
             [listen],
         )
-        return _instance_record(rows[0]) if rows else None
+        return InstanceRecord(**rows[0]) if rows else None
 
 
 def open_all_hosts(log_dir: str | Path) -> list[Store]:
@@ -505,35 +436,12 @@ def open_all_hosts(log_dir: str | Path) -> list[Store]:
 # -- rows and redaction ------------------------------------------------------------------------
 
 
-def _insert(db: sqlite_utils.Database, table: str, row: Mapping[str, Any]) -> int:
-    """INSERT ``row`` into ``table`` (names from this module only); returns the new rowid.
-
-    Plain SQL rather than ``Table.insert``: sqlite-utils introspects the table's schema on every
-    insert (0.28 ms of a launcher's warm start per instance, inside the write lock).
-    """
-    names = ", ".join(row)
-    marks = ", ".join("?" for _ in row)
-    cursor = db.conn.execute(f"INSERT INTO {table} ({names}) VALUES ({marks})", list(row.values()))
-    assert cursor.lastrowid is not None
-    return cursor.lastrowid
-
-
 def _first(db: sqlite_utils.Database, sql: str, params: list[Any]) -> dict[str, Any] | None:
     cursor = db.execute(sql, params)
     row = cursor.fetchone()
     if row is None:
         return None
     return dict(zip([d[0] for d in cursor.description], row, strict=True))
-
-
-def _run_record(row: Mapping[str, Any]) -> RunRecord:
-    fields = dict(row)
-    fields["config_summary"] = json.loads(fields["config_summary"] or "{}")
-    return RunRecord(**fields)
-
-
-def _instance_record(row: Mapping[str, Any]) -> InstanceRecord:
-    return InstanceRecord(**row)
 
 
 def _redact_text(text: Any) -> Any:

@@ -144,15 +144,15 @@ def sidecar_identity(inst: dict[str, Any]) -> procs.ProcessIdentity:
 
 
 @pytest.fixture
-def gym_config(tmp_path: Path, tls_origin: TlsH2Origin, sidecar_binary: Path) -> Path:
+def gym_config_file(tmp_path: Path, tls_origin: TlsH2Origin, sidecar_binary: Path) -> Path:
     return write_gym_config(tmp_path / "gym.yaml", tls_origin, sidecar_binary)
 
 
 def test_start_supervises_until_sigterm_then_drains_and_exits_0(
-    log_dir: Path, gym_config: Path, process_registry: ProcessRegistry, tmp_path: Path
+    log_dir: Path, gym_config_file: Path, process_registry: ProcessRegistry, tmp_path: Path
 ) -> None:
     rewritten = tmp_path / "rewritten.yaml"
-    started = StartedCli(log_dir, gym_config, process_registry, "--write-config", str(rewritten))
+    started = StartedCli(log_dir, gym_config_file, process_registry, "--write-config", str(rewritten))
     assert {inst["state"] for inst in started.instances} == {"ready"}
     assert all(echo_through(inst) == 200 for inst in started.instances)
     assert "policy_model.responses_api_models.openai_model.base_url" in started.text()
@@ -244,9 +244,9 @@ def test_sigkilled_start_leaves_sidecars_serving_until_reap(
 
 
 def test_sigkilled_start_with_exit_with_owner_sidecars_exit_by_themselves(
-    log_dir: Path, gym_config: Path, process_registry: ProcessRegistry
+    log_dir: Path, gym_config_file: Path, process_registry: ProcessRegistry
 ) -> None:
-    started = StartedCli(log_dir, gym_config, process_registry)
+    started = StartedCli(log_dir, gym_config_file, process_registry)
     identities = [sidecar_identity(inst) for inst in started.instances]
 
     started.proc.send_signal(signal.SIGKILL)
@@ -364,9 +364,9 @@ def test_a_database_newer_than_the_code_is_refused_with_exit_2(command: list[str
 
 
 def test_history_of_an_unknown_run_or_instance_fails_with_one_line(
-    log_dir: Path, gym_config: Path, process_registry: ProcessRegistry
+    log_dir: Path, gym_config_file: Path, process_registry: ProcessRegistry
 ) -> None:
-    started = StartedCli(log_dir, gym_config, process_registry)
+    started = StartedCli(log_dir, gym_config_file, process_registry)
     started.proc.send_signal(signal.SIGINT)
     assert started.proc.wait(timeout=30) == 0
     unknown = cli(log_dir, "history", "zzzz")
@@ -391,9 +391,9 @@ def test_build_prints_the_cached_binary(cache_dir: Path, sidecar_binary: Path, t
 
 
 def test_start_exits_1_naming_the_sidecar_that_died(
-    log_dir: Path, gym_config: Path, process_registry: ProcessRegistry
+    log_dir: Path, gym_config_file: Path, process_registry: ProcessRegistry
 ) -> None:
-    started = StartedCli(log_dir, gym_config, process_registry)
+    started = StartedCli(log_dir, gym_config_file, process_registry)
     judge = next(inst for inst in started.instances if inst["name"] == "judge")
     assert procs.signal_if_ours(sidecar_identity(judge), signal.SIGKILL)
 

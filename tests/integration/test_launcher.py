@@ -176,22 +176,66 @@ def failure_of(manager: H2PingSidecarManager) -> Callable[[], SidecarError | Non
 
 
 @pytest.fixture
-def managers() -> Iterator[list[H2PingSidecarManager]]:
-    """Managers a test started: stopped at the end whatever happened."""
-    started: list[H2PingSidecarManager] = []
-    yield started
-    for manager in started:
-        manager.stop()
+def node_run(
+    tls_origin: TlsH2Origin, sidecar_binary: Path, log_dir: Path, cache_dir: Path
+) -> Iterator[Callable[..., NodeSidecars]]:
+    """Factory: ``node_run(binary=None, run_id=None, store=None, logs=None, **block)`` → a ``NodeSidecars``.
 
-
-@pytest.fixture
-def node_runs() -> Iterator[list[NodeSidecars]]:
-    """NodeSidecars a test drives directly: stopped at the end whatever happened (idempotent)."""
+    Not started: a test drives it directly. Its config is ``gym_config`` on the lab origin with
+    ``block`` over the sidecar defaults; ``binary`` None is the real proxy, ``logs`` None the
+    test's ``log_dir``. Each run is stopped at the end whatever happened (``stop()`` is idempotent).
+    """
     runs: list[NodeSidecars] = []
-    yield runs
+
+    def make(
+        binary: Path | None = None,
+        *,
+        run_id: str | None = None,
+        store: Store | None = None,
+        logs: Path | None = None,
+        **block: Any,
+    ) -> NodeSidecars:
+        logs = log_dir if logs is None else logs
+        config = gym_config(tls_origin.url, tls_origin.ca_file, logs, cache_dir, **block)
+        parsed = h2_ping_sidecar_config_from_global_config(config)
+        run = NodeSidecars(
+            parsed, parsed.instances, str(binary or sidecar_binary), str(logs), store=store, run_id=run_id
+        )
+        runs.append(run)
+        return run
+
+    yield make
     for run in runs:
         run.stop_slack_seconds = 0.5
         run.stop()
+
+
+# A proxy stand-in that gets ready, then ignores SIGTERM: only SIGKILL ends it.
+_READY_BUT_DEAF = """
+trap '' TERM
+while [ $# -gt 0 ]; do
+  case "$1" in -ready-file) ready="$2";; -listen) listen="$2";; esac
+  shift
+done
+printf '{"pid": %d, "listen": "%s"}' $$ "$listen" > "$ready.tmp" && mv "$ready.tmp" "$ready"
+exec sleep 60
+"""
+
+
+@pytest.fixture
+def deaf_sidecar(
+    node_run: Callable[..., NodeSidecars], tls_origin: TlsH2Origin, tmp_path: Path
+) -> Callable[[str], NodeSidecars]:
+    """Factory: ``deaf_sidecar(shutdown_grace)`` → a started run of one instance that ignores SIGTERM."""
+    binary = fake_binary(tmp_path / "deaf", _READY_BUT_DEAF)
+
+    def make(shutdown_grace: str) -> NodeSidecars:
+        instances = [{"name": "deaf", "upstream": tls_origin.url, "listen": "127.0.0.1:9"}]
+        run = node_run(binary, shutdown_grace=shutdown_grace, instances=instances)
+        run.start()
+        return run
+
+    return make
 
 
 async def _post(url: str, body: dict[str, Any], timeout: float) -> tuple[int, bytes, float]:
@@ -335,30 +379,12 @@ def test_instances_start_together_not_one_after_another(
     assert_nothing_left(log_dir)
 
 
-_READY_BUT_DEAF = """
-trap '' TERM
-while [ $# -gt 0 ]; do
-  case "$1" in -ready-file) ready="$2";; -listen) listen="$2";; esac
-  shift
-done
-printf '{"pid": %d, "listen": "%s"}' $$ "$listen" > "$ready.tmp" && mv "$ready.tmp" "$ready"
-exec sleep 60
-"""
-
-
 def test_stop_removes_the_temp_file_of_a_proxy_that_died_writing_its_ready_file(
-    tls_origin: TlsH2Origin,
-    sidecar_binary: Path,
-    log_dir: Path,
-    cache_dir: Path,
-    node_runs: list[NodeSidecars],
+    log_dir: Path, node_run: Callable[..., NodeSidecars]
 ) -> None:
     """The launcher prepares no temp file; the proxy's own (``.<ready>.tmp-<random>``) goes at stop()."""
 
-    config = gym_config(tls_origin.url, tls_origin.ca_file, log_dir, cache_dir)
-    parsed = h2_ping_sidecar_config_from_global_config(config)
-    sidecars = NodeSidecars(parsed, parsed.instances, str(sidecar_binary), str(log_dir))
-    node_runs.append(sidecars)
+    sidecars = node_run()
     sidecars.start()
     assert list(log_dir.glob(".*.tmp*")) == []  # renamed into place by the proxy
     ((_, (record,)),) = run_records(log_dir)
@@ -373,10 +399,8 @@ def test_stop_removes_the_temp_file_of_a_proxy_that_died_writing_its_ready_file(
 
 def test_each_launch_is_recorded_with_its_pid_before_the_next_launch(
     tls_origin: TlsH2Origin,
-    sidecar_binary: Path,
     log_dir: Path,
-    cache_dir: Path,
-    node_runs: list[NodeSidecars],
+    node_run: Callable[..., NodeSidecars],
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     """A launcher killed between two launches leaves every running sidecar on record with its pid.
@@ -398,10 +422,7 @@ def test_each_launch_is_recorded_with_its_pid_before_the_next_launch(
         {"name": name, "upstream": tls_origin.url, "listen": "127.0.0.1:0"}
         for name in ("first", "second", "third")
     ]
-    config = gym_config(tls_origin.url, tls_origin.ca_file, log_dir, cache_dir, instances=instances)
-    parsed = h2_ping_sidecar_config_from_global_config(config)
-    sidecars = NodeSidecars(parsed, parsed.instances, str(sidecar_binary), str(log_dir))
-    node_runs.append(sidecars)
+    sidecars = node_run(instances=instances)
     sidecars.start()
     ((_, records),) = run_records(log_dir)
     assert len(seen) == 3 and all(record.pid for record in records)
@@ -416,24 +437,12 @@ def test_each_launch_is_recorded_with_its_pid_before_the_next_launch(
 
 
 def test_stop_kills_what_outlives_the_grace(
-    tls_origin: TlsH2Origin, log_dir: Path, tmp_path: Path, cache_dir: Path, node_runs: list[NodeSidecars]
+    log_dir: Path, deaf_sidecar: Callable[[str], NodeSidecars]
 ) -> None:
     """A child that ignores SIGTERM: SIGKILL after grace + slack, and the record says so."""
 
-    binary = fake_binary(tmp_path / "deaf", _READY_BUT_DEAF)
-    config = gym_config(
-        tls_origin.url,
-        tls_origin.ca_file,
-        log_dir,
-        cache_dir,
-        shutdown_grace="0s",
-        instances=[{"name": "deaf", "upstream": tls_origin.url, "listen": "127.0.0.1:9"}],
-    )
-    parsed = h2_ping_sidecar_config_from_global_config(config)
-    sidecars = NodeSidecars(parsed, parsed.instances, str(binary), str(log_dir))
-    node_runs.append(sidecars)
+    sidecars = deaf_sidecar("0s")
     sidecars.stop_slack_seconds = 0.3
-    sidecars.start()
     started = time.monotonic()
     sidecars.stop()
     assert 0.3 <= time.monotonic() - started < 5
@@ -446,22 +455,9 @@ def test_stop_kills_what_outlives_the_grace(
 
 
 def test_interrupt_during_stop_kills_the_rest_then_propagates(
-    tls_origin: TlsH2Origin, log_dir: Path, tmp_path: Path, cache_dir: Path, node_runs: list[NodeSidecars]
+    log_dir: Path, deaf_sidecar: Callable[[str], NodeSidecars]
 ) -> None:
-
-    binary = fake_binary(tmp_path / "deaf", _READY_BUT_DEAF)
-    config = gym_config(
-        tls_origin.url,
-        tls_origin.ca_file,
-        log_dir,
-        cache_dir,
-        shutdown_grace="30s",
-        instances=[{"name": "deaf", "upstream": tls_origin.url, "listen": "127.0.0.1:9"}],
-    )
-    parsed = h2_ping_sidecar_config_from_global_config(config)
-    sidecars = NodeSidecars(parsed, parsed.instances, str(binary), str(log_dir))
-    node_runs.append(sidecars)
-    sidecars.start()
+    sidecars = deaf_sidecar("30s")
 
     def interrupt(signum: int, frame: Any) -> None:
         raise KeyboardInterrupt
@@ -651,13 +647,10 @@ def test_startup_timeout(tls_origin: TlsH2Origin, log_dir: Path, tmp_path: Path,
 
 
 def test_stale_ready_file_is_not_readiness(
-    tls_origin: TlsH2Origin, log_dir: Path, tmp_path: Path, cache_dir: Path
+    log_dir: Path, tmp_path: Path, node_run: Callable[..., NodeSidecars]
 ) -> None:
     binary = fake_binary(tmp_path / "never-ready", "exec sleep 60")
-    config = gym_config(tls_origin.url, tls_origin.ca_file, log_dir, cache_dir, startup_timeout_seconds=0.3)
-
-    parsed = h2_ping_sidecar_config_from_global_config(config)
-    sidecars = NodeSidecars(parsed, parsed.instances, str(binary), str(log_dir), run_id="stale0000000")
+    sidecars = node_run(binary, run_id="stale0000000", startup_timeout_seconds=0.3)
     stale = log_dir / f"h2ping-nvcf-{socket.gethostname()}-stale0000000.ready"
     stale.write_text(json.dumps({"pid": os.getpid(), "listen": "127.0.0.1:9"}))
     with pytest.raises(SidecarError, match="not ready after"):
@@ -666,18 +659,14 @@ def test_stale_ready_file_is_not_readiness(
 
 
 def test_unwritable_log_fails_the_start_naming_it_and_leaves_nothing(
-    tls_origin: TlsH2Origin, sidecar_binary: Path, log_dir: Path, cache_dir: Path
+    tls_origin: TlsH2Origin, log_dir: Path, node_run: Callable[..., NodeSidecars]
 ) -> None:
 
     instances = [
         {"name": "first", "upstream": tls_origin.url, "listen": "127.0.0.1:0"},
         {"name": "second", "upstream": tls_origin.url, "listen": "127.0.0.1:0"},
     ]
-    config = gym_config(tls_origin.url, tls_origin.ca_file, log_dir, cache_dir, instances=instances)
-    parsed = h2_ping_sidecar_config_from_global_config(config)
-    sidecars = NodeSidecars(
-        parsed, parsed.instances, str(sidecar_binary), str(log_dir), run_id="nolog0000000"
-    )
+    sidecars = node_run(run_id="nolog0000000", instances=instances)
     # A directory where the second instance's log must go: creating it fails.
     blocked = log_dir / f"h2ping-second-{host_name()}-nolog0000000.log"
     blocked.mkdir(parents=True)
@@ -693,11 +682,7 @@ def test_unwritable_log_fails_the_start_naming_it_and_leaves_nothing(
 
 @pytest.mark.parametrize("fault", ["read-only file system", "no space left on device"])
 def test_log_dir_that_breaks_after_the_database_opened_fails_in_one_line(
-    tls_origin: TlsH2Origin,
-    sidecar_binary: Path,
-    make_tmpfs: Callable[..., Path],
-    cache_dir: Path,
-    fault: str,
+    make_tmpfs: Callable[..., Path], node_run: Callable[..., NodeSidecars], fault: str
 ) -> None:
     """A long-lived launcher keeps its database open; the log dir then turns read-only or fills up."""
     small_tmpfs = make_tmpfs("2m", options="nr_inodes=64")  # 64 inodes: a full log dir is a loop away
@@ -716,9 +701,7 @@ def test_log_dir_that_breaks_after_the_database_opened_fails_in_one_line(
                     (small_tmpfs / f"filler-{index}").touch()
                 except OSError:
                     break
-        config = gym_config(tls_origin.url, tls_origin.ca_file, log_dir, cache_dir)
-        parsed = h2_ping_sidecar_config_from_global_config(config)
-        sidecars = NodeSidecars(parsed, parsed.instances, str(sidecar_binary), str(log_dir), store=store)
+        sidecars = node_run(store=store, logs=log_dir)
         with pytest.raises(SidecarError) as raised:
             sidecars.start()
         message = str(raised.value)

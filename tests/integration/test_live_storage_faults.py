@@ -83,7 +83,7 @@ def make_sidecars(
 
 def pids_of(sidecars: NodeSidecars) -> list[procs.ProcessIdentity]:
     found = []
-    for child in sidecars._children:
+    for child in sidecars.children:
         assert child.identity is not None
         found.append(child.identity)
     return found
@@ -156,7 +156,7 @@ def test_a_full_filesystem_stops_the_sidecars_it_cannot_record(
             # Until the launcher can collect it: a Go process's main thread shows as a zombie
             # while its other threads are still torn down, and check() would rightly see nothing
             # dead yet.
-            killed = sidecars._children[0].process
+            killed = sidecars.children[0].process
             assert killed is not None and procs.wait_exit(killed, 10) is not None
             with pytest.raises(SidecarError) as stopped:
                 sidecars.check()
@@ -361,7 +361,7 @@ def test_a_write_lock_held_by_a_stopped_process_during_a_run_stops_its_sidecars(
             lambda: psutil.Process(holder.pid).status() == psutil.STATUS_STOPPED, 20, "the holder to stop"
         )
         assert procs.signal_if_ours(started[0], signal.SIGKILL)
-        killed = sidecars._children[0].process
+        killed = sidecars.children[0].process
         assert killed is not None and procs.wait_exit(killed, 10) is not None
         began = time.monotonic()
         with pytest.raises(SidecarError) as stopped:

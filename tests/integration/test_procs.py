@@ -46,10 +46,7 @@ def _spawn(started: list[subprocess.Popen[bytes]], argv: list[str], log: Path) -
 
 
 def _wait_for_text(path: Path, text: str, timeout: float = 10.0) -> None:
-    deadline = time.monotonic() + timeout
-    while text not in path.read_text(errors="replace"):
-        assert time.monotonic() < deadline, f"{path} never contained {text!r}"
-        time.sleep(0.01)
+    wait_until(lambda: text in path.read_text(errors="replace"), timeout, f"{text!r} in {path}")
 
 
 def test_spawn_new_session_devnull_stdin_log_appended_and_no_inherited_fds(
@@ -211,8 +208,12 @@ def test_real_pid_reuse_is_never_signalled(tmp_path: Path, started: list[subproc
     first.wait()
     # Start times are boot time + clock ticks (10 ms) since boot: let a few ticks pass, on that
     # clock, so the two forks differ (wall-clock time can be a second off psutil's values).
-    while psutil.boot_time() + time.clock_gettime(time.CLOCK_BOOTTIME) < record.start_time + 0.05:
-        time.sleep(0.01)
+    wait_until(
+        lambda: psutil.boot_time() + time.clock_gettime(time.CLOCK_BOOTTIME) >= record.start_time + 0.05,
+        5,
+        "a few clock ticks past the first process's start",
+        poll=0.01,
+    )
     newcomer = _spawn_at_pid(started, record.pid, tmp_path / "log")
     if newcomer is None:
         pytest.skip("cannot steer pid allocation here (/proc/sys/kernel/ns_last_pid not writable)")

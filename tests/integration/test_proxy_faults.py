@@ -86,7 +86,7 @@ def runs() -> Iterator[list[NodeSidecars]]:
     yield started
     for sidecars in started:
         sidecars.stop_slack_seconds = 0.5
-        for child in sidecars._children:  # a frozen proxy would otherwise wait out its grace
+        for child in sidecars.children:  # a frozen proxy would otherwise wait out its grace
             if child.process is not None and child.process.poll() is None:
                 with contextlib.suppress(ProcessLookupError):
                     os.kill(child.process.pid, signal.SIGCONT)
@@ -255,11 +255,3 @@ def test_a_proxy_dying_after_ready_is_restarted_with_backoff_then_failed(
     ]  # fmt: skip
     manager.stop()
     _assert_gone(log_dir)
-
-
-@pytest.fixture
-def managers() -> Iterator[list[H2PingSidecarManager]]:
-    started: list[H2PingSidecarManager] = []
-    yield started
-    for manager in started:
-        manager.stop()

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import statistics
@@ -12,6 +13,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from helpers import wait_until
 
 from sidecar_fsm.base import procs, ready
 from sidecar_fsm.base.ready import ReadyInfo, ReadyWait
@@ -196,10 +198,7 @@ def test_file_already_there_before_the_wait_is_seen(
 ) -> None:
     path = tmp_path / "early.ready"
     child = _start(children, path, 0)
-    deadline = time.monotonic() + 20
-    while not (tmp_path / "early.ready.renamed").exists():
-        assert time.monotonic() < deadline
-        time.sleep(0.01)
+    wait_until((tmp_path / "early.ready.renamed").exists, 20, "the child to rename its ready file")
     began = time.monotonic()
     outcome = ready.wait_all_ready([ReadyWait("e", str(path), child)], 20)["e"]
     assert outcome.info is not None and outcome.info.pid == child.pid
@@ -225,6 +224,11 @@ def test_four_children_awaited_together_take_one_startup(
     assert elapsed < 2 * delay, f"4 children took {elapsed:.2f}s"
 
 
+def _text_once_written(path: Path) -> str:
+    """What ``path`` holds, or "" while it does not exist yet."""
+    return path.read_text() if path.exists() else ""
+
+
 def test_latency_from_rename_to_return(tmp_path: Path, children: list[subprocess.Popen[bytes]]) -> None:
     """The wait returns within a poll interval or so of the rename."""
     latencies = []
@@ -235,10 +239,7 @@ def test_latency_from_rename_to_return(tmp_path: Path, children: list[subprocess
         returned = time.monotonic()
         assert outcome.info is not None
         stamp = Path(str(path) + ".renamed")
-        deadline = time.monotonic() + 10
-        while not stamp.exists() or not stamp.read_text():
-            assert time.monotonic() < deadline
-            time.sleep(0.005)
+        wait_until(functools.partial(_text_once_written, stamp), 10, f"the rename time in {stamp}")
         latencies.append(returned - float(stamp.read_text()))
     median_ms = statistics.median(latencies) * 1000
     print(f"rename -> wait_all_ready returned: median {median_ms:.3f} ms, max {max(latencies) * 1000:.3f} ms")

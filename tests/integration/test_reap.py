@@ -90,13 +90,6 @@ def make_run(
     return run_id
 
 
-@pytest.fixture
-def store(log_dir: Path) -> Any:
-    opened = Store.open(log_dir)
-    yield opened
-    opened.close()
-
-
 def test_process_that_is_ours_is_terminated_and_marked_failed(
     store: Store, log_dir: Path, process_registry: ProcessRegistry
 ) -> None:

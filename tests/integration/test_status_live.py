@@ -198,40 +198,46 @@ def test_a_stopped_sidecar_reads_no_answer_and_status_still_shows_the_others(
 
 def _read_until(fd: int, seen: bytearray, predicate: Callable[[str], bool], timeout: float) -> str:
     """Read the pty into ``seen`` until ``predicate(text without escapes)`` holds; that text."""
-    deadline = time.monotonic() + timeout
-    while True:
-        text = ANSI.sub("", seen.decode("utf-8", errors="replace"))
-        if predicate(text):
-            return text
-        remaining = deadline - time.monotonic()
-        assert remaining > 0, f"top's output never satisfied the test; it printed:\n{text[-3000:]}"
-        ready, _, _ = select.select([fd], [], [], min(remaining, 0.5))
+    closed = False
+
+    def text() -> str:
+        return ANSI.sub("", seen.decode("utf-8", errors="replace"))
+
+    def satisfied() -> str | None:
+        nonlocal closed
+        if predicate(text()):
+            return text()
+        assert not closed, f"top closed its terminal early; it printed:\n{text()[-3000:]}"
+        ready, _, _ = select.select([fd], [], [], 0.05)
         if ready:
             try:
                 chunk = os.read(fd, 65536)
             except OSError:  # EIO: the child closed the terminal
                 chunk = b""
-            if not chunk:
-                text = ANSI.sub("", seen.decode("utf-8", errors="replace"))
-                assert predicate(text), f"top closed its terminal early; it printed:\n{text[-3000:]}"
-                return text
-            seen += chunk
+            closed = not chunk
+            seen.extend(chunk)
+        return None
+
+    found = wait_until(satisfied, timeout, lambda: f"top's output; it printed:\n{text()[-3000:]}", poll=0)
+    assert found is not None
+    return found
 
 
 def _drain(fd: int, seen: bytearray, timeout: float = 10) -> None:
     """Read what an exited child left on the pty into ``seen``, up to the end (EIO on Linux)."""
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        ready, _, _ = select.select([fd], [], [], max(0.0, deadline - time.monotonic()))
+
+    def ended() -> bool:
+        ready, _, _ = select.select([fd], [], [], 0.05)
         if not ready:
-            return
+            return False
         try:
             chunk = os.read(fd, 65536)
-        except OSError:
-            return
-        if not chunk:
-            return
-        seen += chunk
+        except OSError:  # EIO: every writer of the terminal is gone
+            return True
+        seen.extend(chunk)
+        return not chunk
+
+    wait_until(ended, timeout, "the end of top's output on its terminal", poll=0)
 
 
 def test_top_redraws_the_figures_until_ctrl_c_and_restores_the_terminal(

@@ -12,7 +12,6 @@ import sqlite3
 import subprocess
 import sys
 import threading
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -186,12 +185,14 @@ def test_writer_killed_mid_burst_leaves_a_consistent_database(
     assert process.stdout is not None
     assert process.stdout.readline() == "opened\n", process.communicate(timeout=30)[1]
     path = database_path(tmp_path, HOST)
+    # Imported here: this file also runs as the writer script, where tests/ is not on the path.
+    from helpers import wait_until
 
-    deadline = time.monotonic() + 60
-    while count_transitions(path) < 1500:
+    def written() -> bool:
         assert process.poll() is None, process.communicate()[1]
-        assert time.monotonic() < deadline, "the writer made no progress"
-        time.sleep(0.02)  # a polling interval, not an ordering: the loop waits for the condition
+        return count_transitions(path) >= 1500
+
+    wait_until(written, 60, "the writer to record 1500 transitions")
     os.kill(process.pid, signal.SIGKILL)
     assert process.wait(timeout=30) == -signal.SIGKILL
 

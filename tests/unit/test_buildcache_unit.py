@@ -212,26 +212,6 @@ def test_go_version_is_asked_once_then_remembered_per_toolchain_file(
     assert len(_calls(fake_go)) == 2
 
 
-def test_go_version_is_remembered_in_process_until_the_toolchain_file_changes(
-    tmp_path: Path, fake_go: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    go = tmp_path / "fakebin" / "go"
-    cache = tmp_path / "cache"
-    assert buildcache.go_version(go, cache) == "go1.99.0"
-    memo_file = cache / "h2-ping-sidecar" / "go-versions.json"
-    memo_file.unlink()
-    monkeypatch.setenv("FAKE_GO_VERSION", "go1.99.1")
-    # No file memo left and a different answer ready: only the in-process memo can say go1.99.0.
-    assert buildcache.go_version(go, cache) == "go1.99.0"
-    assert _calls(fake_go) == ["env GOVERSION"]
-
-    stat = go.stat()
-    os.utime(go, ns=(stat.st_atime_ns, stat.st_mtime_ns + 1_000_000_000))
-    assert buildcache.go_version(go, cache) == "go1.99.1"
-    assert len(_calls(fake_go)) == 2
-    assert json.loads(memo_file.read_text())[str(go.resolve())]["version"] == "go1.99.1"
-
-
 def test_go_version_failure_is_a_clear_error(tmp_path: Path) -> None:
     broken = tmp_path / "go"
     broken.write_text("#!/bin/sh\necho 'go: cannot find GOROOT directory' >&2\nexit 2\n")

@@ -7,8 +7,6 @@ The expected table below is written out from SPEC's diagram on purpose, not deri
 from __future__ import annotations
 
 import threading
-from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -63,17 +61,13 @@ FACTS: dict[str, dict[str, Any]] = {
 ALL_PAIRS = [(state, event) for state in STATES for event in EVENTS]
 
 
-@pytest.fixture
-def store(tmp_path: Path) -> Iterator[Store]:
-    with Store.open(tmp_path, host="unit") as opened:
-        opened.create_run("run1", owner_pid=1, owner_start_time=1.0, config_summary={})
-        yield opened
-
-
 _names = iter(range(1_000_000))
 
 
 def new_instance(store: Store) -> InstanceRecord:
+    """A new ``configured`` instance of run ``run1`` (recorded first if it is not yet)."""
+    if store.get_run("run1") is None:
+        store.create_run("run1", owner_pid=1, owner_start_time=1.0, config_summary={})
     return store.create_instance(
         "run1", f"i{next(_names)}", "127.0.0.1:0", "https://api.example.com", None, "/tmp/l", "/tmp/r"
     )

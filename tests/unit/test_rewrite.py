@@ -46,15 +46,15 @@ math_env:
 
 
 @pytest.fixture
-def gym_config(monkeypatch: pytest.MonkeyPatch) -> DictConfig:
+def gym_dictconfig(monkeypatch: pytest.MonkeyPatch) -> DictConfig:
     monkeypatch.setenv("JUDGE_URL", "https://Judge.Example.com/v1/chat?api-version=2")
     config = OmegaConf.create(GYM_YAML)
     assert isinstance(config, DictConfig)
     return config
 
 
-def test_gym_shaped_config_is_rewritten_exactly(gym_config: DictConfig) -> None:
-    changes = rewrite_base_urls(gym_config, [POLICY, JUDGE])
+def test_gym_shaped_config_is_rewritten_exactly(gym_dictconfig: DictConfig) -> None:
+    changes = rewrite_base_urls(gym_dictconfig, [POLICY, JUDGE])
 
     judge = "judge_model.responses_api_models.judge"
     assert changes == [
@@ -82,7 +82,7 @@ def test_gym_shaped_config_is_rewritten_exactly(gym_config: DictConfig) -> None:
             "http://127.0.0.1:41251/v1?pool=a",
         ),
     ]
-    assert OmegaConf.to_container(gym_config, resolve=False) == {
+    assert OmegaConf.to_container(gym_dictconfig, resolve=False) == {
         # top-level keys the fields aliased are left as they are, the aliased list included
         "policy_base_url": "https://api.example.com/v1",
         "judge_pool": ["https://judge.example.com/v1?pool=a", "https://elsewhere.example.com/v1"],
@@ -116,29 +116,31 @@ def test_gym_shaped_config_is_rewritten_exactly(gym_config: DictConfig) -> None:
     }
 
 
-def test_rewritten_config_serializes_and_reloads(gym_config: DictConfig) -> None:
-    rewrite_base_urls(gym_config, [POLICY, JUDGE])
+def test_rewritten_config_serializes_and_reloads(gym_dictconfig: DictConfig) -> None:
+    rewrite_base_urls(gym_dictconfig, [POLICY, JUDGE])
     # Gym serializes the config for the servers after start: it must round-trip as is.
-    text = OmegaConf.to_yaml(gym_config)
+    text = OmegaConf.to_yaml(gym_dictconfig)
     reloaded = OmegaConf.create(text)
-    assert OmegaConf.to_container(reloaded, resolve=True) == OmegaConf.to_container(gym_config, resolve=True)
+    assert OmegaConf.to_container(reloaded, resolve=True) == OmegaConf.to_container(
+        gym_dictconfig, resolve=True
+    )
     assert reloaded.judge_model.responses_api_models.judge.base_url == (
         "http://127.0.0.1:41251/v1/chat?api-version=2"
     )
-    assert OmegaConf.to_yaml(gym_config, resolve=True)
+    assert OmegaConf.to_yaml(gym_dictconfig, resolve=True)
 
 
-def test_no_matching_instance_changes_nothing(gym_config: DictConfig) -> None:
-    before = OmegaConf.to_container(gym_config, resolve=False)
+def test_no_matching_instance_changes_nothing(gym_dictconfig: DictConfig) -> None:
+    before = OmegaConf.to_container(gym_dictconfig, resolve=False)
     other = SidecarInstanceConfig(name="x", upstream="https://nowhere.example.com", listen="127.0.0.1:1")
-    assert rewrite_base_urls(gym_config, [other]) == []
-    assert rewrite_base_urls(gym_config, []) == []
-    assert OmegaConf.to_container(gym_config, resolve=False) == before
+    assert rewrite_base_urls(gym_dictconfig, [other]) == []
+    assert rewrite_base_urls(gym_dictconfig, []) == []
+    assert OmegaConf.to_container(gym_dictconfig, resolve=False) == before
 
 
-def test_second_rewrite_finds_nothing(gym_config: DictConfig) -> None:
-    assert rewrite_base_urls(gym_config, [POLICY, JUDGE])
-    assert rewrite_base_urls(gym_config, [POLICY, JUDGE]) == []
+def test_second_rewrite_finds_nothing(gym_dictconfig: DictConfig) -> None:
+    assert rewrite_base_urls(gym_dictconfig, [POLICY, JUDGE])
+    assert rewrite_base_urls(gym_dictconfig, [POLICY, JUDGE]) == []
 
 
 def _one_server(base_url: Any, **top: Any) -> DictConfig:
@@ -328,37 +330,37 @@ def test_alias_of_another_model_field_is_materialized_too() -> None:
     assert raw["b"][MODELS]["m"]["base_url"] == "http://127.0.0.1:41250/v1"
 
 
-def test_struct_and_readonly_configs_are_rewritten_and_keep_their_flags(gym_config: DictConfig) -> None:
-    OmegaConf.set_struct(gym_config, True)
-    OmegaConf.set_readonly(gym_config, True)
-    assert len(rewrite_base_urls(gym_config, [POLICY, JUDGE])) == 5
-    assert gym_config.policy_model[MODELS].openai_model.base_url == "http://127.0.0.1:41250/v1"
-    assert OmegaConf.is_readonly(gym_config) and OmegaConf.is_struct(gym_config)
+def test_struct_and_readonly_configs_are_rewritten_and_keep_their_flags(gym_dictconfig: DictConfig) -> None:
+    OmegaConf.set_struct(gym_dictconfig, True)
+    OmegaConf.set_readonly(gym_dictconfig, True)
+    assert len(rewrite_base_urls(gym_dictconfig, [POLICY, JUDGE])) == 5
+    assert gym_dictconfig.policy_model[MODELS].openai_model.base_url == "http://127.0.0.1:41250/v1"
+    assert OmegaConf.is_readonly(gym_dictconfig) and OmegaConf.is_struct(gym_dictconfig)
 
 
-def test_inner_blocks_with_their_own_flags_are_rewritten_and_keep_them(gym_config: DictConfig) -> None:
+def test_inner_blocks_with_their_own_flags_are_rewritten_and_keep_them(gym_dictconfig: DictConfig) -> None:
     # A flag set on an inner node overrides the root's, so the one context on the root is not
     # enough there: the write must still go through, and every flag must be as it was after.
-    server = gym_config.policy_model[MODELS].openai_model
+    server = gym_dictconfig.policy_model[MODELS].openai_model
     OmegaConf.set_struct(server, True)
     OmegaConf.set_readonly(server, True)
-    fallback = gym_config.judge_model[MODELS].judge.fallback_base_url
+    fallback = gym_dictconfig.judge_model[MODELS].judge.fallback_base_url
     OmegaConf.set_readonly(fallback, True)
-    assert len(rewrite_base_urls(gym_config, [POLICY, JUDGE])) == 5
+    assert len(rewrite_base_urls(gym_dictconfig, [POLICY, JUDGE])) == 5
     assert server.base_url == "http://127.0.0.1:41250/v1"
     assert list(fallback)[:2] == ["http://127.0.0.1:41250/v2#frag", "http://127.0.0.1:41250/v1"]
     assert OmegaConf.is_readonly(server) and OmegaConf.is_struct(server)
     assert OmegaConf.is_readonly(fallback)
-    assert not OmegaConf.is_readonly(gym_config) and not OmegaConf.is_struct(gym_config)
+    assert not OmegaConf.is_readonly(gym_dictconfig) and not OmegaConf.is_struct(gym_dictconfig)
     with pytest.raises(Exception, match="read-only"):
         server.base_url = "x"
 
 
-def test_dry_run_on_a_deepcopy_leaves_the_live_config_untouched(gym_config: DictConfig) -> None:
+def test_dry_run_on_a_deepcopy_leaves_the_live_config_untouched(gym_dictconfig: DictConfig) -> None:
     # the launcher checks every value on a copy before any process starts
-    before = OmegaConf.to_container(gym_config, resolve=False)
-    assert len(rewrite_base_urls(copy.deepcopy(gym_config), [POLICY, JUDGE])) == 5
-    assert OmegaConf.to_container(gym_config, resolve=False) == before
+    before = OmegaConf.to_container(gym_dictconfig, resolve=False)
+    assert len(rewrite_base_urls(copy.deepcopy(gym_dictconfig), [POLICY, JUDGE])) == 5
+    assert OmegaConf.to_container(gym_dictconfig, resolve=False) == before
 
 
 UNPARSEABLE = [
@@ -424,8 +426,8 @@ def test_non_model_top_level_values_are_skipped() -> None:
     assert OmegaConf.to_container(config, resolve=False) == before
 
 
-def test_plan_lists_the_changes_and_changes_nothing(gym_config: DictConfig) -> None:
-    before = OmegaConf.to_container(gym_config)
-    planned = plan_base_urls(gym_config, [POLICY, JUDGE])
-    assert OmegaConf.to_container(gym_config) == before
-    assert planned and planned == rewrite_base_urls(gym_config, [POLICY, JUDGE])
+def test_plan_lists_the_changes_and_changes_nothing(gym_dictconfig: DictConfig) -> None:
+    before = OmegaConf.to_container(gym_dictconfig)
+    planned = plan_base_urls(gym_dictconfig, [POLICY, JUDGE])
+    assert OmegaConf.to_container(gym_dictconfig) == before
+    assert planned and planned == rewrite_base_urls(gym_dictconfig, [POLICY, JUDGE])

@@ -6,7 +6,6 @@ import os
 import shutil
 import socket
 import sqlite3
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -14,7 +13,7 @@ import pytest
 
 from sidecar_fsm.base import resources
 from sidecar_fsm.errors import SchemaTooNewError, SidecarError
-from sidecar_fsm.state import dbfile
+from sidecar_fsm.state import schema
 from sidecar_fsm.state.fsm import InstanceMachine
 from sidecar_fsm.state.store import (
     NewInstance,
@@ -26,12 +25,6 @@ from sidecar_fsm.state.store import (
 )
 
 LATEST = schema_version()
-
-
-@pytest.fixture
-def store(tmp_path: Path) -> Iterator[Store]:
-    with Store.open(tmp_path, host="unit") as opened:
-        yield opened
 
 
 def raw(path: Path) -> sqlite3.Connection:
@@ -197,7 +190,7 @@ def copy_migrations(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, extra: dict
         (directory / name).write_text(text)
     monkeypatch.setattr(resources, "MIGRATIONS_DIR", directory)
     # Not cache_clear(): the cache would keep this test's version after the directory is restored.
-    monkeypatch.setattr(dbfile, "schema_version", lambda: len(load_migrations()))
+    monkeypatch.setattr(schema, "schema_version", lambda: len(load_migrations()))
 
 
 def test_a_failing_step_rolls_back_and_keeps_the_version(
@@ -238,7 +231,7 @@ def test_runs_are_listed_newest_first_by_liveness(store: Store) -> None:
     assert [r.run_id for r in store.list_runs("finished")] == ["b"]
     ended = store.get_run("b")
     assert ended is not None and ended.outcome == "ended" and ended.ended_at is not None
-    assert ended.config_summary == {"n": 1} and ended.host == "unit" and ended.owner_pid == os.getpid()
+    assert ended.config_summary == {"n": 1} and ended.host == store.host and ended.owner_pid == os.getpid()
     assert store.get_run("zzz") is None
     with pytest.raises(ValueError, match="'dead' is not one of"):
         store.list_runs("dead")  # type: ignore[arg-type]

@@ -1,0 +1,270 @@
+"""Starting one run's children: record the run, spawn every instance, await them together.
+
+Owns ``start`` (the ``NodeSidecars.start()`` of ``supervise``) and the steps a restart reuses:
+``launch`` (one process on a child's address, remembered, not yet recorded) and ``await_ready``
+(every given child at once, ``ready`` or ``failed``). The command line and environment are
+``command``'s, the files ``runfiles``', the open database ``sharedstore``'s.
+
+Once a process exists, any exception or ``KeyboardInterrupt`` out of ``start`` stops every
+child first. The few lines between creating a process and recording it run with SIGINT held
+(``interrupts_deferred``), since an interrupt there would leak a child nothing knows. SIGKILL
+cannot be held: a launcher killed there leaves a process no row names yet, which ``reap`` still
+finds and proves ours (``procs.find_ours``: the binary and this run's ready path in its argv).
+Never sets a state, never writes SQL outside ``store`` and never signals except through
+``stop.kill``; every commit and spawn is followed by ``crashpoints.hit``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+from pathlib import Path
+
+from sidecar_fsm.base import procs
+from sidecar_fsm.base.ready import ReadyInfo, ReadyOutcome, ReadyWait, wait_all_ready
+from sidecar_fsm.errors import SidecarError
+from sidecar_fsm.run import crashpoints
+from sidecar_fsm.run.binaryflags import filter_command
+from sidecar_fsm.run.children import Child, SidecarRun, process_facts
+from sidecar_fsm.run.command import config_summary, sidecar_command, sidecar_env
+from sidecar_fsm.run.interrupts import interrupts_deferred
+from sidecar_fsm.run.messages import log_failure_message, log_tail
+from sidecar_fsm.run.runfiles import create_logs, remove_files
+from sidecar_fsm.run.stop import kill, stop
+from sidecar_fsm.state import storagefault
+from sidecar_fsm.state.fsm import Firing, InstanceMachine, fire_together
+from sidecar_fsm.state.sharedstore import owner_identity, shared_store
+from sidecar_fsm.state.store import NewInstance
+
+
+def start(run: SidecarRun) -> list[str]:
+    """Start every instance and wait until all are ready; one summary line per instance.
+
+    See ``NodeSidecars.start`` for the guarantees.
+    """
+    if run.started:
+        raise SidecarError(f"run {run.run_id}: already started; create a new NodeSidecars for another run")
+    run.started = True
+    try:
+        # The database first, then the logs, then the run row: an unusable log dir fails
+        # in one line with nothing recorded, started or left behind.
+        if run.store is None:
+            run.store = shared_store(run.log_dir)
+        run.record = storagefault.RecordWatch.of(run.store.path)
+        env = sidecar_env(run.config)
+        if not (os.path.isfile(run.binary) and os.access(run.binary, os.X_OK)):
+            _fail_all(
+                run, f"sidecar.binary: '{run.binary}' is not executable; build it or set sidecar.binary"
+            )
+        _spawn_all(run, env)
+        errors = await_ready(run, run.children)
+        if errors:
+            raise SidecarError("\n".join(errors))
+    except BaseException:
+        # The original error is the one worth reporting; a state write failing during this
+        # cleanup has already ended the processes (stop() guarantees it) and is dropped.
+        with contextlib.suppress(Exception):
+            stop(run)
+        raise
+    return [
+        f"{run.host}: {child.name} listening on {child.listen} -> {child.instance.upstream} "
+        f"(run {run.run_id})"
+        for child in run.children
+    ]
+
+
+def _spawn_all(run: SidecarRun, env: dict[str, str]) -> None:
+    """Open every log, record the run, then launch and record each child in turn."""
+    logs = create_logs(run.log_dir, [run.path(instance, ".log") for instance in run.instances])
+    try:
+        # The run with its instances is recorded before any process exists, so a crash
+        # leaves the run on record; each instance's `build` and `spawn` (one commit)
+        # right after its own launch, so a launcher killed between two launches leaves
+        # every running sidecar recorded with its pid, for `reap`. `build` is recorded
+        # with `spawn` because the binary was resolved (or built) before the run.
+        try:
+            _open_run(run)
+        except BaseException:
+            # Nothing names these logs yet (the run row is what would), so nothing
+            # would ever remove them: a start that cannot record its run leaves no file.
+            remove_files([run.path(instance, ".log") for instance in run.instances])
+            raise
+        for child, log in zip(run.children, logs, strict=True):
+            with interrupts_deferred():
+                launch(run, child, env, log=log)
+                _record_spawn(run, child)
+    finally:
+        for log in logs:
+            os.close(log)
+
+
+def _fail_all(run: SidecarRun, message: str) -> None:
+    """Record the run with every instance ``failed`` for ``message``, then raise it."""
+    _open_run(run)
+    for child in run.children:
+        child.machine.fire("build", detail=run.binary, binary=run.binary)
+        crashpoints.hit("launch-failed-recorded")
+        run.fail(child, message)
+    raise SidecarError(message)
+
+
+def _open_run(run: SidecarRun) -> None:
+    """Record the run and every instance (state ``configured``) in one transaction.
+
+    All or nothing: an interrupted start never leaves a run with half its instances on record.
+    """
+    if run.store is None:
+        run.store = shared_store(run.log_dir)
+    store = run.store
+    owner = owner_identity()
+    # The start's first write waits for another process's write lock no longer than the
+    # start itself may take: a stuck holder fails the start at its deadline, naming it.
+    with store.transaction(wait_seconds=float(run.config.startup_timeout_seconds)):
+        store.create_run(
+            run.run_id,
+            os.getpid(),
+            owner.start_time if owner else None,
+            config_summary(run.config, run.instances, run.binary),
+        )
+        records = store.create_instances(
+            run.run_id,
+            [
+                NewInstance(
+                    instance.name,
+                    instance.listen,
+                    instance.upstream,
+                    run.binary,
+                    run.path(instance, ".log"),
+                    run.path(instance, ".ready"),
+                )
+                for instance in run.instances
+            ],
+        )
+    crashpoints.hit("run-recorded")
+    run.run_created = True
+    for index, (instance, record) in enumerate(zip(run.instances, records, strict=True)):
+        assert record.log_path is not None and record.ready_path is not None
+        machine = InstanceMachine(store, record.id)
+        run.children.append(
+            Child(index, instance, machine, record.log_path, record.ready_path, listen=instance.listen)
+        )
+
+
+def _build_firing(run: SidecarRun, child: Child) -> Firing:
+    return Firing(child.machine, "build", run.binary, {"binary": run.binary})
+
+
+def _record_spawn(run: SidecarRun, child: Child) -> None:
+    """Record ``build`` and ``spawn`` (pid, start time) of ``child``'s new process in one commit."""
+    assert child.process is not None
+    spawn = Firing(child.machine, "spawn", f"pid {child.process.pid}", process_facts(child))
+    fire_together([_build_firing(run, child), spawn])
+    crashpoints.hit("spawn-recorded")
+
+
+def launch(
+    run: SidecarRun,
+    child: Child,
+    env: dict[str, str],
+    restart_of: int | None = None,
+    log: int | None = None,
+) -> None:
+    """Start ``child``'s process on ``child.listen``; remembers it, records nothing yet.
+
+    Callers hold SIGINT (``interrupts_deferred``) around this and the event that records it,
+    so a process never exists without ``child.process`` naming it; ``stop()`` ends a
+    launched child whose spawn was not recorded (that write failed). ``log`` is the log
+    ``create_logs`` opened (a start; it stays the caller's to close), else it is opened
+    here (a restart). A log that cannot be opened or an executable that cannot be started
+    fails the instance and raises ``SidecarError``.
+    """
+    if restart_of is not None:
+        # The dead process's ready file; wait_all_ready insists on the new pid anyway, this
+        # just keeps the directory honest. A start's ready files are named after its run
+        # id: any file there is not ours, is ignored by that pid check and goes at stop().
+        Path(child.ready_path).unlink(missing_ok=True)
+    instance = child.instance
+    if child.listen != instance.listen:  # a restart on the port the first process bound
+        instance = instance.model_copy(update={"listen": child.listen})
+    argv = sidecar_command(run.binary, run.config, instance, child.ready_path)
+    if run.flags is not None:
+        argv = filter_command(argv, run.flags)
+    try:
+        process = procs.spawn(argv, env, child.log_path if log is None else log)
+        crashpoints.hit("launched")
+    except OSError as exc:
+        if log is None and exc.filename == child.log_path:
+            problem = log_failure_message(child.log_path, exc)
+        else:
+            problem = f"'{run.binary}' could not be started ({exc}); check sidecar.binary"
+        raise _launch_failed(run, child, problem, restart_of) from exc
+    child.process = process
+    # Start time only, no executable: a wrapper script that execs the proxy changes its exe
+    # after we look, and would then never be "ours" to signal. None if it exited already.
+    found = procs.identity_of(process.pid)
+    child.identity = procs.ProcessIdentity(process.pid, found.start_time, None) if found else None
+
+
+def _launch_failed(run: SidecarRun, child: Child, problem: str, exit_code: int | None) -> SidecarError:
+    """Fail ``child`` whose process could not be started; the error for the caller to raise."""
+    message = f"{run.where(child)}: {problem}"
+    if child.state == "configured":  # a start, which records `build` with the `spawn` that failed
+        fire_together([_build_firing(run, child)])
+        crashpoints.hit("launch-failed-recorded")
+    run.fail(child, message, exit_code=exit_code)
+    return SidecarError(message)
+
+
+def await_ready(run: SidecarRun, children: list[Child]) -> list[str]:
+    """Wait for all ``children`` at once; fire ``ready`` or ``fail``; the failure messages."""
+    waits = [
+        ReadyWait(child.name, child.ready_path, child.process, child.listen)
+        for child in children
+        if child.process
+    ]
+    outcomes = wait_all_ready(waits, timeout=float(run.config.startup_timeout_seconds))
+    bound: dict[str, ReadyInfo] = {}
+    for child in children:
+        outcome = outcomes.get(child.name)
+        if outcome is not None and outcome.info is not None:
+            bound[child.name] = outcome.info
+    # One commit for every instance that came up, all or none: the caller gets its addresses
+    # right after it. `metrics` is written even when None: a restarted proxy's old metrics
+    # port is stale, and a binary without -metrics-listen has none.
+    fire_together(
+        [
+            Firing(
+                child.machine,
+                "ready",
+                f"listening on {bound[child.name].listen}",
+                {"listen": bound[child.name].listen, "metrics": bound[child.name].metrics},
+            )
+            for child in children
+            if child.name in bound
+        ]
+    )
+    crashpoints.hit("ready-recorded")
+    errors: list[str] = []
+    for child in children:
+        if child.name in bound:
+            child.listen = bound[child.name].listen
+        else:
+            errors.append(_startup_failure(run, child, outcomes.get(child.name)))
+    return errors
+
+
+def _startup_failure(run: SidecarRun, child: Child, outcome: ReadyOutcome | None) -> str:
+    """Fail ``child`` that did not become ready (ending its process first); the message."""
+    exit_code = outcome.exit_code if outcome else None
+    if exit_code is None:
+        # Timed out (or never waited on): it is not serving anything, so no drain is owed.
+        exit_code = kill(child)
+        message = (
+            f"{run.where(child)}: not ready after {run.config.startup_timeout_seconds:g}s "
+            f"(startup_timeout_seconds); raise it or see {child.log_path}"
+        )
+    else:
+        message = run.exit_message(child, exit_code, before_ready=True)
+    message = f"{message}\n{log_tail(child.log_path)}"
+    run.fail(child, message, exit_code=exit_code)
+    return message

@@ -1,0 +1,163 @@
+"""Ending one run's children: drain them together, kill what outlives the grace, close the run.
+
+Owns ``stop`` (the ``NodeSidecars.stop()`` of ``supervise``) and ``kill``, the one SIGKILL of a
+child, which a start that timed out uses too. A state write that fails never keeps a process
+alive: every process is ended first and the error raised after. Never sets a state (it fires
+``drain``, ``stop`` and ``fail``), never signals except through ``procs``; every fire and signal
+is followed by ``crashpoints.hit``.
+"""
+
+from __future__ import annotations
+
+import signal
+import time
+
+from sidecar_fsm.base import procs
+from sidecar_fsm.errors import SidecarError
+from sidecar_fsm.run import crashpoints
+from sidecar_fsm.run.children import Child, SidecarRun
+from sidecar_fsm.run.messages import log_tail
+from sidecar_fsm.run.runfiles import remove_ready_files
+
+# Waiting for a SIGKILLed child to be reaped; the kernel needs no cooperation, so this is generous.
+KILL_REAP_SECONDS = 5.0
+# Exit statuses of a proxy that was asked to stop: 0 from its drain, -SIGTERM if the signal
+# arrived before Go installed its handler (the first milliseconds of the process).
+_CLEAN_STOP_CODES = (0, -signal.SIGTERM)
+
+
+def stop(run: SidecarRun) -> None:
+    """Drain and end every child, remove ready files and end the run row. Idempotent.
+
+    See ``NodeSidecars.stop`` for the guarantees; the steps are ``_begin_drains`` (record
+    each drain, or settle a child with nothing to drain), the SIGTERMs back to back,
+    ``_await_drains`` against one deadline and ``_record_drained``.
+    """
+    if run.stopped:
+        return
+    run.stopped = True
+    problems: list[BaseException] = []
+    interrupted: BaseException | None = None
+    lost = _record_lost(run)
+    try:
+        draining = _begin_drains(run, problems)
+        # Every drain is on record before the first signal, then the signals go out back to
+        # back: a woken sidecar may take our CPU, and interleaving would make N sidecars
+        # drain one after another instead of together.
+        for child in draining:
+            if child.identity is not None:
+                procs.signal_if_ours(child.identity, signal.SIGTERM)
+                crashpoints.hit("sigterm-sent")
+        interrupted = _await_drains(run, draining)
+        _record_drained(run, draining, interrupted, problems)
+    finally:
+        remove_ready_files([child.ready_path for child in run.children])
+        _end_run(run, problems)
+    if interrupted is not None:
+        raise interrupted
+    if lost is not None:
+        raise SidecarError(str(lost))
+    if problems:
+        raise SidecarError(f"run {run.run_id}: stopped, but its state was not fully recorded: {problems[0]}")
+
+
+def _record_lost(run: SidecarRun) -> SidecarError | None:
+    """Why the database can no longer take this run's rows (and stop records nothing), if so."""
+    if run.record is None or run.unrecordable is not None:
+        return None
+    try:
+        run.record.check(run.run_id)
+    except SidecarError as exc:
+        # Deleted or replaced since the last check(): this stop's rows would go to a
+        # file nobody reads (or into someone else's). End the processes, record nothing.
+        run.unrecordable = exc
+        return exc
+    return None
+
+
+def _begin_drains(run: SidecarRun, problems: list[BaseException]) -> list[Child]:
+    """Record ``drain`` for every serving child (returned); settle every other child now."""
+    draining: list[Child] = []
+    for child in run.children:
+        state = child.state
+        if state in ("configured", "building") and child.process is not None:
+            # Launched but its spawn never recorded (that write failed): not serving
+            # yet, so no drain is owed; the record says what happened.
+            code = kill(child)
+            message = f"{run.where(child)}: stopped before its spawn was recorded; see {child.log_path}"
+            run.fail(child, message, exit_code=code, problems=problems)
+        elif state in ("configured", "building"):
+            run.fire_collecting(
+                problems, child, "stop", "stop-recorded", detail="stopped before a process existed"
+            )
+        elif state in ("spawned", "ready"):
+            code = child.process.poll() if child.process else None
+            if code is not None:
+                message = (
+                    f"{run.exit_message(child, code, before_ready=state == 'spawned')}\n"
+                    f"{log_tail(child.log_path)}"
+                )
+                run.fail(child, message, exit_code=code, problems=problems)
+                continue
+            run.fire_collecting(problems, child, "drain", "drain-recorded", detail="SIGTERM")
+            draining.append(child)
+    return draining
+
+
+def _await_drains(run: SidecarRun, draining: list[Child]) -> BaseException | None:
+    """Wait for ``draining`` against one deadline; the ``KeyboardInterrupt`` that cut it short."""
+    deadline = time.monotonic() + run.config.shutdown_grace_seconds + run.stop_slack_seconds
+    try:
+        for child in draining:
+            assert child.process is not None
+            procs.wait_exit(child.process, max(0.0, deadline - time.monotonic()))
+    except BaseException as exc:  # KeyboardInterrupt: no more waiting, kill what is left
+        return exc
+    return None
+
+
+def _record_drained(
+    run: SidecarRun, draining: list[Child], interrupted: BaseException | None, problems: list[BaseException]
+) -> None:
+    """Kill what still runs (``failed``), record a clean exit as ``stopped``, any other as ``failed``."""
+    for child in draining:
+        assert child.process is not None
+        code = child.process.poll()
+        if code is None:
+            code = kill(child)
+            reason = "interrupted during drain" if interrupted else "killed after grace"
+            grace = run.config.shutdown_grace
+            message = f"{run.where(child)}: {reason} (shutdown_grace {grace}); see {child.log_path}"
+            run.fail(child, message, exit_code=code, problems=problems)
+        elif code in _CLEAN_STOP_CODES:
+            run.fire_collecting(
+                problems, child, "stop", "stopped-recorded", detail=f"exit {code}", exit_code=code
+            )
+        else:
+            message = (
+                f"{run.where(child)}: exited with code {code} while draining; "
+                f"see {child.log_path}\n{log_tail(child.log_path)}"
+            )
+            run.fail(child, message, exit_code=code, problems=problems)
+
+
+def _end_run(run: SidecarRun, problems: list[BaseException]) -> None:
+    if run.store is None or run.unrecordable is not None:
+        return
+    try:
+        if run.run_created:
+            failed = any(child.state == "failed" for child in run.children)
+            run.store.end_run(run.run_id, "failed" if failed else "ended")
+            crashpoints.hit("run-ended")
+    except Exception as exc:
+        problems.append(exc)
+
+
+def kill(child: Child) -> int | None:
+    """SIGKILL ``child``'s process (through procs) and reap it; its exit code."""
+    if child.process is None:
+        return None
+    if child.identity is not None and child.process.poll() is None:
+        procs.signal_if_ours(child.identity, signal.SIGKILL)
+        crashpoints.hit("sigkill-sent")
+    return procs.wait_exit(child.process, KILL_REAP_SECONDS)

@@ -12,11 +12,12 @@ its run and removed before a restart, so the line can only come from this child;
 read of a pid being written in place (no newline yet, fewer digits) never counts.
 
 Words in a file are not enough: whoever can write the log dir, or got there first, could name
-the child's pid (any user can read it from ``/proc``) and a port of their own. So a ready file
-is accepted only when every address it names (``listen``, ``metrics``; the configured address
-for a bare pid) is a socket the child itself listens on (``procs.listens_on``); otherwise the
-child is refused, in one line, and nothing it names is used. The proxy binds before it writes
-the file, so a true file always passes.
+the child's pid (any user can read it from ``/proc``) and a port of their own. So a JSON ready
+file is accepted only when every address it names (``listen``, ``metrics``) is a socket the
+child itself listens on (``procs.listens_on``); otherwise the child is refused, in one line,
+and nothing it names is used. The proxy binds before it writes the file, so a true file always
+passes. A bare pid names no address (the configured one is used, never one from the file), so
+there is nothing to check: NeMo Gym's test doubles write ``1`` and listen on nothing.
 
 Owns reading that file and waiting for many children at once. Must not spawn, signal or
 remove anything: the caller owns the processes and the files (see ``temp_files`` for what a
@@ -30,7 +31,7 @@ import json
 import os
 import subprocess
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from sidecar_fsm.base import procs
 
@@ -47,6 +48,8 @@ class ReadyInfo:
     pid: int
     listen: str
     metrics: str | None = None
+    # False for a bare pid, whose ``listen`` is the configured address, not words from the file.
+    named: bool = field(default=True, compare=False)
 
 
 @dataclass
@@ -100,7 +103,7 @@ def read_ready_file(path: str | os.PathLike[str], pid: int, listen: str | None =
     bare = text.strip()
     if bare.isascii() and bare.isdigit():
         whole = int(bare) == pid or (text.endswith("\n") and int(bare) > 0)
-        return ReadyInfo(pid, listen) if whole and listen else None
+        return ReadyInfo(pid, listen, named=False) if whole and listen else None
     try:
         data = json.loads(text)
     except ValueError:
@@ -119,9 +122,12 @@ def read_ready_file(path: str | os.PathLike[str], pid: int, listen: str | None =
 def address_refusal(path: str, info: ReadyInfo) -> str | None:
     """One line if an address ``info`` names is not a socket ``info.pid`` itself listens on; else None.
 
-    Read-only (``/proc``). The line names the file, the address and the pid; it never says more
-    about the process that does listen there, which may be another user's.
+    Read-only (``/proc``). None for a bare pid (``info.named`` is False): it names no address.
+    The line names the file, the address and the pid; it never says more about the process that
+    does listen there, which may be another user's.
     """
+    if not info.named:
+        return None
     for what, address in (("listen", info.listen), ("metrics", info.metrics)):
         if address and not procs.listens_on(info.pid, address):
             return (

@@ -12,7 +12,6 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from helpers import wait_until
 
 from sidecar_fsm.base import procs, ready
 from sidecar_fsm.base.ready import ReadyInfo, ReadyWait
@@ -103,27 +102,19 @@ def test_bare_pid_form_counts_with_the_configured_listen(tmp_path: Path) -> None
 def test_bare_pid_written_in_place_in_pieces_counts_only_once_whole(
     tmp_path: Path, children: list[subprocess.Popen[bytes]]
 ) -> None:
-    path, port_file = tmp_path / "pieces.ready", tmp_path / "pieces.port"
-    # Gym's binary binds the configured address; this one binds a free port and says which
-    # (renamed in, so never read half-written) before it writes its pid in two pieces.
+    path = tmp_path / "pieces.ready"
     script = (
-        "import os, socket, sys, time\n"
-        "sock = socket.socket(); sock.bind(('127.0.0.1', 0)); sock.listen()\n"
-        "open(sys.argv[2] + '.tmp', 'w').write(str(sock.getsockname()[1]))\n"
-        "os.replace(sys.argv[2] + '.tmp', sys.argv[2])\n"
+        "import os, sys, time\n"
         "pid = str(os.getpid())\n"
         "with open(sys.argv[1], 'w') as file:\n"
         "    file.write(pid[:-1]); file.flush(); time.sleep(0.5); file.write(pid[-1])\n"
         "time.sleep(60)\n"
     )
-    argv = [sys.executable, "-c", script, str(path), str(port_file)]
-    child = procs.spawn(argv, dict(os.environ), str(path) + ".log")
+    child = procs.spawn([sys.executable, "-c", script, str(path)], dict(os.environ), str(path) + ".log")
     children.append(child)
     began = time.monotonic()
-    wait_until(port_file.exists, 20, "the port file")
-    listen = f"127.0.0.1:{port_file.read_text()}"
-    outcome = ready.wait_all_ready([ReadyWait("g", str(path), child, listen)], 20)["g"]
-    assert outcome.info == ReadyInfo(child.pid, listen)
+    outcome = ready.wait_all_ready([ReadyWait("g", str(path), child, "127.0.0.1:1250")], 20)["g"]
+    assert outcome.info == ReadyInfo(child.pid, "127.0.0.1:1250")
     assert time.monotonic() - began >= 0.5
 
 

@@ -29,7 +29,7 @@ import yaml
 from helpers import ProcessRegistry, wait_until
 from omegaconf import DictConfig, OmegaConf
 
-from sidecar_fsm.base import buildcache, procs, trust
+from sidecar_fsm.base import buildcache, procs, sockets, trust
 from sidecar_fsm.errors import ConfigError, SidecarError, UnusableStateError
 from sidecar_fsm.lab import TlsH2Origin
 from sidecar_fsm.launcher import start_h2_ping_sidecar
@@ -429,7 +429,10 @@ def test_build_cache_folders_are_writable_by_their_owner_only_whatever_the_umask
 
 
 def test_a_port_the_child_listens_on_is_its_own_and_a_port_another_holds_is_not(
-    process_registry: ProcessRegistry, held_port: socket.socket, tmp_path: Path
+    process_registry: ProcessRegistry,
+    held_port: socket.socket,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     """``procs.listens_on`` reads the kernel's answer: the child's own sockets, nobody else's."""
     if not socket.has_ipv6:
@@ -455,3 +458,7 @@ def test_a_port_the_child_listens_on_is_its_own_and_a_port_another_holds_is_not(
     assert procs.listens_on(os.getpid(), f"127.0.0.1:{held}")
     assert not procs.listens_on(child.pid, "127.0.0.1:0")
     assert not procs.listens_on(child.pid, "not an address")
+    # Where netlink's sock_diag cannot answer, /proc/<pid>/net/tcp* gives the same verdicts.
+    monkeypatch.setattr(sockets, "_listeners_by_netlink", lambda: None)
+    assert procs.listens_on(child.pid, f"127.0.0.1:{port}")
+    assert not procs.listens_on(child.pid, f"127.0.0.1:{held}")

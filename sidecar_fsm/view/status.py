@@ -170,11 +170,11 @@ def with_live(statuses: Sequence[RunStatus]) -> list[RunStatus]:
     """``statuses`` with the ``/metrics`` of every running proxy scraped, all at once.
 
     Only an instance whose process ``procs`` proved ours (``PROCESS_RUNNING``, this host) is
-    asked, and only when that process itself listens on the recorded address (``procs.listens_on``;
-    otherwise its ``Scrape`` says so): a dead sidecar's metrics port may belong to another
-    process by now, and the address came from a file. One deadline for
-    all (``live.SCRAPE_TIMEOUT_SECONDS``); one that does not answer reads ``no answer`` and
-    fails nothing.
+    asked, and only when that process itself listens on the recorded address
+    (``procs.listens_on``; otherwise its ``Scrape`` says so): a dead sidecar's metrics port may
+    belong to another process by now, and the address came from a file. One deadline for all
+    (``live.SCRAPE_TIMEOUT_SECONDS``); one that does not answer reads ``no answer`` and fails
+    nothing.
     """
     wanted = {
         (index, inst.id): (inst.pid, inst.metrics)

@@ -15,6 +15,7 @@ subclasses with one line naming the path, its owner and mode, and the fix.
 
 from __future__ import annotations
 
+import errno
 import os
 import pwd
 import stat
@@ -151,7 +152,7 @@ def make_dirs(path: str | os.PathLike[str]) -> list[Path]:
             continue
         made.append(folder)
     if not target.is_dir():
-        raise NotADirectoryError(20, "Not a directory", str(target))
+        raise NotADirectoryError(errno.ENOTDIR, os.strerror(errno.ENOTDIR), str(target))
     return made
 
 

@@ -25,7 +25,9 @@ from typing import Any
 
 from omegaconf import DictConfig
 
+from sidecar_fsm.base import trust
 from sidecar_fsm.base.buildcache import (
+    CACHE_DIR_KEY,
     SIDECAR_BINARY_NAME,
     build_sidecar,
     cache_dir_of,
@@ -88,16 +90,18 @@ def resolve_binary(config: H2PingSidecarConfig, global_config_dict: Any) -> Path
 
     The cache lookup runs no subprocess when warm (the Go version is remembered against the
     toolchain file). A build, when needed, runs under the cache's lock so concurrent runs build
-    once. Raises ``SidecarError`` when there is no usable executable and none can be built.
+    once. Raises ``SidecarError`` when there is no usable executable and none can be built, and
+    ``ConfigError`` when another user could replace it: it, or a folder from the cache root (``/``
+    for ``sidecar.binary``) down to it, is not ours or root's or is writable by group or others.
     """
+    # Where the trust check (see below) starts: `/` for a named binary, else the cache's root.
+    root = Path("/") if config.binary else cache_dir_of(global_config_dict)
     if config.binary:
         path = Path(os.path.abspath(os.path.expanduser(config.binary)))
         if not path.exists() and config.build_if_missing:
             build_sidecar(path, progress=_progress)
     else:
-        path = ensure_binary(
-            cache_dir_of(global_config_dict), build_if_missing=config.build_if_missing, progress=_progress
-        )
+        path = ensure_binary(root, build_if_missing=config.build_if_missing, progress=_progress)
     # NeMo Gym's words ("does not exist", "not executable"), one line each.
     if not path.exists():
         raise SidecarError(
@@ -109,6 +113,7 @@ def resolve_binary(config: H2PingSidecarConfig, global_config_dict: Any) -> Path
             f"sidecar.binary: '{path}' is not executable; "
             "make it executable (chmod +x) or point it at a built h2-ping-sidecar"
         )
+    trust.check_binary("sidecar.binary" if config.binary else CACHE_DIR_KEY, path, root)
     return path
 
 

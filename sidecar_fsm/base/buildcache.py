@@ -34,6 +34,7 @@ from typing import Any, NamedTuple
 
 from filelock import FileLock, Timeout
 
+from sidecar_fsm.base import trust
 from sidecar_fsm.base.resources import SIDECAR_SOURCE_DIR
 from sidecar_fsm.errors import SidecarError
 
@@ -149,7 +150,7 @@ def go_version(go: Path, cache_dir: Path) -> str:
     version = _VERSION_SAFE.sub("_", raw)
     memo[key] = {"mtime_ns": stat.st_mtime_ns, "size": stat.st_size, "version": version}
     with contextlib.suppress(OSError):
-        memo_path.parent.mkdir(parents=True, exist_ok=True)
+        trust.make_dirs(memo_path.parent)
         _write_json_atomically(memo_path, memo)
     return version
 
@@ -400,10 +401,12 @@ def _build_once(
     """Build under the output's lock unless the binary appeared meanwhile; True if built."""
     output_path = Path(output_path).absolute()
     places = _build_places(output_path)
-    output_path.parent.mkdir(parents=True, exist_ok=True)
-    places.lock.parent.mkdir(parents=True, exist_ok=True)
-    places.temp_dir.mkdir(parents=True, exist_ok=True)
-    lock = FileLock(places.lock)
+    # Writable by us only whatever the umask: whoever can write a folder above the binary can
+    # swap it (``trust.binary_problem`` refuses such a binary before it runs).
+    trust.make_dirs(output_path.parent)
+    trust.make_dirs(places.lock.parent)
+    trust.make_dirs(places.temp_dir)
+    lock = FileLock(places.lock, mode=trust.FILE_MODE)  # not 0o666 minus a umask of 0
     try:
         lock.acquire(timeout=0)
     except Timeout:

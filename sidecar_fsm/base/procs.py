@@ -4,7 +4,9 @@ Owns spawning a sidecar in its own session, reading a process's identity (pid, s
 executable) with psutil, deciding whether a recorded identity is still that process
 (:func:`is_ours`), finding the processes of an instance whose pid never reached the record
 (:func:`find_ours`: a launcher killed between a spawn and its commit), and every signal sent to
-a sidecar, always through a pidfd.
+a sidecar, always through a pidfd; and whether a process itself listens on an address
+(:func:`listens_on`, read from ``/proc`` by ``sockets``), so an address a file names is taken
+only when the kernel says it is that process's.
 
 Must not open the database, change any state or trust a pid alone: a crashed run leaves pids in
 the database for days, long enough for the kernel to hand the number to an unrelated process.
@@ -24,6 +26,8 @@ from typing import Literal
 
 import psutil
 
+# Re-exported: callers ask procs, the one place a process's identity is judged.
+from sidecar_fsm.base.sockets import listens_on as listens_on
 from sidecar_fsm.errors import SidecarError
 
 # psutil derives the start time from clock ticks since boot (USER_HZ, 100 per second), so the
@@ -212,7 +216,10 @@ def spawn(argv: list[str], env: dict[str, str], log: str | int) -> subprocess.Po
     """
     with contextlib.ExitStack() as opened:
         if isinstance(log, str):
-            log = opened.enter_context(open(log, "ab", buffering=0)).fileno()
+            # 0o644 whatever the umask: a log writable by others could be filled with lies.
+            flags = os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC
+            log = os.open(log, flags, 0o644)
+            opened.callback(os.close, log)
         return subprocess.Popen(
             argv,
             stdin=subprocess.DEVNULL,

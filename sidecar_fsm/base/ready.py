@@ -11,6 +11,14 @@ file's existence as readiness and its test doubles write ``1``, and a ready path
 its run and removed before a restart, so the line can only come from this child; a partial
 read of a pid being written in place (no newline yet, fewer digits) never counts.
 
+Words in a file are not enough: whoever can write the log dir, or got there first, could name
+the child's pid (any user can read it from ``/proc``) and a port of their own. So a JSON ready
+file is accepted only when every address it names (``listen``, ``metrics``) is a socket the
+child itself listens on (``procs.listens_on``); otherwise the child is refused, in one line,
+and nothing it names is used. The proxy binds before it writes the file, so a true file always
+passes. A bare pid names no address (the configured one is used, never one from the file), so
+there is nothing to check: NeMo Gym's test doubles write ``1`` and listen on nothing.
+
 Owns reading that file and waiting for many children at once. Must not spawn, signal or
 remove anything: the caller owns the processes and the files (see ``temp_files`` for what a
 proxy that died mid-write leaves behind).
@@ -23,7 +31,9 @@ import json
 import os
 import subprocess
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+
+from sidecar_fsm.base import procs
 
 # How often a wait re-reads the files and checks the children. A start happens once per job, and
 # a proxy takes several of these intervals to start; a shorter poll only burns the cores the
@@ -38,6 +48,8 @@ class ReadyInfo:
     pid: int
     listen: str
     metrics: str | None = None
+    # False for a bare pid, whose ``listen`` is the configured address, not words from the file.
+    named: bool = field(default=True, compare=False)
 
 
 @dataclass
@@ -55,12 +67,14 @@ class ReadyWait:
 
 @dataclass
 class ReadyOutcome:
-    """How the wait for one child ended: exactly one of ``info``, ``exit_code``, ``timed_out``."""
+    """How the wait for one child ended: exactly one of ``info``, ``exit_code``, ``timed_out``,
+    ``refused`` (one line: its ready file names an address the child does not listen on)."""
 
     name: str
     info: ReadyInfo | None
     exit_code: int | None
     timed_out: bool
+    refused: str | None = None
 
 
 def temp_files(ready_path: str) -> list[str]:
@@ -89,7 +103,7 @@ def read_ready_file(path: str | os.PathLike[str], pid: int, listen: str | None =
     bare = text.strip()
     if bare.isascii() and bare.isdigit():
         whole = int(bare) == pid or (text.endswith("\n") and int(bare) > 0)
-        return ReadyInfo(pid, listen) if whole and listen else None
+        return ReadyInfo(pid, listen, named=False) if whole and listen else None
     try:
         data = json.loads(text)
     except ValueError:
@@ -105,14 +119,34 @@ def read_ready_file(path: str | os.PathLike[str], pid: int, listen: str | None =
     return ReadyInfo(pid, bound, metrics if isinstance(metrics, str) and metrics else None)
 
 
+def address_refusal(path: str, info: ReadyInfo) -> str | None:
+    """One line if an address ``info`` names is not a socket ``info.pid`` itself listens on; else None.
+
+    Read-only (``/proc``). None for a bare pid (``info.named`` is False): it names no address.
+    The line names the file, the address and the pid; it never says more about the process that
+    does listen there, which may be another user's.
+    """
+    if not info.named:
+        return None
+    for what, address in (("listen", info.listen), ("metrics", info.metrics)):
+        if address and not procs.listens_on(info.pid, address):
+            return (
+                f"ready file '{path}': {what} address {address} is not a socket pid {info.pid} "
+                "listens on; refusing it (another process wrote the file or holds the port): "
+                "check who can write the log dir"
+            )
+    return None
+
+
 def wait_all_ready(waits: list[ReadyWait], timeout: float) -> dict[str, ReadyOutcome]:
     """Wait for every child at once until each is ready, has exited, or ``timeout`` seconds passed.
 
     Returns one outcome per name. A child that exits is reaped here and its exit code reported
-    (a dead child is not ready, whatever its file says). N children take as long as the slowest
-    one, not the sum. The last look happens after the deadline, so a file that appeared just in
-    time wins. Read-only apart from reaping children that exited. Raises ``ValueError`` for
-    duplicate names (the outcomes are keyed by name).
+    (a dead child is not ready, whatever its file says); one whose file names an address it
+    does not listen on is ``refused`` (``address_refusal``) and left running for the caller.
+    N children take as long as the slowest one, not the sum. The last look happens after the
+    deadline, so a file that appeared just in time wins. Read-only apart from reaping children
+    that exited. Raises ``ValueError`` for duplicate names (the outcomes are keyed by name).
     """
     names = [wait.name for wait in waits]
     if len(set(names)) != len(names):
@@ -126,7 +160,11 @@ def wait_all_ready(waits: list[ReadyWait], timeout: float) -> dict[str, ReadyOut
             info = (
                 None if code is not None else read_ready_file(wait.ready_path, wait.process.pid, wait.listen)
             )
-            if code is not None or info is not None:
+            refused = None if info is None else address_refusal(wait.ready_path, info)
+            if refused is not None:
+                outcomes[name] = ReadyOutcome(name, None, None, False, refused)
+                del pending[name]
+            elif code is not None or info is not None:
                 outcomes[name] = ReadyOutcome(name, info, code, False)
                 del pending[name]
         remaining = deadline - time.monotonic()

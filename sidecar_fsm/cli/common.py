@@ -15,8 +15,9 @@ import sys
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any, Literal, NoReturn
 
+from sidecar_fsm.base import trust
 from sidecar_fsm.base.resources import default_log_dir
-from sidecar_fsm.state.store import RunRecord, Store, open_all_hosts
+from sidecar_fsm.state.store import DB_DIR_NAME, RunRecord, Store, open_all_hosts
 from sidecar_fsm.view import cells
 
 PROG = "sidecar-fsm"
@@ -70,6 +71,18 @@ def _file_in_the_way(path: str) -> str | None:
     return None if os.path.isdir(current) else current
 
 
+_warned: set[str] = set()
+
+
+def _warn_if_untrusted(log_dir: str, where: str) -> None:
+    """Reads go on in a log dir others can write (inspecting it is the point), with one warning
+    per process (``top`` reopens it every frame); writers refuse it (``trust``)."""
+    problem = trust.log_dir_problem(log_dir, os.path.join(log_dir, DB_DIR_NAME))
+    if problem is not None and log_dir not in _warned:
+        _warned.add(log_dir)
+        err(f"{PROG} {where}: warning: {problem}")
+
+
 @contextlib.contextmanager
 def all_stores(log_dir: str, where: str) -> Iterator[list[Store]]:
     """Every host's database under ``log_dir``, read side; a missing log dir is a lookup failure.
@@ -93,6 +106,7 @@ def all_stores(log_dir: str, where: str) -> Iterator[list[Store]]:
             f"{PROG} {where}: log dir '{log_dir}': '{blocker}' is a file, not a directory; "
             "use another --log-dir"
         )
+    _warn_if_untrusted(log_dir, where)
     stores = open_all_hosts(log_dir)
     try:
         yield stores

@@ -180,7 +180,8 @@ def reap(store: Store, *, dry_run: bool = False) -> ReapReport:
     is persisted before the signal it announces, so a reaper killed midway leaves the record
     saying what it was about to do, and the next reap finishes the job.
     """
-    with FileLock(str(reap_lock_path(store))):
+    # 0o644, not 0o666 minus the umask: nothing in the log dir is writable by others.
+    with FileLock(str(reap_lock_path(store)), mode=0o644):
         report = ReapReport(dry_run=dry_run, runs=[])
         for run in store.list_runs("live"):
             owner = owner_status(run)

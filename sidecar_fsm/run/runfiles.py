@@ -11,6 +11,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
+from sidecar_fsm.base import trust
 from sidecar_fsm.base.ready import temp_files
 from sidecar_fsm.errors import SidecarError
 from sidecar_fsm.run.messages import log_failure_message
@@ -26,17 +27,21 @@ def create_logs(log_dir: str, paths: list[str]) -> list[int]:
 
     A log dir or log that cannot be made (a path through a file, an entry in the way, no
     permission, a read-only or full file system) raises one line naming the path and the
-    reason, with every file made here removed again. O_EXCL: the names carry the run id, so a
-    file already there is not ours and is neither written nor removed. The descriptors are
-    close-on-exec and the caller's to close.
+    reason, with every file made here removed again; a log dir another user can write
+    (``trust``) raises ``UnusableStateError`` before any file is made. O_EXCL: the names
+    carry the run id, so a file already there is not ours and is neither written nor removed.
+    The descriptors are close-on-exec and the caller's to close.
     """
     opened: list[tuple[str, int]] = []
     path = log_dir
     try:
-        os.makedirs(log_dir, exist_ok=True)
+        trust.make_dirs(log_dir)
+        # A caller may hand ``NodeSidecars`` an open store of another folder: judge this one too.
+        trust.check_log_dir(log_dir)
         for path in paths:
             flags = os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC
-            opened.append((path, os.open(path, flags, 0o644)))
+            # FILE_MODE whatever the umask: a log others could write could be made to lie.
+            opened.append((path, os.open(path, flags, trust.FILE_MODE)))
     except OSError as exc:
         for made, fd in opened:
             os.close(fd)

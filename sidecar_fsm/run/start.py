@@ -256,7 +256,9 @@ def await_ready(run: SidecarRun, children: list[Child]) -> list[str]:
 def _startup_failure(run: SidecarRun, child: Child, outcome: ReadyOutcome | None) -> str:
     """Fail ``child`` that did not become ready (ending its process first); the message."""
     exit_code = outcome.exit_code if outcome else None
-    if exit_code is None:
+    if outcome is not None and outcome.refused:  # its ready file names a port not its own
+        exit_code, message = kill(child), f"{run.where(child)}: {outcome.refused}"
+    elif exit_code is None:
         # Timed out (or never waited on): it is not serving anything, so no drain is owed.
         exit_code = kill(child)
         message = (

@@ -2,12 +2,13 @@
 
 Owns ``<log_dir>/sidecar-fsm/<host>.db`` up to the moment a connection is handed to ``store``:
 making its directory, refusing what cannot be used (a path through a file, no permission, a
-read-only or full filesystem, a file that is not ours, a corrupt file, a newer schema) with one
-line naming the path and the reason, creating a new database, having ``schema`` migrate it, and
-turning SQLite and OS errors into that one line (``storage_error``, also used by ``store`` for
-writes and reads that fail later). Must not read or write runs, instances or transitions (that is
-``store``), and never overwrites, truncates or deletes a file it did not create: on failure it
-removes only its own temp file and the directories it made itself.
+read-only or full filesystem, a file that is not ours, a corrupt file, a newer schema, a folder
+or file another user can write: ``trust``) with one line naming the path and the reason,
+creating a new database, having ``schema`` migrate it, and turning SQLite and OS errors into
+that one line (``storage_error``, also used by ``store`` for writes and reads that fail later).
+Must not read or write runs, instances or transitions (that is ``store``), and never
+overwrites, truncates or deletes a file it did not create: on failure it removes only its own
+temp file and the directories it made itself.
 
 A new database is built under a private temp name and hard-linked into place, so a failure (a
 full disk half-way through the schema) leaves nothing behind, and two processes creating it at
@@ -28,6 +29,7 @@ import sqlite3
 import threading
 from pathlib import Path
 
+from sidecar_fsm.base import trust
 from sidecar_fsm.errors import SidecarError, UnusableStateError
 from sidecar_fsm.state import schema, storagefault
 from sidecar_fsm.state.hostname import host_name
@@ -88,8 +90,18 @@ def open_for_writing(log_dir: str | Path, host: str) -> tuple[Path, sqlite3.Conn
     the directories this call made are removed again, and an existing file is left as it was.
     """
     path = database_path(log_dir, host)
+    # Judged before anything is made in it, and again after (a folder made meanwhile by another
+    # process is taken as found): a folder others can write could hand us any database.
+    trust.check_log_dir(log_dir, str(path.parent))
     made = _make_directories(path)
     try:
+        trust.check_log_dir(log_dir, str(path.parent))
+        foreign = trust.file_problem(path)
+        if foreign is not None:
+            raise UnusableStateError(
+                f"{path}: {foreign}, who could rewrite its records; "
+                "remove it or use a log dir only you can write"
+            )
         _check_writable(path)
         if not os.path.lexists(path):
             _create(path)
@@ -176,7 +188,7 @@ def _make_directories(path: Path) -> list[Path]:
     try:
         for directory in reversed(missing):
             try:
-                os.mkdir(directory)
+                os.mkdir(directory, trust.DIR_MODE)  # writable by us only, whatever the umask
             except FileExistsError:
                 pass  # another process made it meanwhile; the check below says if it is usable
             else:

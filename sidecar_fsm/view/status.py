@@ -22,11 +22,10 @@ from typing import TYPE_CHECKING
 from sidecar_fsm.base import procs
 from sidecar_fsm.state.fsm import TERMINAL
 from sidecar_fsm.state.hostname import host_name
-from sidecar_fsm.view.live import scrape_all
+from sidecar_fsm.view.live import Scrape, scrape_all
 
 if TYPE_CHECKING:
     from sidecar_fsm.state.store import InstanceRecord, RunRecord, Store
-    from sidecar_fsm.view.live import Scrape
 
 # What runs at an instance's recorded pid now (``RunStatus.processes``), decided with ``procs``
 # (pid, start time and executable), never from the pid alone.
@@ -171,17 +170,27 @@ def with_live(statuses: Sequence[RunStatus]) -> list[RunStatus]:
     """``statuses`` with the ``/metrics`` of every running proxy scraped, all at once.
 
     Only an instance whose process ``procs`` proved ours (``PROCESS_RUNNING``, this host) is
-    asked: a dead sidecar's metrics port may belong to another process by now. One deadline for
-    all (``live.SCRAPE_TIMEOUT_SECONDS``); one that does not answer reads ``no answer`` and
-    fails nothing.
+    asked, and only when that process itself listens on the recorded address
+    (``procs.listens_on``; otherwise its ``Scrape`` says so): a dead sidecar's metrics port may
+    belong to another process by now, and the address came from a file. One deadline for all
+    (``live.SCRAPE_TIMEOUT_SECONDS``); one that does not answer reads ``no answer`` and fails
+    nothing.
     """
-    targets = {
-        (index, inst.id): inst.metrics
+    wanted = {
+        (index, inst.id): (inst.pid, inst.metrics)
         for index, status in enumerate(statuses)
         for inst in status.instances
         if inst.metrics and inst.state in SCRAPED_STATES and status.process_of(inst) == PROCESS_RUNNING
     }
+    # The recorded address is words a ready file gave: only a port the proxy itself listens on
+    # is asked, never one another process took over (it would be shown as the proxy's figures).
+    targets = {
+        key: address for key, (pid, address) in wanted.items() if pid and procs.listens_on(pid, address)
+    }
     scrapes = scrape_all(targets)
+    for key, (pid, address) in wanted.items():
+        if key not in targets:
+            scrapes[key] = Scrape(address, None, f"not scraped: pid {pid} does not listen on {address}")
     return [
         dataclasses.replace(
             status, live={inst_id: scrape for (at, inst_id), scrape in scrapes.items() if at == index}

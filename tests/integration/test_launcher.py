@@ -211,15 +211,31 @@ def node_run(
 
 
 # A proxy stand-in that gets ready, then ignores SIGTERM: only SIGKILL ends it.
-_READY_BUT_DEAF = """
+_LISTEN_THEN_READY = f"""exec "{sys.executable}" -c '
+import json, os, socket, sys, time
+host, _, port = sys.argv[2].rpartition(":")
+sock = socket.socket()
+sock.bind((host, int(port)))
+sock.listen()
+with open(sys.argv[1] + ".tmp", "w") as file:
+    json.dump({{"pid": os.getpid(), "listen": "%s:%d" % sock.getsockname()}}, file)
+os.replace(sys.argv[1] + ".tmp", sys.argv[1])
+time.sleep(60)
+' "$ready" "$listen"
+"""
+
+# Ignores SIGTERM, and listens where its ready file says (a ready file naming an address the
+# child does not listen on is refused at start).
+_READY_BUT_DEAF = (
+    """
 trap '' TERM
 while [ $# -gt 0 ]; do
   case "$1" in -ready-file) ready="$2";; -listen) listen="$2";; esac
   shift
 done
-printf '{"pid": %d, "listen": "%s"}' $$ "$listen" > "$ready.tmp" && mv "$ready.tmp" "$ready"
-exec sleep 60
 """
+    + _LISTEN_THEN_READY
+)
 
 
 @pytest.fixture
@@ -230,7 +246,7 @@ def deaf_sidecar(
     binary = fake_binary(tmp_path / "deaf", _READY_BUT_DEAF)
 
     def make(shutdown_grace: str) -> NodeSidecars:
-        instances = [{"name": "deaf", "upstream": tls_origin.url, "listen": "127.0.0.1:9"}]
+        instances = [{"name": "deaf", "upstream": tls_origin.url, "listen": "127.0.0.1:0"}]
         run = node_run(binary, shutdown_grace=shutdown_grace, instances=instances)
         run.start()
         return run
@@ -335,15 +351,20 @@ def test_port_zero_instances_get_distinct_ports_and_urls(
     assert [record.state for record in records] == ["ready", "ready"]
 
 
-_SLOW_BUT_READY = """
+# The tail of a shell stand-in that has read "$ready" and "$listen": become (exec, same pid) a
+# Python process that binds the listen address and names it in the ready file, as the proxy
+# does; a ready file naming a port its writer does not listen on is refused.
+
+_SLOW_BUT_READY = (
+    """
 while [ $# -gt 0 ]; do
   case "$1" in -ready-file) ready="$2";; -listen) listen="$2";; esac
   shift
 done
 sleep 1
-printf '{"pid": %d, "listen": "%s"}' $$ "$listen" > "$ready.tmp" && mv "$ready.tmp" "$ready"
-exec sleep 60
 """
+    + _LISTEN_THEN_READY
+)
 
 
 def test_instances_start_together_not_one_after_another(
@@ -358,8 +379,7 @@ def test_instances_start_together_not_one_after_another(
         cache_dir,
         binary=str(binary),
         instances=[
-            {"name": f"i{index}", "upstream": tls_origin.url, "listen": f"127.0.0.1:{9 + index}"}
-            for index in range(3)
+            {"name": f"i{index}", "upstream": tls_origin.url, "listen": "127.0.0.1:0"} for index in range(3)
         ],
     )
     started = time.monotonic()
@@ -368,11 +388,8 @@ def test_instances_start_together_not_one_after_another(
     assert manager is not None
     try:
         assert 1.0 <= took < 2.5, took  # one after another would be 3 s or more
-        assert [instance.listen for instance in manager.instances_actual] == [
-            "127.0.0.1:9",
-            "127.0.0.1:10",
-            "127.0.0.1:11",
-        ]
+        listens = [instance.listen for instance in manager.instances_actual]
+        assert len(set(listens)) == 3 and not any(listen.endswith(":0") for listen in listens)
     finally:
         manager.stop()
     assert {record.state for _, records in run_records(log_dir) for record in records} == {"stopped"}

@@ -38,7 +38,7 @@ from sidecar_fsm.base import procs
 from sidecar_fsm.base.ready import ReadyInfo, ReadyOutcome, ReadyWait, wait_all_ready
 from sidecar_fsm.config import H2PingSidecarConfig, SidecarInstanceConfig
 from sidecar_fsm.errors import SidecarError
-from sidecar_fsm.run import crashpoints
+from sidecar_fsm.run import crashpoints, targets, upcheck
 from sidecar_fsm.run.binaryflags import BinaryFlags, filter_command
 from sidecar_fsm.run.command import config_summary, sidecar_command, sidecar_env
 from sidecar_fsm.run.interrupts import interrupts_deferred
@@ -78,6 +78,8 @@ class _Child:
     identity: procs.ProcessIdentity | None = None
     restart_count: int = 0
     error: str | None = None
+    # The proxy's /metrics address from its ready file; None without metrics or before ready.
+    metrics: str | None = None
 
     @property
     def name(self) -> str:
@@ -199,6 +201,7 @@ class NodeSidecars:
             errors = self._await_ready(self._children)
             if errors:
                 raise SidecarError("\n".join(errors))
+            verdicts = self._check_upstreams()
         except BaseException:
             # The original error is the one worth reporting; a state write failing during this
             # cleanup has already ended the processes (stop() guarantees it) and is dropped.
@@ -209,7 +212,31 @@ class NodeSidecars:
             f"{self.host}: {child.name} listening on {child.listen} -> {child.instance.upstream} "
             f"(run {self.run_id})"
             for child in self._children
-        ]
+        ] + [f"{self.host}: {line}" for line in verdicts]
+
+    def _check_upstreams(self) -> list[str]:
+        """Await every proxy's first upstream check (``upcheck``); one line each, [] when ``off``.
+
+        With ``upstream_check: fail`` an instance whose check failed (or gave no verdict) is
+        ended and ``failed`` with the reason, and ``SidecarError`` names each such instance;
+        the caller's cleanup then stops the rest.
+        """
+        if self.config.upstream_check == "off":
+            return []
+        why = "metrics: false" if not self.config.metrics else "its binary serves no metrics"
+        timeout = float(self.config.upstream_check_seconds)
+        verdicts = upcheck.await_verdicts(
+            [upcheck.CheckTarget(c.name, c.instance.upstream, c.metrics, why) for c in self._children],
+            timeout,
+        )
+        if self.config.upstream_check == "fail":
+            failed = [(c, v) for c, v in zip(self._children, verdicts, strict=True) if v.failed]
+            messages = [f"{self._where(c)}: {v.reason(timeout)} (upstream_check: fail)" for c, v in failed]
+            for (child, _), message in zip(failed, messages, strict=True):
+                self._fail(child, message, exit_code=self._kill(child))
+            if messages:
+                raise SidecarError("\n".join(messages))
+        return [verdict.line(timeout) for verdict in verdicts]
 
     def _fail_all(self, message: str) -> None:
         """Record the run with every instance ``failed`` for ``message``, then raise it."""
@@ -376,10 +403,13 @@ class NodeSidecars:
             ]
         )
         crashpoints.hit("ready-recorded")
+        if bound and self.store is not None:
+            targets.refresh(self.store)
         errors: list[str] = []
         for child in children:
             if child.name in bound:
                 child.listen = bound[child.name].listen
+                child.metrics = bound[child.name].metrics
             else:
                 errors.append(self._startup_failure(child, outcomes.get(child.name)))
         return errors
@@ -565,6 +595,8 @@ class NodeSidecars:
         finally:
             remove_ready_files([child.ready_path for child in self._children])
             self._end_run(problems)
+            if self.store is not None and self._run_created:
+                targets.refresh(self.store)
         if interrupted is not None:
             raise interrupted
         if lost is not None:

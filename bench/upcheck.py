@@ -48,7 +48,8 @@ def one_start(mode: str, origin: TlsH2Origin, work: Path, cache: Path) -> tuple[
             "sidecar": {
                 "enabled": True,
                 "instances": [
-                    {"name": f"i{n}", "upstream": origin.url, "listen": "127.0.0.1:0"} for n in range(INSTANCES)
+                    {"name": f"i{n}", "upstream": origin.url, "listen": "127.0.0.1:0"}
+                    for n in range(INSTANCES)
                 ],
                 "ca_file": str(origin.ca_file),
                 "log_dir": str(work / "logs"),

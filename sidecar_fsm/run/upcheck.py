@@ -94,6 +94,8 @@ class _NotAnswered(Exception):
 def _ask(address: str, timeout: float) -> tuple[bool, bool, str | None, float | None]:
     """GET /upstream once: (checked, ok, error, seconds). Raises ``_NotAnswered``."""
     host, _, port = address.rpartition(":")
+    if not port.isdigit():
+        raise _NotAnswered(f"recorded metrics address '{address}' is not host:port")
     conn = http.client.HTTPConnection(host.strip("[]"), int(port), timeout=timeout)
     try:
         conn.request("GET", "/upstream")

@@ -95,7 +95,13 @@ def refresh(store: Store) -> str | None:
     """
     path = target_file(store)
     try:
-        path.parent.mkdir(mode=0o755, exist_ok=True)
+        try:
+            path.parent.mkdir()
+        except FileExistsError:
+            pass
+        else:
+            # Whatever the umask: a Prometheus server of another user must list it; only we write.
+            os.chmod(path.parent, 0o755)
         with FileLock(str(path.parent / f".{path.name}.lock"), timeout=_LOCK_SECONDS):
             entries = target_entries(store)
             _write_atomically(path, json.dumps(entries, indent=2) + "\n")

@@ -151,6 +151,8 @@ def test_prometheus_scrapes_every_sidecar_of_a_live_run_through_the_target_file(
                 "ca_file": str(tls_origin.ca_file),
                 "log_dir": str(log_dir),
                 "shutdown_grace": "2s",
+                # PINGs keep the judge's connection through the relay, which drops it after 5 s idle.
+                "ping_interval": "1s",
                 "rewrite_base_urls": False,
             },
         }

@@ -148,6 +148,7 @@ def test_each_verdict_is_printed_in_the_proxys_words_and_warn_starts_anyway(
         tls_origin.ca_file,
         log_dir,
         cache_dir,
+        ping_interval="1s",  # keeps the good connection through the relay (5 s idle limit)
     )
     manager = start_h2_ping_sidecar(config)
     assert manager is not None

@@ -27,6 +27,7 @@ import (
 	"io"
 	"math"
 	"net"
+	"strconv"
 	"sync"
 	"sync/atomic"
 	"syscall"
@@ -113,9 +114,9 @@ func (c *watchedConn) readFailed(err error) {
 	switch {
 	case errors.Is(err, io.EOF) && c.goaway.Load():
 	case errors.Is(err, io.EOF), errors.Is(err, io.ErrUnexpectedEOF), errors.Is(err, syscall.ECONNRESET):
-		c.m.upstreamFailed(kindReset)
+		c.m.upstreamFailed(kindReset, "upstream ended the connection: "+err.Error())
 	default:
-		c.m.upstreamFailed(kindOther)
+		c.m.upstreamFailed(kindOther, "reading from the upstream: "+err.Error())
 	}
 }
 
@@ -128,7 +129,7 @@ func (c *watchedConn) Close() error {
 	}
 	c.m.conns.Add(-1)
 	if c.pingLost() && !c.ended.Swap(true) {
-		c.m.upstreamFailed(kindPingTimeout)
+		c.m.upstreamFailed(kindPingTimeout, "PING not acknowledged within "+c.pingTimeout.String()+"; connection closed")
 	}
 	t := time.AfterFunc(forceCloseAfter, func() { c.Conn.NetConn().Close() })
 	defer t.Stop()
@@ -175,17 +176,30 @@ func (c *watchedConn) frame(sent bool, typ, flags byte, data []byte) {
 		c.goaway.Store(true)
 		m.goaways.Add(1)
 		if code := be32(data[4:8]); code != errCodeNo {
-			m.upstreamFailed(kindReset)
+			m.upstreamFailed(kindReset, "GOAWAY from the upstream with error code "+h2CodeName(code))
 		}
 	case typ == frameRSTStream && !sent:
 		// REFUSED_STREAM is re-sent (a retry, not a failure); CANCEL is also what a server
 		// answers to a stream the proxy itself cancelled because its client went away.
 		if code := be32(data); code != errCodeNo && code != errCodeRefused && code != errCodeCancel {
-			m.upstreamFailed(kindReset)
+			m.upstreamFailed(kindReset, "RST_STREAM from the upstream with error code "+h2CodeName(code))
 		}
 	case typ == frameHeaders && !sent:
 		m.upstreamOK()
 	}
+}
+
+// h2CodeNames are RFC 9113's error code names, for the last-error text.
+var h2CodeNames = [...]string{"NO_ERROR", "PROTOCOL_ERROR", "INTERNAL_ERROR", "FLOW_CONTROL_ERROR",
+	"SETTINGS_TIMEOUT", "STREAM_CLOSED", "FRAME_SIZE_ERROR", "REFUSED_STREAM", "CANCEL",
+	"COMPRESSION_ERROR", "CONNECT_ERROR", "ENHANCE_YOUR_CALM", "INADEQUATE_SECURITY", "HTTP_1_1_REQUIRED"}
+
+// h2CodeName is code's name, or its number for a code RFC 9113 does not define.
+func h2CodeName(code uint32) string {
+	if int(code) < len(h2CodeNames) {
+		return h2CodeNames[code]
+	}
+	return "0x" + strconv.FormatUint(uint64(code), 16)
 }
 
 func be32(b []byte) uint32 {

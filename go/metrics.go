@@ -79,16 +79,41 @@ type meters struct {
 	retries   atomic.Uint64
 	rotations atomic.Uint64
 
-	flight inflight
+	flight   inflight
+	duration histogram // request to end of response, answered requests only
+
+	// firstCheck is the first upstream dial's verdict, nil until it ends; lastErr the
+	// latest upstream failure, nil until one happens. Both are read by GET /upstream.
+	firstCheck atomic.Pointer[checkVerdict]
+	lastErr    atomic.Pointer[upstreamNote]
+}
+
+// checkVerdict is how the first upstream dial ended: ok, or err in the error's own words
+// (one line), after seconds.
+type checkVerdict struct {
+	ok      bool
+	err     string
+	seconds float64
+}
+
+// upstreamNote is one upstream failure's text (one line, no request data: dial and
+// handshake errors name only the upstream's address) and when it happened.
+type upstreamNote struct {
+	text string
+	at   time.Time
 }
 
 // stats is the process's metrics (see the file comment for why it is a package variable).
 var stats = &meters{}
 
-// upstreamFailed counts one upstream failure and marks the upstream down.
-func (m *meters) upstreamFailed(k errKind) {
+// upstreamFailed counts one upstream failure, marks the upstream down and keeps text (one
+// line, the error's own words) as the last error for GET /upstream. Failures are rare
+// (the request path never gets here while the upstream is healthy), so the small
+// allocation is paid only when something went wrong.
+func (m *meters) upstreamFailed(k errKind, text string) {
 	m.errs[k].Add(1)
 	m.upstreamUp.Store(false)
+	m.lastErr.Store(&upstreamNote{text: oneLine(text), at: time.Now()})
 }
 
 // upstreamOK marks the upstream up after a dial or a response. The load first keeps the
@@ -109,11 +134,14 @@ type dialError struct {
 func (e *dialError) Error() string { return e.err.Error() }
 func (e *dialError) Unwrap() error { return e.err }
 
-// dialed counts the outcome of one upstream dial (transport.go's newClientConn).
-func (m *meters) dialed(err error) {
+// dialed counts the outcome of one upstream dial (transport.go's newClientConn), which
+// took took. The first dial's outcome is also the start-up check's verdict (upcheck.go):
+// usually that dial is the check's own, but a request that came first dialed for it.
+func (m *meters) dialed(err error, took time.Duration) {
 	if err == nil {
 		m.dialsOK.Add(1)
 		m.upstreamOK()
+		m.firstCheck.CompareAndSwap(nil, &checkVerdict{ok: true, seconds: took.Seconds()})
 		return
 	}
 	m.dialsErr.Add(1)
@@ -122,7 +150,8 @@ func (m *meters) dialed(err error) {
 	if errors.As(err, &de) {
 		kind = de.kind
 	}
-	m.upstreamFailed(kind)
+	m.upstreamFailed(kind, err.Error())
+	m.firstCheck.CompareAndSwap(nil, &checkVerdict{err: oneLine(err.Error()), seconds: took.Seconds()})
 }
 
 // countHTTP2Error is the upstream Transport's HTTP2Config.CountError: net/http's own hook
@@ -134,7 +163,7 @@ func (m *meters) dialed(err error) {
 // whether a PING really went unanswered.
 func (m *meters) countHTTP2Error(errType string) {
 	if strings.HasPrefix(errType, "conn_close_error_") {
-		m.upstreamFailed(kindOther)
+		m.upstreamFailed(kindOther, "HTTP/2 protocol error from the upstream ("+errType+")")
 	}
 }
 
@@ -216,6 +245,7 @@ func (m *meters) begin(e *flightEntry) {
 // sum(responses_total) + client_disconnects_total.
 func (m *meters) end(e *flightEntry, code int, gone bool) {
 	m.flight.remove(e)
+	took := time.Since(e.start)
 	if gone {
 		m.clientGone.Add(1)
 		return
@@ -226,6 +256,7 @@ func (m *meters) end(e *flightEntry, code int, gone bool) {
 	if code < maxCode {
 		m.responses[code].Add(1)
 	}
+	m.duration.observe(took)
 }
 
 // countingWriter records the final status code of a response. It carries the request's
@@ -262,7 +293,13 @@ func serveMetrics(ln net.Listener) *http.Server {
 	mux := http.NewServeMux()
 	mux.HandleFunc("GET /metrics", func(w http.ResponseWriter, r *http.Request) {
 		w.Header().Set("Content-Type", "text/plain; version=0.0.4; charset=utf-8")
-		w.Write(stats.appendText(make([]byte, 0, 4096), time.Now()))
+		b := stats.appendText(make([]byte, 0, 8192), time.Now())
+		w.Write(appendProcessText(b))
+	})
+	mux.HandleFunc("GET /upstream", func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("Content-Type", "application/json")
+		w.Header().Set("Cache-Control", "no-store")
+		w.Write(stats.upstreamJSON())
 	})
 	srv := &http.Server{Handler: mux, ReadHeaderTimeout: 10 * time.Second}
 	go srv.Serve(ln)
@@ -305,7 +342,10 @@ func (m *meters) appendText(b []byte, now time.Time) []byte {
 	b = counter(b, "h2ping_goaways_total", "GOAWAY frames received from the upstream.", m.goaways.Load())
 	b = counter(b, "h2ping_retries_total", "Requests re-sent on another connection after a GOAWAY or REFUSED_STREAM refusal.", m.retries.Load())
 	b = counter(b, "h2ping_rotations_total", "Upstream connections retired by -max-conn-age.", m.rotations.Load())
-	return b
+	b = m.duration.appendText(b, "h2ping_request_duration_seconds",
+		"Time from a client request to the end of its response (answered requests; waits of an hour are the point).")
+	b = head(b, "h2ping_build_info", "Build of this h2-ping-sidecar; always 1.", "gauge")
+	return append(b, buildInfoSample...)
 }
 
 func head(b []byte, name, help, typ string) []byte {

@@ -90,7 +90,8 @@ var allMetrics = map[string]string{
 	"h2ping_upstream_up": "gauge", "h2ping_pings_sent_total": "counter",
 	"h2ping_ping_acks_total": "counter", "h2ping_ping_rtt_seconds": "gauge",
 	"h2ping_goaways_total": "counter", "h2ping_retries_total": "counter",
-	"h2ping_rotations_total": "counter",
+	"h2ping_rotations_total": "counter", "h2ping_request_duration_seconds": "histogram",
+	"h2ping_build_info": "gauge",
 }
 
 // parseExposition checks text line by line against the Prometheus text format 0.0.4, as
@@ -125,7 +126,7 @@ func parseExposition(text string) (map[string]float64, error) {
 				if types[f[2]] != "" || f[2] != family {
 					return nil, fmt.Errorf("%s: TYPE repeated or not right after its HELP", where)
 				}
-				if f[3] != "counter" && f[3] != "gauge" {
+				if f[3] != "counter" && f[3] != "gauge" && f[3] != "histogram" {
 					return nil, fmt.Errorf("%s: type %q", where, f[3])
 				}
 				types[f[2]] = f[3]
@@ -151,14 +152,25 @@ func parseExposition(text string) (map[string]float64, error) {
 				}
 			}
 		}
-		if name != family || types[name] == "" {
+		base := name
+		if types[family] == "histogram" {
+			for _, suffix := range []string{"_bucket", "_sum", "_count"} {
+				if strings.TrimSuffix(name, suffix) == family {
+					base = family
+				}
+			}
+			if strings.HasSuffix(name, "_bucket") != strings.Contains(labels, "le=") {
+				return nil, fmt.Errorf("%s: a histogram's _bucket samples, and only they, carry le", where)
+			}
+		}
+		if base != family || types[base] == "" {
 			return nil, fmt.Errorf("%s: sample outside its family (HELP/TYPE of %q)", where, name)
 		}
 		v, err := strconv.ParseFloat(value, 64)
 		if err != nil {
 			return nil, fmt.Errorf("%s: value %q", where, value)
 		}
-		if types[name] == "counter" && v < 0 {
+		if types[base] != "gauge" && v < 0 {
 			return nil, fmt.Errorf("%s: negative counter", where)
 		}
 		if _, dup := samples[key]; dup {

@@ -64,8 +64,9 @@ func newUpstream(cfg *Config) *upstream {
 
 // newClientConn dials one new HTTP/2 connection; it is never shared with the Transport.
 func (u *upstream) newClientConn(ctx context.Context) (*http.ClientConn, error) {
+	start := time.Now()
 	cc, err := u.tr.NewClientConn(ctx, "https", u.cfg.UpstreamAddr)
-	stats.dialed(err)
+	stats.dialed(err, time.Since(start))
 	return cc, err
 }
 

@@ -16,6 +16,13 @@ package main
 // ready waited for it). A request that comes first dials for itself, and that dial is the
 // check.
 //
+// Its verdict is read by the launcher from GET /upstream on the metrics listener
+// (procmetrics.go), not from the ready file: the ready file is the readiness protocol,
+// written once before the check and removed at exit, and rewriting it would race the
+// launcher's reader and reap's stale-file cleanup; the same endpoint also keeps the last
+// upstream error for status and top, which already talk to that listener. Error text
+// never becomes a metric label value (unbounded, and it may change with every dial).
+//
 // Must not: delay readiness (it runs after the ready file, in its own goroutine) or send
 // a request (the upstream may bill or log one).
 

@@ -89,6 +89,8 @@ GLOBAL_ACCELERATOR_IDLE_TIMEOUT_SECONDS = 340.0
 LOAD_BALANCER_KEEP_ALIVE_SECONDS = 3600.0
 
 DEFAULT_LISTEN = "127.0.0.1:1250"
+# sidecar.upstream_check: what the start does with each proxy's first upstream check.
+UPSTREAM_CHECK_MODES = ("warn", "fail", "off")
 
 _NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_-]*")
 _INSTANCES_EXAMPLE = (
@@ -172,6 +174,9 @@ _NUMBERS = {
     "startup_timeout_seconds": _Number(
         "a number of seconds", 0, "must be a number of seconds above 0", "try 30"
     ),
+    "upstream_check_seconds": _Number(
+        "a number of seconds", 0, "must be a number of seconds above 0", "try 10, or upstream_check: off"
+    ),
 }
 
 
@@ -233,6 +238,10 @@ class SidecarInstanceConfig(_Model):
     """``host:port`` the proxy binds; port 0 picks a free one. Loopback unless
     ``allow_non_loopback``: the proxy adds no authentication of its own."""
 
+    metrics_listen: str | None = None
+    """New: a fixed loopback ``host:port`` for this proxy's ``/metrics`` (port 0: any free one),
+    so a Prometheus server can be pointed at it; null takes a free port when ``metrics``."""
+
     @field_validator("name")
     @classmethod
     def _check_name(cls, value: str) -> str:
@@ -251,6 +260,18 @@ class SidecarInstanceConfig(_Model):
     @classmethod
     def _check_listen(cls, value: str) -> str:
         split_listen(value)
+        return value.strip()
+
+    @field_validator("metrics_listen")
+    @classmethod
+    def _check_metrics_listen(cls, value: str | None) -> str | None:
+        if value is None:
+            return None
+        host, _ = split_listen(value)
+        if not is_loopback_host(host):
+            # Unlike listen, no allow_non_loopback: /metrics has no authentication either,
+            # and a Prometheus server on the node reaches loopback.
+            raise ValueError("is not loopback; use 127.0.0.1:PORT (port 0 for any free one)")
         return value.strip()
 
     @property
@@ -355,6 +376,16 @@ class H2PingSidecarConfig(_Model):
     ``status`` and ``top`` show its live figures. The endpoint is loopback only and carries no
     request data; false starts the proxies without it."""
 
+    upstream_check: str = "warn"
+    """New: after the proxies are ready, wait up to ``upstream_check_seconds`` for each one's
+    first upstream check (TLS, ALPN h2) and print its verdict. ``warn``: a failure is printed
+    and the start goes on (an endpoint may come up later); ``fail``: a failure fails the start,
+    nothing left running; ``off``: no wait. Needs ``metrics`` (the verdict is read from the
+    proxy's metrics listener)."""
+
+    upstream_check_seconds: float = 10.0
+    """New: how long the start waits for all the upstream checks together; above 0."""
+
     @field_validator("ping_interval", "ping_timeout", "shutdown_grace", "max_conn_age", mode="before")
     @classmethod
     def _check_duration(cls, value: object, info: ValidationInfo) -> str:
@@ -368,11 +399,18 @@ class H2PingSidecarConfig(_Model):
         return text
 
     _check_number_type = field_validator(
-        "retry_body_limit", "gomaxprocs", "startup_timeout_seconds", mode="before"
+        "upstream_check_seconds", "retry_body_limit", "gomaxprocs", "startup_timeout_seconds", mode="before"
     )(_number_type)
-    _check_number_range = field_validator("retry_body_limit", "gomaxprocs", "startup_timeout_seconds")(
-        _number_range
-    )
+    _check_number_range = field_validator(
+        "retry_body_limit", "gomaxprocs", "startup_timeout_seconds", "upstream_check_seconds"
+    )(_number_range)
+
+    @field_validator("upstream_check", mode="before")
+    @classmethod
+    def _check_upstream_check(cls, value: object) -> object:
+        if value not in UPSTREAM_CHECK_MODES:
+            raise ValueError("must be warn, fail or off; try warn")
+        return value
 
     @field_validator("gomemlimit", mode="before")
     @classmethod
@@ -423,7 +461,41 @@ class H2PingSidecarConfig(_Model):
                         value=instance.listen,
                     )
             seen_listens.append((index, address))
+        self._check_metrics_listens(seen_listens)
+        if self.upstream_check == "fail" and not self.metrics:
+            raise Problem(
+                "needs metrics: true (the verdict is read from each proxy's metrics listener); "
+                "set metrics: true or upstream_check: warn",
+                path=("upstream_check",),
+                value=self.upstream_check,
+            )
         return self
+
+    def _check_metrics_listens(self, listens: list[tuple[int, tuple[str, int]]]) -> None:
+        """Each fixed ``metrics_listen`` must differ from every listen and every other one, and
+        needs ``metrics`` on (with it off nothing would bind it)."""
+        seen: list[tuple[str, tuple[str, int]]] = [(f"instances[{i}].listen", a) for i, a in listens]
+        for index, instance in enumerate(self.instances):
+            if instance.metrics_listen is None:
+                continue
+            path = ("instances", index, "metrics_listen")
+            if not self.metrics:
+                raise Problem(
+                    "needs metrics: true (with metrics off no proxy serves /metrics); "
+                    "set metrics: true or drop metrics_listen",
+                    path=path,
+                    value=instance.metrics_listen,
+                )
+            address = split_listen(instance.metrics_listen)
+            for where, other in seen:
+                if listens_clash(address, other):
+                    raise Problem(
+                        f"clashes with {where}; every listen and metrics_listen needs its own "
+                        "address: a unique port each, or 0 for any free port",
+                        path=path,
+                        value=instance.metrics_listen,
+                    )
+            seen.append((f"instances[{index}].metrics_listen", address))
 
     @model_validator(mode="wrap")
     @classmethod

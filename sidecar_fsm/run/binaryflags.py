@@ -253,6 +253,19 @@ def refusals(
             f"sidecar.ca_file: '{config.ca_file}' cannot be passed to '{flags.path}', which has no "
             f"-ca-file flag; add the CA to the system roots and drop ca_file, {_USE_OURS}"
         )
+    if "metrics-listen" not in flags.accepted:
+        # Without -metrics-listen there is no /metrics to fix and no verdict to wait for.
+        for index, instance in enumerate(instances):
+            if config.metrics and instance.metrics_listen:
+                lines.append(
+                    f"sidecar.instances[{index}].metrics_listen: '{instance.metrics_listen}' cannot be "
+                    f"passed to '{flags.path}', which has no -metrics-listen flag; drop it {_USE_OURS}"
+                )
+        if config.upstream_check == "fail":
+            lines.append(
+                f"sidecar.upstream_check: 'fail' needs the upstream check's verdict, which '{flags.path}' "
+                f"cannot give (no -metrics-listen flag); set upstream_check: warn {_USE_OURS}"
+            )
     return lines
 
 

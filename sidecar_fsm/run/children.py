@@ -49,6 +49,8 @@ class Child:
     identity: procs.ProcessIdentity | None = None
     restart_count: int = 0
     error: str | None = None
+    # The proxy's /metrics address from its ready file; None without metrics or before ready.
+    metrics: str | None = None
 
     @property
     def name(self) -> str:

@@ -28,8 +28,9 @@ def sidecar_command(
     Pure apart from reading our own pid: with ``exit_with_owner`` the child gets
     ``-exit-with-pid <this process>``, so a launcher killed with SIGKILL (no ``stop()``) leaves a
     sidecar that drains and exits by itself instead of holding the port forever. With
-    ``metrics`` it gets ``-metrics-listen 127.0.0.1:0``: a free port each, named in its ready
-    file, so N sidecars on a host never compete for one. A binary that lacks a flag gets this
+    ``metrics`` it gets ``-metrics-listen`` with the instance's ``metrics_listen``, else
+    ``127.0.0.1:0``: a free port each, named in its ready file, so N sidecars on a host never
+    compete for one. A binary that lacks a flag gets this
     argv through ``binaryflags.filter_command``.
     """
     command = [
@@ -56,7 +57,7 @@ def sidecar_command(
     if config.exit_with_owner:
         command += ["-exit-with-pid", str(os.getpid())]
     if config.metrics:
-        command += ["-metrics-listen", METRICS_LISTEN]
+        command += ["-metrics-listen", instance.metrics_listen or METRICS_LISTEN]
     if config.insecure_skip_verify:
         command.append("-insecure-skip-verify")
     return command
@@ -99,7 +100,13 @@ def config_summary(
     c = config
     return {
         "instances": [
-            {"name": i.name, "upstream": redact_url(i.upstream), "listen": i.listen} for i in instances
+            {
+                "name": i.name,
+                "upstream": redact_url(i.upstream),
+                "listen": i.listen,
+                "metrics_listen": i.metrics_listen,
+            }
+            for i in instances
         ],
         "binary": binary,
         "ping_interval": c.ping_interval,
@@ -110,6 +117,8 @@ def config_summary(
         "startup_timeout_seconds": c.startup_timeout_seconds,
         "exit_with_owner": c.exit_with_owner,
         "metrics": c.metrics,
+        "upstream_check": c.upstream_check,
+        "upstream_check_seconds": c.upstream_check_seconds,
         "restart": {"max_restarts": c.restart.max_restarts, "backoff": c.restart.backoff},
         "ca_file": c.ca_file,
         "insecure_skip_verify": c.insecure_skip_verify,

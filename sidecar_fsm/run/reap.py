@@ -29,7 +29,7 @@ from sidecar_fsm.base import procs
 from sidecar_fsm.base.ready import temp_files
 from sidecar_fsm.config import parse_duration_seconds
 from sidecar_fsm.errors import ConfigError
-from sidecar_fsm.run import crashpoints
+from sidecar_fsm.run import crashpoints, targets
 
 # Imported for their types and machines; each owns its concern (SQL, state changes).
 from sidecar_fsm.state.fsm import TERMINAL, InstanceMachine
@@ -188,6 +188,9 @@ def reap(store: Store, *, dry_run: bool = False) -> ReapReport:
             if owner == "alive":
                 continue
             report.runs.append(_reap_run(store, run, owner, dry_run))
+        if report.runs and not dry_run:
+            # The reaped runs' sidecars leave Prometheus' targets (SPEC: rewritten at reap).
+            targets.refresh(store)
         return report
 
 

@@ -23,7 +23,7 @@ from pathlib import Path
 from sidecar_fsm.base import procs
 from sidecar_fsm.base.ready import ReadyInfo, ReadyOutcome, ReadyWait, wait_all_ready
 from sidecar_fsm.errors import SidecarError
-from sidecar_fsm.run import crashpoints
+from sidecar_fsm.run import crashpoints, targets, upcheck
 from sidecar_fsm.run.binaryflags import filter_command
 from sidecar_fsm.run.children import Child, SidecarRun, process_facts
 from sidecar_fsm.run.command import config_summary, sidecar_command, sidecar_env
@@ -60,6 +60,7 @@ def start(run: SidecarRun) -> list[str]:
         errors = await_ready(run, run.children)
         if errors:
             raise SidecarError("\n".join(errors))
+        verdicts = _check_upstreams(run)
     except BaseException:
         # The original error is the one worth reporting; a state write failing during this
         # cleanup has already ended the processes (stop() guarantees it) and is dropped.
@@ -70,7 +71,32 @@ def start(run: SidecarRun) -> list[str]:
         f"{run.host}: {child.name} listening on {child.listen} -> {child.instance.upstream} "
         f"(run {run.run_id})"
         for child in run.children
-    ]
+    ] + [f"{run.host}: {line}" for line in verdicts]
+
+
+def _check_upstreams(run: SidecarRun) -> list[str]:
+    """Await every proxy's first upstream check (``upcheck``); one line each, [] when ``off``.
+
+    With ``upstream_check: fail`` an instance whose check failed (or gave no verdict) is ended
+    and ``failed`` with the reason, and ``SidecarError`` names each such instance; the caller's
+    cleanup then stops the rest.
+    """
+    if run.config.upstream_check == "off":
+        return []
+    why = "metrics: false" if not run.config.metrics else "its binary serves no metrics"
+    timeout = float(run.config.upstream_check_seconds)
+    verdicts = upcheck.await_verdicts(
+        [upcheck.CheckTarget(c.name, c.instance.upstream, c.metrics, why) for c in run.children],
+        timeout,
+    )
+    if run.config.upstream_check == "fail":
+        failed = [(c, v) for c, v in zip(run.children, verdicts, strict=True) if v.failed]
+        messages = [f"{run.where(c)}: {v.reason(timeout)} (upstream_check: fail)" for c, v in failed]
+        for (child, _), message in zip(failed, messages, strict=True):
+            run.fail(child, message, exit_code=kill(child))
+        if messages:
+            raise SidecarError("\n".join(messages))
+    return [verdict.line(timeout) for verdict in verdicts]
 
 
 def _spawn_all(run: SidecarRun, env: dict[str, str]) -> None:
@@ -244,10 +270,13 @@ def await_ready(run: SidecarRun, children: list[Child]) -> list[str]:
         ]
     )
     crashpoints.hit("ready-recorded")
+    if bound and run.store is not None:
+        targets.refresh(run.store)
     errors: list[str] = []
     for child in children:
         if child.name in bound:
             child.listen = bound[child.name].listen
+            child.metrics = bound[child.name].metrics
         else:
             errors.append(_startup_failure(run, child, outcomes.get(child.name)))
     return errors

@@ -14,7 +14,7 @@ import time
 
 from sidecar_fsm.base import procs
 from sidecar_fsm.errors import SidecarError
-from sidecar_fsm.run import crashpoints
+from sidecar_fsm.run import crashpoints, targets
 from sidecar_fsm.run.children import Child, SidecarRun
 from sidecar_fsm.run.messages import log_tail
 from sidecar_fsm.run.runfiles import remove_ready_files
@@ -53,6 +53,8 @@ def stop(run: SidecarRun) -> None:
     finally:
         remove_ready_files([child.ready_path for child in run.children])
         _end_run(run, problems)
+        if run.store is not None and run.run_created:
+            targets.refresh(run.store)
     if interrupted is not None:
         raise interrupted
     if lost is not None:

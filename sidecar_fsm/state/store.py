@@ -405,6 +405,17 @@ class Store:
         rows = self._rows(f"SELECT * FROM instances WHERE state IN ({marks}) ORDER BY id", wanted)
         return [InstanceRecord(**row) for row in rows]
 
+    def metrics_targets(self) -> list[InstanceRecord]:
+        """Instances serving ``/metrics`` as recorded: ready or draining, with a metrics address,
+        in a run not ended; in creation order. Whether each process still runs is the caller's
+        question (``procs``): a launcher killed with -9 leaves its rows saying ready."""
+        rows = self._rows(
+            "SELECT instances.* FROM instances JOIN runs ON runs.run_id = instances.run_id "
+            "WHERE runs.ended_at IS NULL AND instances.state IN ('ready', 'draining') "
+            "AND instances.metrics IS NOT NULL ORDER BY instances.id"
+        )
+        return [InstanceRecord(**row) for row in rows]
+
     def live_instance_on_listen(self, listen: str) -> InstanceRecord | None:
         """The newest non-terminal instance recorded on ``listen`` (host:port), if any."""
         rows = self._rows(

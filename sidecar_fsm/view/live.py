@@ -1,7 +1,8 @@
 """What each running sidecar is doing now: its ``GET /metrics``, read under a deadline.
 
 Owns scraping the proxies' metrics listeners (every address at once, one thread each, one
-deadline for all) and turning the Prometheus text into ``Figures``, with prometheus-client's
+deadline for all; ``GET /upstream`` too for a proxy whose upstream is down, for the error's
+words) and turning the Prometheus text into ``Figures``, with prometheus-client's
 parser: a well-kept parser of the format beats our own. Must not read or write the database,
 judge or signal processes (the caller scrapes only instances ``procs`` proved are ours: a dead
 sidecar's port may belong to someone else by now) or format anything (``render`` does).
@@ -13,7 +14,9 @@ an error of the command: ``status`` and ``top`` must work best exactly when some
 
 from __future__ import annotations
 
+import dataclasses
 import http.client
+import json
 import threading
 import time
 from collections.abc import Hashable, Mapping
@@ -50,6 +53,9 @@ class Figures:
     upstream_connections: int
     # Every kind the proxy reported, zeros included, so a reader can tell "none" from "unknown".
     upstream_errors: Mapping[str, int] = field(default_factory=dict)
+    # The proxy's last upstream error in its own words (GET /upstream), read only while the
+    # upstream is down; None when up, or when the proxy could not say.
+    upstream_error: str | None = None
 
     def errors_counted(self) -> dict[str, int]:
         """The error kinds with a non-zero count, in ``ERROR_KINDS`` order, then any others."""
@@ -125,7 +131,10 @@ def _scrape_one(address: str, deadline: float) -> Scrape:
         body = response.read(_MAX_BODY_BYTES)
         if response.status != 200:
             return Scrape(address, None, f"bad answer: HTTP {response.status}")
-        return Scrape(address, parse(body.decode("utf-8", errors="replace")))
+        figures = parse(body.decode("utf-8", errors="replace"))
+        if not figures.upstream_up:
+            figures = dataclasses.replace(figures, upstream_error=_last_upstream_error(conn))
+        return Scrape(address, figures)
     except TimeoutError:
         return Scrape(address, None, NO_ANSWER)
     except ConnectionRefusedError:
@@ -138,6 +147,26 @@ def _scrape_one(address: str, deadline: float) -> Scrape:
         return Scrape(address, None, f"bad answer: {reason}")
     finally:
         conn.close()
+
+
+def _last_upstream_error(conn: http.client.HTTPConnection) -> str | None:
+    """The proxy's last upstream error (``GET /upstream``'s ``last_error``) on the scrape's own
+    connection and deadline; None when it cannot say (an older proxy, no answer in time).
+
+    Text, not a metric: an error's words would make an unbounded label value, so the proxy keeps
+    them beside /metrics, and they are asked for only when the upstream is down.
+    """
+    try:
+        conn.request("GET", "/upstream")
+        response = conn.getresponse()
+        body = response.read(_MAX_BODY_BYTES)
+        if response.status != 200:
+            return None
+        document = json.loads(body)
+    except (OSError, http.client.HTTPException, ValueError):
+        return None
+    error = document.get("last_error") if isinstance(document, dict) else None
+    return " ".join(str(error).split()) or None if error is not None else None
 
 
 def scrape_all(addresses: Mapping[K, str], timeout: float = SCRAPE_TIMEOUT_SECONDS) -> dict[K, Scrape]:

@@ -138,8 +138,7 @@ LIVE_HEADERS = ("IN FLIGHT", "OLDEST", "PINGS SENT/ACKED", "UPSTREAM")
 def upstream_words(scrape: Scrape) -> Cell:
     """``up``, or ``down`` with the proxy's error counts by kind: ``down: dial 3, tls 1``.
 
-    The proxy exposes counters, not its last error's text, so the kinds are what can be shown;
-    its log has the line.
+    The last error's words are long, so they go to DETAIL (``_live_detail_cell``), not here.
     """
     figures = scrape.figures
     if figures is None:
@@ -175,6 +174,10 @@ def _live_detail_cell(status: RunStatus, inst: InstanceRecord) -> Cell:
     """DETAIL, with why the metrics could not be read when they could not."""
     text, style = _detail_cell(status, inst)
     scrape = status.live_of(inst)
+    figures = scrape.figures if scrape is not None else None
+    if figures is not None and not figures.upstream_up and figures.upstream_error:
+        reason = f"upstream: {figures.upstream_error}"
+        return (reason if text == UNKNOWN else f"{text}; {reason}", style or "red")
     if scrape is None or scrape.problem is None:
         return (text, style)
     problem = f"/metrics at {scrape.address}: {scrape.problem}"
@@ -205,6 +208,10 @@ def live_json(scrape: Scrape | None) -> dict[str, Any] | None:
     for key in keys:
         document[key] = getattr(figures, key) if figures is not None else None
     document["upstream_errors"] = dict(figures.upstream_errors) if figures is not None else None
+    # The last upstream error's words while the upstream is down; null when up or not answered.
+    document["upstream_error"] = (
+        figures.upstream_error if figures is not None and not figures.upstream_up else None
+    )
     return document
 
 

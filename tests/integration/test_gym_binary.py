@@ -229,6 +229,26 @@ def test_check_refuses_with_every_line_or_returns_the_warnings(gym_binary: Path)
     assert second.startswith("sidecar.ca_file: '/ca.pem' ")
 
 
+def test_what_needs_metrics_is_refused_for_a_binary_without_them(
+    gym_binary: Path, sidecar_binary: Path
+) -> None:
+    """A fixed metrics_listen has nothing to bind, and upstream_check: fail no verdict to wait
+    for, on a binary without -metrics-listen: refused before anything starts, one line each."""
+    config = _config(
+        instances=[{"upstream": "https://a.example.com", "metrics_listen": "127.0.0.1:9464"}],
+        upstream_check="fail",
+    )
+    lines = refusals(config, config.instances, binary_flags(gym_binary))
+    assert lines == [
+        f"sidecar.instances[0].metrics_listen: '127.0.0.1:9464' cannot be passed to '{gym_binary}', which "
+        "has no -metrics-listen flag; drop it or leave sidecar.binary unset to use sidecar-fsm's proxy",
+        f"sidecar.upstream_check: 'fail' needs the upstream check's verdict, which '{gym_binary}' cannot "
+        "give (no -metrics-listen flag); set upstream_check: warn or leave sidecar.binary unset to use "
+        "sidecar-fsm's proxy",
+    ]
+    assert refusals(config, config.instances, binary_flags(sidecar_binary)) == []
+
+
 # --- Gym's binary running ---------------------------------------------------------------------
 
 
@@ -316,6 +336,7 @@ def test_the_launcher_starts_gyms_binary(
     try:
         out = capsys.readouterr().out
         assert out.count(ORPHAN_WARNING) == 1, out
+        assert "lab upstream not checked (its binary serves no metrics)" in out, out
         assert gcd.policy_model.responses_api_models.m.base_url == f"http://127.0.0.1:{port}/v1"
         assert http11_request("127.0.0.1", port, "/echo", timeout=20).status == 200
         manager.check()

@@ -892,6 +892,13 @@ def test_restart_policy_brings_it_back_on_the_same_address(
         assert [instance.listen for instance in manager.instances_actual] == [listen]
         assert http11_request(host, int(port), "/echo").status == 200
 
+        # The restarted proxy's new metrics port replaces the old one in Prometheus' targets.
+        def listed(metrics: str | None = record.metrics) -> bool:
+            targets = log_dir / "sidecar-fsm" / "prometheus" / f"{host_name()}.json"
+            return [entry["targets"] for entry in json.loads(targets.read_text())] == [[metrics]]
+
+        wait_until(listed, 10, "the target file to name the restarted proxy's metrics address")
+
     assert states_path(log_dir, record.id) == [
         "configured",
         "building",

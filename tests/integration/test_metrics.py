@@ -34,6 +34,20 @@ FAMILIES = {
     "h2ping_goaways": "counter",
     "h2ping_retries": "counter",
     "h2ping_rotations": "counter",
+    "h2ping_request_duration_seconds": "histogram",
+    "h2ping_build_info": "gauge",
+    # The Prometheus Go client's names, so dashboards built for any Go service work.
+    "process_cpu_seconds": "counter",
+    "process_resident_memory_bytes": "gauge",
+    "process_virtual_memory_bytes": "gauge",
+    "process_start_time_seconds": "gauge",
+    "process_open_fds": "gauge",
+    "process_max_fds": "gauge",
+    "go_goroutines": "gauge",
+    "go_memstats_alloc_bytes": "gauge",
+    "go_memstats_heap_inuse_bytes": "gauge",
+    "go_memstats_sys_bytes": "gauge",
+    "go_memstats_next_gc_bytes": "gauge",
 }
 
 

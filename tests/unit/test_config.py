@@ -40,6 +40,10 @@ LIST_HINT = "write a list of {name, upstream, listen} entries"
 MEM_HINT = "use bytes or a KiB, MiB, GiB or TiB count like '1GiB', or 'off'"
 
 
+MLOOP = "use 127.0.0.1:PORT (port 0 for any free one)"
+MCLASH = "every listen and metrics_listen needs its own address: a unique port each, or 0 for any free port"
+
+
 def inst(
     name: str = "nvcf", listen: str = "127.0.0.1:1250", upstream: str = UP, **extra: Any
 ) -> dict[str, Any]:
@@ -81,6 +85,8 @@ DEFAULTS = {
     "exit_with_owner": True,
     "restart": {"max_restarts": 0, "backoff": "1s"},
     "metrics": True,
+    "upstream_check": "warn",
+    "upstream_check_seconds": 10.0,
 }
 
 
@@ -150,6 +156,23 @@ GOOD = [
     ({"exit_with_owner": 0}, "exit_with_owner", False),
     ({"metrics": False}, "metrics", False),
     ({"metrics": "off"}, "metrics", False),
+    ({"upstream_check": "fail"}, "upstream_check", "fail"),
+    ({"upstream_check": "off", "metrics": False}, "upstream_check", "off"),
+    ({"upstream_check_seconds": 2.5}, "upstream_check_seconds", 2.5),
+    ({"upstream_check_seconds": "3"}, "upstream_check_seconds", 3.0),
+    ({"instances": [inst(metrics_listen="127.0.0.1:9464")]}, "instances.0.metrics_listen", "127.0.0.1:9464"),
+    ({"instances": [inst(metrics_listen=" localhost:0 ")]}, "instances.0.metrics_listen", "localhost:0"),
+    (
+        {
+            "instances": [
+                inst("a", metrics_listen="127.0.0.1:0"),
+                inst("b", "127.0.0.1:1251", metrics_listen="127.0.0.1:0"),
+            ]
+        },
+        "instances.1.metrics_listen",
+        "127.0.0.1:0",
+    ),
+    ({"instances": [inst()]}, "instances.0.metrics_listen", None),
     ({"binary": ""}, "binary", None),
     ({"log_dir": "  "}, "log_dir", None),
     ({"ca_file": "/etc/ca.pem"}, "ca_file", "/etc/ca.pem"),
@@ -317,7 +340,7 @@ BAD = [
         "sidecar.zzz: unknown key; known keys are allow_non_loopback, binary, build_if_missing, ca_file, "
         "enabled, exit_with_owner, gomaxprocs, gomemlimit, insecure_skip_verify, instances, log_dir, "
         "max_conn_age, metrics, ping_interval, ping_timeout, restart, retry_body_limit, rewrite_base_urls, "
-        "shutdown_grace, startup_timeout_seconds",
+        "shutdown_grace, startup_timeout_seconds, upstream_check, upstream_check_seconds",
     ),
     (
         {"restart": {"max_restart": 1}},
@@ -325,7 +348,7 @@ BAD = [
     ),
     (
         {"instances": [inst(port=1250)]},
-        "sidecar.instances[0].port: unknown key; known keys are listen, name, upstream",
+        "sidecar.instances[0].port: unknown key; known keys are listen, metrics_listen, name, upstream",
     ),
     # names
     ({"instances": [inst(name="-x")]}, f"sidecar.instances[0].name: '-x' {NAME}"),
@@ -417,6 +440,61 @@ BAD = [
     (
         {"instances": [inst("a", "0.0.0.0:9"), inst("b", "127.0.0.1:9")], "allow_non_loopback": True},
         f"sidecar.instances[1].listen: '127.0.0.1:9' clashes with instances[0].listen '0.0.0.0:9'; {CLASH}",
+    ),
+    # the upstream check and fixed metrics addresses
+    ({"upstream_check": "loud"}, "sidecar.upstream_check: 'loud' must be warn, fail or off; try warn"),
+    ({"upstream_check": "WARN"}, "sidecar.upstream_check: 'WARN' must be warn, fail or off; try warn"),
+    ({"upstream_check": True}, "sidecar.upstream_check: 'true' must be warn, fail or off; try warn"),
+    (
+        {"upstream_check": "fail", "metrics": False},
+        "sidecar.upstream_check: 'fail' needs metrics: true (the verdict is read from each proxy's "
+        "metrics listener); set metrics: true or upstream_check: warn",
+    ),
+    (
+        {"upstream_check_seconds": 0},
+        "sidecar.upstream_check_seconds: '0' must be a number of seconds above 0; "
+        "try 10, or upstream_check: off",
+    ),
+    ({"upstream_check_seconds": "10s"}, "sidecar.upstream_check_seconds: '10s' is not a number"),
+    (
+        {"upstream_check_seconds": True},
+        "sidecar.upstream_check_seconds: 'true' is not a number of seconds; try 10, or upstream_check: off",
+    ),
+    (
+        {"instances": [inst(metrics_listen="10.0.0.1:9464")]},
+        f"sidecar.instances[0].metrics_listen: '10.0.0.1:9464' is not loopback; {MLOOP}",
+    ),
+    (
+        {"instances": [inst(metrics_listen="10.0.0.1:9464")], "allow_non_loopback": True},
+        f"sidecar.instances[0].metrics_listen: '10.0.0.1:9464' is not loopback; {MLOOP}",
+    ),
+    (
+        {"instances": [inst(metrics_listen="9464")]},
+        "sidecar.instances[0].metrics_listen: '9464' is not host:port; "
+        "use 127.0.0.1:PORT (0 picks a free port; IPv6 as [::1]:PORT)",
+    ),
+    (
+        {"instances": [inst(metrics_listen="127.0.0.1:9464")], "metrics": False},
+        "sidecar.instances[0].metrics_listen: '127.0.0.1:9464' needs metrics: true "
+        "(with metrics off no proxy serves /metrics); set metrics: true or drop metrics_listen",
+    ),
+    (
+        {"instances": [inst(metrics_listen="127.0.0.1:1250")]},
+        f"sidecar.instances[0].metrics_listen: '127.0.0.1:1250' clashes with instances[0].listen; {MCLASH}",
+    ),
+    (
+        {"instances": [inst("a", metrics_listen="127.0.0.1:1251"), inst("b", "127.0.0.1:1251")]},
+        f"sidecar.instances[0].metrics_listen: '127.0.0.1:1251' clashes with instances[1].listen; {MCLASH}",
+    ),
+    (
+        {
+            "instances": [
+                inst("a", metrics_listen="127.0.0.1:9464"),
+                inst("b", "127.0.0.1:1251", metrics_listen="localhost:9464"),
+            ]
+        },
+        "sidecar.instances[1].metrics_listen: 'localhost:9464' clashes with "
+        f"instances[0].metrics_listen; {MCLASH}",
     ),
 ]
 

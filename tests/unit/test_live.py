@@ -153,6 +153,14 @@ def test_status_table_shows_the_figures_and_no_answer() -> None:
     # Down: the error counts by kind, since the proxy exposes no error text.
     down = render.status_lines([status_with({1: Scrape("a:1", figures())})], now=NOW)
     assert column(down[3], "UPSTREAM") == "down: dial 3, tls 1"
+    # Down with the proxy's words for its last error: they go to DETAIL, not the column.
+    words = "dial tcp 127.0.0.1:1: connect: connection refused"
+    reason = render.status_lines([status_with({1: Scrape("a:1", figures(upstream_error=words))})], now=NOW)
+    assert column(reason[3], "UPSTREAM") == "down: dial 3, tls 1"
+    assert reason[3].endswith(f"upstream: {words}")
+    # Up: an old error's words are not shown.
+    up = status_with({1: Scrape("a:1", figures(upstream_up=True, upstream_error=words))})
+    assert "connection refused" not in "\n".join(render.status_lines([up], now=NOW))
     # Idle: no oldest age to speak of.
     idle = status_with({1: Scrape("a:1", figures(requests_in_flight=0, oldest_request_age_seconds=0.0))})
     assert column(render.status_lines([idle], now=NOW)[3], "OLDEST") == "-"
@@ -182,10 +190,21 @@ def test_status_json_live_object() -> None:
         "upstream_up": False,
         "upstream_connections": 0,
         "upstream_errors": {"dial": 3, "tls": 1, "alpn": 0, "ping_timeout": 0, "reset": 0, "other": 0},
+        "upstream_error": None,
     }
     assert judge["live"]["answered"] is False and judge["live"]["problem"] == "no answer"
     assert judge["live"]["requests_in_flight"] is None and judge["live"]["upstream_errors"] is None
     assert plain["metrics"] is None and plain["live"] is None
+
+
+def test_status_json_names_the_upstream_error_only_while_down() -> None:
+    words = "tls: failed to verify certificate: x509: certificate signed by unknown authority"
+    down = status_with({1: Scrape("127.0.0.1:9101", figures(upstream_error=words))})
+    up = status_with({1: Scrape("127.0.0.1:9101", figures(upstream_up=True, upstream_error=words))})
+    assert (
+        json.loads(render.status_json([down]))["runs"][0]["instances"][0]["live"]["upstream_error"] == words
+    )
+    assert json.loads(render.status_json([up]))["runs"][0]["instances"][0]["live"]["upstream_error"] is None
 
 
 def test_top_frame_has_a_heading_and_the_table() -> None:

@@ -1,0 +1,110 @@
+"""The Prometheus file_sd target file of a host: every live sidecar with metrics, one entry each.
+
+Owns ``<log_dir>/sidecar-fsm/prometheus/<host>.json`` (SPEC, "Prometheus"), in Prometheus'
+``file_sd_configs`` format: ``[{"targets": ["127.0.0.1:PORT"], "labels": {"run", "sidecar",
+"upstream", "host"}}]``. ``refresh`` rewrites it from the database (``Store.metrics_targets``)
+and the process table (``procs``: only a sidecar proven running is listed), and is called at
+every start, restart, stop and reap, so one scrape config finds every sidecar on a node.
+
+The file is written to a temp name in its folder and renamed over the old one, so Prometheus
+(which re-reads it on every change) never reads half a file; the temp name does not end in
+``.json``, so a ``*.json`` pattern never picks it up. Launchers of one host rewrite it under a
+file lock and read the database inside it: without it, two runs stopping at once could rename
+an older reading over a newer one, and a stopped sidecar would stay listed until the next
+rewrite. Must not change state, signal, or fail a start or stop: a file that cannot be written
+costs Prometheus its targets, not the run its sidecars, so ``refresh`` returns a warning.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import tempfile
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlsplit
+
+from filelock import FileLock, Timeout
+
+from sidecar_fsm.base import procs, trust
+from sidecar_fsm.state.store import InstanceRecord, Store
+
+__all__ = ["refresh", "target_entries", "target_file"]
+
+PROMETHEUS_DIR_NAME = "prometheus"
+# Rewrites take milliseconds; a lock held longer belongs to a stuck process, and a stale file
+# until the next rewrite is better than a start or stop that waits on it.
+_LOCK_SECONDS = 10.0
+
+
+def target_file(store: Store) -> Path:
+    """``<log_dir>/sidecar-fsm/prometheus/<host>.json`` for ``store``'s host (beside its database)."""
+    return store.path.parent / PROMETHEUS_DIR_NAME / f"{store.host}.json"
+
+
+def _upstream_label(upstream: str) -> str:
+    """``host[:port]`` of a recorded upstream (stored without userinfo or query)."""
+    parts = urlsplit(upstream)
+    return parts.netloc.rpartition("@")[2] or upstream
+
+
+def _running(inst: InstanceRecord) -> bool:
+    if inst.pid is None:
+        return False
+    return procs.pid_status(inst.pid, inst.pid_start_time, inst.binary or None) == "alive"
+
+
+def target_entries(store: Store) -> list[dict[str, Any]]:
+    """The file's content now: one entry per sidecar recorded serving ``/metrics`` whose process
+    ``procs`` proves is still ours (a dead one's port may belong to someone else). Read-only."""
+    return [
+        {
+            "targets": [inst.metrics],
+            "labels": {
+                "run": inst.run_id,
+                "sidecar": inst.name,
+                "upstream": _upstream_label(inst.upstream),
+                "host": store.host,
+            },
+        }
+        for inst in store.metrics_targets()
+        if inst.metrics and _running(inst)
+    ]
+
+
+def _write_atomically(path: Path, text: str) -> None:
+    fd, temp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.tmp-")
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as handle:
+            handle.write(text)
+        # Writable by its owner only, readable by a Prometheus server running as its own user.
+        os.chmod(temp, 0o644)
+        os.replace(temp, path)
+    except BaseException:
+        Path(temp).unlink(missing_ok=True)
+        raise
+
+
+def refresh(store: Store) -> str | None:
+    """Rewrite ``store``'s host's target file from what runs now; None, or the one-line warning
+    (also printed on stderr) when it could not be.
+
+    Idempotent. Never raises for the file (an ``OSError``, a lock held too long) nor for a
+    database read that fails.
+    """
+    path = target_file(store)
+    try:
+        # Readable by all (a Prometheus server of another user must list it), written by us only,
+        # whatever the umask.
+        for made in trust.make_dirs(path.parent):
+            os.chmod(made, trust.DIR_MODE)
+        lock = path.parent / f".{path.name}.lock"
+        with FileLock(str(lock), timeout=_LOCK_SECONDS, mode=trust.FILE_MODE):
+            entries = target_entries(store)
+            _write_atomically(path, json.dumps(entries, indent=2) + "\n")
+    except (OSError, Timeout, RuntimeError) as exc:
+        warning = f"WARNING: Prometheus target file {path} not rewritten: {exc}"
+        print(warning, file=sys.stderr, flush=True)
+        return warning
+    return None

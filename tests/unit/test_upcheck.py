@@ -1,0 +1,106 @@
+"""The start's upstream verdicts: their words, and the wait against a GET /upstream that answers.
+
+A threaded loopback HTTP server stands in for a proxy's metrics listener (no child process);
+the real proxy is tests/integration/test_upstream_check.py's.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+from collections.abc import Iterator
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
+
+import pytest
+
+from sidecar_fsm.run.upcheck import CONSEQUENCE, CheckTarget, Verdict, await_verdicts
+
+UP = "https://api.example.com"
+
+LINES = [
+    (Verdict("a", UP, "ok", None, 0.0123), f"a upstream {UP} ok: TLS and HTTP/2 in 0.012s"),
+    (
+        Verdict("a", UP, "failed", "dial tcp 1.2.3.4:443: connect: connection refused", 0.001),
+        f"a upstream {UP} failed: dial tcp 1.2.3.4:443: connect: connection refused; {CONSEQUENCE}",
+    ),
+    (
+        Verdict("a", UP, "no verdict"),
+        f"a upstream {UP}: no verdict within 2.5s (upstream_check_seconds); {CONSEQUENCE}",
+    ),
+    (Verdict("a", UP, "not checked", "metrics: false"), "a upstream not checked (metrics: false)"),
+]
+
+
+@pytest.mark.parametrize(("verdict", "line"), LINES)
+def test_each_outcome_is_one_line(verdict: Verdict, line: str) -> None:
+    assert verdict.line(2.5) == line
+    assert verdict.failed == (verdict.outcome in ("failed", "no verdict"))
+
+
+class _Proxy(BaseHTTPRequestHandler):
+    answers: list[tuple[int, dict[str, Any]]] = []
+    asked = 0
+
+    def do_GET(self) -> None:  # noqa: N802 (http.server's name)
+        assert self.path == "/upstream"
+        cls = type(self)
+        status, document = cls.answers[min(cls.asked, len(cls.answers) - 1)]
+        cls.asked += 1
+        body = json.dumps(document).encode()
+        self.send_response(status)
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def log_message(self, *args: Any) -> None:
+        pass
+
+
+@pytest.fixture
+def proxy() -> Iterator[tuple[str, type[_Proxy]]]:
+    handler = type("Handler", (_Proxy,), {"answers": [], "asked": 0})
+    server = ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    yield f"127.0.0.1:{server.server_address[1]}", handler
+    server.shutdown()
+    server.server_close()
+    thread.join(5)
+
+
+def test_the_wait_asks_until_the_check_has_a_verdict(proxy: tuple[str, type[_Proxy]]) -> None:
+    address, handler = proxy
+    error = "tls: failed to verify certificate: x509: certificate signed by unknown authority"
+    handler.answers = [(200, {"checked": False})] * 3 + [
+        (200, {"checked": True, "ok": False, "error": error, "seconds": 0.004})
+    ]
+    (verdict,) = await_verdicts([CheckTarget("a", UP, address)], timeout=5)
+    assert verdict == Verdict("a", UP, "failed", error, 0.004)
+    assert handler.asked == 4
+
+
+def test_a_proxy_without_the_endpoint_is_not_checked_and_none_without_metrics(
+    proxy: tuple[str, type[_Proxy]],
+) -> None:
+    address, handler = proxy
+    handler.answers = [(404, {})]
+    started = time.monotonic()
+    old, plain = await_verdicts(
+        [CheckTarget("old", UP, address), CheckTarget("plain", UP, None, "its binary serves no metrics")],
+        timeout=5,
+    )
+    assert time.monotonic() - started < 2
+    assert old.outcome == "not checked" and "no GET /upstream" in str(old.error)
+    assert plain == Verdict("plain", UP, "not checked", "its binary serves no metrics")
+
+
+def test_no_verdict_at_the_deadline_for_all_at_once(proxy: tuple[str, type[_Proxy]]) -> None:
+    address, handler = proxy
+    handler.answers = [(200, {"checked": False})]
+    started = time.monotonic()
+    verdicts = await_verdicts([CheckTarget(f"s{i}", UP, address) for i in range(4)], timeout=0.5)
+    took = time.monotonic() - started
+    assert [v.outcome for v in verdicts] == ["no verdict"] * 4
+    assert 0.5 <= took < 1.5, took  # one wait for all four, not four

@@ -57,11 +57,12 @@ def _timeout(text: str) -> float:
 
 
 def _cell(value: Any) -> str:
-    """A value as a table cell: NULL as ``-``, seconds to the millisecond, text's first line."""
+    """A value as a table cell: NULL as ``-``, a float to 3 decimals (seconds to the millisecond),
+    a multi-line text's first line and ``...``."""
     if value is None:
         return cells.UNKNOWN
     if isinstance(value, float):
-        return f"{value:.3f}"
+        return str(round(value, 3))
     if isinstance(value, bytes):
         return f"<{len(value)} bytes>"
     text = str(value)

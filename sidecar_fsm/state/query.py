@@ -227,7 +227,7 @@ def _present_views(conn: sqlite3.Connection, files: list[Path], created: list[Pa
     """
     # Connection.getlimit is Python 3.11+; 10 is SQLite's compiled-in default.
     getlimit = getattr(conn, "getlimit", None)
-    limit = 10 if getlimit is None else int(getlimit(10))  # 10: SQLITE_LIMIT_ATTACHED
+    limit = 10 if getlimit is None else int(getlimit(7))  # 7: SQLITE_LIMIT_ATTACHED
     if 0 < len(files) <= limit:
         schemas = [_attach(conn, path, f"h{index}", created) for index, path in enumerate(files)]
         for view, columns in VIEWS.items():

@@ -8,10 +8,14 @@ usage (exit 2), a statement past its deadline a failure (exit 1).
 from __future__ import annotations
 
 import argparse
+import contextlib
 import csv
 import io
 import math
 import os
+import signal
+import threading
+from collections.abc import Iterator
 from typing import Any
 
 from sidecar_fsm.cli.common import LOG_DIR_ENV, PROG, UsageError, add_command, log_dir_of, out
@@ -24,13 +28,18 @@ def cmd_query(args: argparse.Namespace) -> int:
     timeout = _timeout(args.timeout)
     if args.json and args.csv:
         raise UsageError(f"{PROG} query: --json and --csv both given; choose one")
+    if os.path.exists(log_dir) and not os.path.isdir(log_dir):
+        raise UsageError(
+            f"{PROG} query: log dir '{log_dir}' is a file, not a directory; use another --log-dir"
+        )
     if not os.path.isdir(log_dir):
         raise LookupError(
             f"{PROG} query: log dir '{log_dir}' does not exist; "
             f"give the --log-dir (or {LOG_DIR_ENV}) the runs were started with"
         )
     try:
-        result = query.run_query(log_dir, args.sql, hosts=args.host or (), timeout=timeout)
+        with _ctrl_c_cancels() as cancel:
+            result = query.run_query(log_dir, args.sql, hosts=args.host or (), timeout=timeout, cancel=cancel)
     except LookupError as missing:
         raise LookupError(f"{PROG} query: {missing.args[0]}") from None
     except query.QueryRefused as refused:
@@ -44,6 +53,27 @@ def cmd_query(args: argparse.Namespace) -> int:
     else:
         out(cells.table(result.columns, ([_cell(value) for value in row] for row in result.rows)))
     return 0
+
+
+@contextlib.contextmanager
+def _ctrl_c_cancels() -> Iterator[threading.Event]:
+    """An event SIGINT sets, instead of raising KeyboardInterrupt wherever Python happens to be.
+
+    The statement spends its time inside SQLite, whose callbacks (the authorizer, the progress
+    handler) are Python: a KeyboardInterrupt raised in one is swallowed by sqlite3 and comes
+    back as a SQL error ("access to ... is prohibited"). The query checks the event instead and
+    raises KeyboardInterrupt itself (exit 130). Outside the main thread nothing is installed.
+    """
+    cancel = threading.Event()
+    try:
+        previous = signal.signal(signal.SIGINT, lambda _signum, _frame: cancel.set())
+    except ValueError:  # not the main thread: signals are not ours to handle
+        yield cancel
+        return
+    try:
+        yield cancel
+    finally:
+        signal.signal(signal.SIGINT, previous)
 
 
 def _timeout(text: str) -> float:

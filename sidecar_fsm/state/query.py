@@ -26,6 +26,7 @@ from __future__ import annotations
 import contextlib
 import os
 import sqlite3
+import threading
 import time
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
@@ -156,6 +157,7 @@ def run_query(
     sql: str,
     hosts: Sequence[str] = (),
     timeout: float = DEFAULT_TIMEOUT_SECONDS,
+    cancel: threading.Event | None = None,
 ) -> QueryResult:
     """Run one read-only SELECT over the views of every host's database under ``log_dir``.
 
@@ -164,13 +166,16 @@ def run_query(
     statement that would write, several statements or a SQL error (nothing is written),
     ``QueryTimeout`` past ``timeout`` seconds, ``LookupError`` for a host with no database, and
     ``UnusableStateError`` for a database that cannot be read. A database older than the views
-    is migrated first, as every reader does (migrations only add).
+    is migrated first, as every reader does (migrations only add). Setting ``cancel`` (from a
+    SIGINT handler: Ctrl-C) stops the statement within a millisecond's work and raises
+    ``KeyboardInterrupt``; a KeyboardInterrupt raised inside SQLite's callbacks would instead be
+    swallowed by sqlite3 and turn into a misleading SQL error.
     """
     files = _chosen_files(log_dir, hosts)
     created: list[Path] = []
     conn = sqlite3.connect("file::memory:", uri=True, isolation_level=None, check_same_thread=False)
     try:
-        with _deadline(conn, timeout):
+        with _deadline(conn, timeout, cancel):
             _present_views(conn, files, created)
             return QueryResult(*_run_refusing_writes(conn, sql), hosts=[path.stem for path in files])
     finally:
@@ -195,20 +200,24 @@ def _chosen_files(log_dir: str | Path, hosts: Sequence[str]) -> list[Path]:
 
 
 @contextlib.contextmanager
-def _deadline(conn: sqlite3.Connection, timeout: float) -> Iterator[None]:
-    """Interrupt whatever ``conn`` runs once ``timeout`` seconds have passed (``QueryTimeout``)."""
+def _deadline(conn: sqlite3.Connection, timeout: float, cancel: threading.Event | None) -> Iterator[None]:
+    """Interrupt whatever ``conn`` runs past ``timeout`` seconds (``QueryTimeout``) or once
+    ``cancel`` is set (``KeyboardInterrupt``)."""
     ends = time.monotonic() + timeout
-    expired = False
+    expired = cancelled = False
 
-    def past_deadline() -> int:
-        nonlocal expired
+    def stop_now() -> int:
+        nonlocal expired, cancelled
+        cancelled = cancel is not None and cancel.is_set()
         expired = time.monotonic() > ends
-        return 1 if expired else 0
+        return 1 if cancelled or expired else 0
 
-    conn.set_progress_handler(past_deadline, _PROGRESS_STEPS)
+    conn.set_progress_handler(stop_now, _PROGRESS_STEPS)
     try:
         yield
     except sqlite3.OperationalError as exc:
+        if cancelled:
+            raise KeyboardInterrupt from None
         if expired:
             raise QueryTimeout(
                 f"interrupted after {timeout:g}s (--timeout); narrow the query or raise --timeout"

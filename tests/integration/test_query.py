@@ -306,6 +306,21 @@ def test_a_statement_past_its_deadline_is_interrupted_with_one_line(cluster: Pat
     ]
 
 
+def test_ctrl_c_stops_a_long_query_with_one_line(cluster: Path, process_registry: ProcessRegistry) -> None:
+    reader = subprocess.Popen(
+        [str(SCRIPT), "--log-dir", str(cluster), "query", f"{FOREVER}, run_summary", "--timeout", "60"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    process_registry.add(reader)
+    db = cluster / "sidecar-fsm" / "node-a.db"
+    wait_until(lambda: any(str(db) in str(f.path) for f in _open_files(reader.pid)), 10, "query to attach")
+    reader.send_signal(signal.SIGINT)
+    stdout, stderr = reader.communicate(timeout=30)
+    assert (reader.returncode, stdout, stderr) == (130, "", "sidecar-fsm: interrupted\n")
+
+
 def test_bad_usage_is_one_line_exit_2(cluster: Path) -> None:
     for args, says in [
         (("SELECT nope FROM run_summary",), "no such column: nope"),

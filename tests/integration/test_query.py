@@ -23,6 +23,7 @@ import sqlite3
 import subprocess
 import sys
 import time
+import urllib.error
 import urllib.request
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -548,8 +549,7 @@ def test_datasette_serves_a_view_through_its_json_api(cluster: Path, tmp_path: P
         assert server.poll() is None, log.read_text()
         assert isinstance(found, re.Match)
         url = f"http://127.0.0.1:{found.group(1)}/node-a/instance_summary.json?_shape=array"
-        with urllib.request.urlopen(url, timeout=10) as response:
-            served_rows = json.loads(response.read())
+        served_rows = wait_until(lambda: _get_json(url), 30, "datasette to answer")
     finally:
         server.terminate()
         try:
@@ -562,6 +562,15 @@ def test_datasette_serves_a_view_through_its_json_api(cluster: Path, tmp_path: P
     assert sorted(tuple(r[k] for k in key) for r in served_rows) == sorted(
         tuple(r[k] for k in key) for r in expected
     )
+
+
+def _get_json(url: str) -> Any:
+    """The JSON document at ``url``; None while the server does not answer yet."""
+    try:
+        with urllib.request.urlopen(url, timeout=10) as response:
+            return json.loads(response.read())
+    except (ConnectionError, urllib.error.URLError):
+        return None
 
 
 def test_views_are_the_same_through_plain_sqlite(cluster: Path) -> None:

@@ -11,9 +11,7 @@ README's examples, the refusals, the deadline, the read-only mount and Datasette
 from __future__ import annotations
 
 import csv
-import hashlib
 import io
-import json
 import os
 import re
 import shlex
@@ -23,106 +21,31 @@ import sqlite3
 import subprocess
 import sys
 import time
-import urllib.error
-import urllib.request
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
-import yaml
 from helpers import ProcessRegistry, wait_until
+from querycluster import (
+    README,
+    SCRIPT,
+    Run,
+    get_json,
+    open_files,
+    readme_queries,
+    rows,
+    sfsm,
+    snapshot,
+    write_config,
+)
 
-from sidecar_fsm.base import procs
 from sidecar_fsm.lab import TlsH2Origin, make_ca_and_cert
-from sidecar_fsm.state.hostname import HOST_ENV
 from sidecar_fsm.state.store import Store
 
-README = Path(__file__).resolve().parents[2] / "README.md"
-SCRIPT = Path(sys.executable).with_name("sidecar-fsm")
 DATASETTE = Path(sys.executable).with_name("datasette")
 SQLITE_UTILS = Path(sys.executable).with_name("sqlite-utils")
 FOREVER = "WITH RECURSIVE c(x) AS (SELECT 1 UNION ALL SELECT x + 1 FROM c) SELECT count(*) FROM c"
-
-
-def sfsm(
-    log_dir: Path, *args: str, host: str | None = None, timeout: float = 60
-) -> subprocess.CompletedProcess[str]:
-    env = {k: v for k, v in os.environ.items() if k != HOST_ENV}
-    if host is not None:
-        env[HOST_ENV] = host
-    return subprocess.run(
-        [str(SCRIPT), "--log-dir", str(log_dir), *args],
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-        env=env,
-    )
-
-
-def rows(log_dir: Path, sql: str, *args: str) -> list[dict[str, Any]]:
-    done = sfsm(log_dir, "query", sql, "--json", *args)
-    assert done.returncode == 0, done.stderr
-    result: list[dict[str, Any]] = json.loads(done.stdout)["rows"]
-    return result
-
-
-class Run:
-    """A ``sidecar-fsm start`` on ``host``, supervising until told to stop."""
-
-    def __init__(self, log_dir: Path, config: Path, host: str, registry: ProcessRegistry) -> None:
-        self.log_dir, self.host = log_dir, host
-        self.output = config.with_suffix(".out")
-        env = {**os.environ, HOST_ENV: host}
-        with open(self.output, "wb") as out:
-            self.proc = subprocess.Popen(
-                [str(SCRIPT), "start", str(config), "--log-dir", str(log_dir)],
-                stdout=out,
-                stderr=subprocess.STDOUT,
-                stdin=subprocess.DEVNULL,
-                env=env,
-            )
-        registry.add(self.proc)
-        wait_until(lambda: "supervising" in self.text() or self.proc.poll() is not None, 30, "start")
-        assert self.proc.poll() is None, self.text()
-        (run,) = rows(log_dir, f"SELECT run_id FROM run_summary WHERE host = '{host}' AND ended IS NULL")
-        self.run_id: str = run["run_id"]
-        for inst in self.instances().values():
-            registry.add_pid(inst["pid"])
-
-    def text(self) -> str:
-        return self.output.read_text(errors="replace")
-
-    def instances(self) -> dict[str, dict[str, Any]]:
-        found = rows(self.log_dir, f"SELECT * FROM instance_summary WHERE run_id = '{self.run_id}'")
-        return {inst["name"]: inst for inst in found}
-
-    def kill_proxy(self, name: str) -> None:
-        identity = procs.identity_of(self.instances()[name]["pid"])
-        assert identity is not None and procs.signal_if_ours(identity, signal.SIGKILL)
-
-    def stop(self, expect: int) -> None:
-        self.proc.send_signal(signal.SIGTERM)
-        assert self.proc.wait(timeout=30) == expect, self.text()
-
-
-def write_config(path: Path, origin: TlsH2Origin, binary: Path, **sidecar: Any) -> Path:
-    """Two instances on free ports: ``policy`` to ``localhost``, ``judge`` to ``127.0.0.1``."""
-    config = {
-        "sidecar": {
-            "enabled": True,
-            "binary": str(binary),
-            "ca_file": str(origin.ca_file),
-            "instances": [
-                {"name": "policy", "upstream": f"https://localhost:{origin.port}", "listen": "127.0.0.1:0"},
-                {"name": "judge", "upstream": f"https://127.0.0.1:{origin.port}", "listen": "127.0.0.1:0"},
-            ],
-            "shutdown_grace": "2s",
-            **sidecar,
-        }
-    }
-    path.write_text(yaml.safe_dump(config))
-    return path
 
 
 @pytest.fixture(scope="module")
@@ -169,15 +92,6 @@ def cluster(
         yield log_dir
     finally:
         registry.end_all()
-
-
-def snapshot(folder: Path) -> dict[str, str]:
-    """Every file under ``folder`` and a hash of its bytes: what "nothing changed" means."""
-    return {
-        str(path.relative_to(folder)): hashlib.sha256(path.read_bytes()).hexdigest()
-        for path in sorted(folder.rglob("*"))
-        if path.is_file()
-    }
 
 
 # -- what the views say about the real runs ----------------------------------------------------
@@ -316,7 +230,7 @@ def test_ctrl_c_stops_a_long_query_with_one_line(cluster: Path, process_registry
     )
     process_registry.add(reader)
     db = cluster / "sidecar-fsm" / "node-a.db"
-    wait_until(lambda: any(str(db) in str(f.path) for f in _open_files(reader.pid)), 10, "query to attach")
+    wait_until(lambda: any(str(db) in str(f.path) for f in open_files(reader.pid)), 10, "query to attach")
     reader.send_signal(signal.SIGINT)
     stdout, stderr = reader.communicate(timeout=30)
     assert (reader.returncode, stdout, stderr) == (130, "", "sidecar-fsm: interrupted\n")
@@ -363,7 +277,7 @@ def test_a_long_query_beside_a_live_run_never_blocks_its_writes(
     )
     process_registry.add(reader)
     db = log_dir / "sidecar-fsm" / "node-live.db"
-    wait_until(lambda: any(str(db) in str(f.path) for f in _open_files(reader.pid)), 10, "query to attach")
+    wait_until(lambda: any(str(db) in str(f.path) for f in open_files(reader.pid)), 10, "query to attach")
     slowest = 0.0
     with Store.open(log_dir, host="node-live") as writer:
         for index in range(200):
@@ -376,15 +290,6 @@ def test_a_long_query_beside_a_live_run_never_blocks_its_writes(
     assert reader.returncode == 1 and "interrupted after 3s" in stderr
     assert index > 0 and slowest < 0.5, f"{index} writes, slowest {slowest:.3f}s"
     live.stop(expect=0)
-
-
-def _open_files(pid: int) -> list[Any]:
-    import psutil
-
-    try:
-        return list(psutil.Process(pid).open_files())
-    except psutil.Error:
-        return []
 
 
 def test_a_log_dir_mounted_read_only_is_queried_as_it_is(
@@ -433,38 +338,6 @@ def test_more_hosts_than_sqlite_attaches_at_once(log_dir: Path) -> None:
 
 
 # -- the README's examples, sqlite-utils and Datasette ---------------------------------------------
-
-
-def readme_queries() -> list[tuple[list[str], list[str]]]:
-    """Each ``$ sidecar-fsm query ...`` of the README's query section: its argv and output lines."""
-    text = README.read_text()
-    examples = []
-    for block in re.findall(r"```console\n(.*?)```", text, flags=re.DOTALL):
-        lines = block.splitlines()
-        index = 0
-        while index < len(lines):
-            if not lines[index].startswith("$ sidecar-fsm query "):
-                index += 1
-                continue
-            command = lines[index][2:]
-            index += 1
-            while not _complete(command):
-                command += "\n" + lines[index]
-                index += 1
-            output = []
-            while index < len(lines) and not lines[index].startswith("$ "):
-                output.append(lines[index])
-                index += 1
-            examples.append((shlex.split(command), output))
-    return examples
-
-
-def _complete(command: str) -> bool:
-    try:
-        shlex.split(command)
-    except ValueError:
-        return False
-    return True
 
 
 def test_the_readme_shows_five_queries() -> None:
@@ -549,7 +422,7 @@ def test_datasette_serves_a_view_through_its_json_api(cluster: Path, tmp_path: P
         assert server.poll() is None, log.read_text()
         assert isinstance(found, re.Match)
         url = f"http://127.0.0.1:{found.group(1)}/node-a/instance_summary.json?_shape=array"
-        served_rows = wait_until(lambda: _get_json(url), 30, "datasette to answer")
+        served_rows = wait_until(lambda: get_json(url), 30, "datasette to answer")
     finally:
         server.terminate()
         try:
@@ -562,15 +435,6 @@ def test_datasette_serves_a_view_through_its_json_api(cluster: Path, tmp_path: P
     assert sorted(tuple(r[k] for k in key) for r in served_rows) == sorted(
         tuple(r[k] for k in key) for r in expected
     )
-
-
-def _get_json(url: str) -> Any:
-    """The JSON document at ``url``; None while the server does not answer yet."""
-    try:
-        with urllib.request.urlopen(url, timeout=10) as response:
-            return json.loads(response.read())
-    except (ConnectionError, urllib.error.URLError):
-        return None
 
 
 def test_views_are_the_same_through_plain_sqlite(cluster: Path) -> None:

@@ -19,7 +19,7 @@ import warnings
 from collections.abc import Sequence
 from typing import TextIO
 
-from sidecar_fsm.cli import launch, show, upkeep
+from sidecar_fsm.cli import launch, query, show, upkeep
 from sidecar_fsm.cli.common import PROG, Parser, UsageError, err, global_options, os_reason
 from sidecar_fsm.errors import ConfigError, ConfigWarning, SchemaTooNewError, SidecarError
 
@@ -33,7 +33,7 @@ def build_parser() -> Parser:
         parents=[global_options(True, "machine-readable output (status, history, reap)")],
     )
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True, parser_class=Parser)
-    for group in (launch, show, upkeep):
+    for group in (launch, show, upkeep, query):
         group.register(sub)
     return parser
 

@@ -74,7 +74,7 @@ def _file_in_the_way(path: str) -> str | None:
 _warned: set[str] = set()
 
 
-def _warn_if_untrusted(log_dir: str, where: str) -> None:
+def warn_if_untrusted(log_dir: str, where: str) -> None:
     """Reads go on in a log dir others can write (inspecting it is the point), with one warning
     per process (``top`` reopens it every frame); writers refuse it (``trust``)."""
     problem = trust.log_dir_problem(log_dir, os.path.join(log_dir, DB_DIR_NAME))
@@ -106,7 +106,7 @@ def all_stores(log_dir: str, where: str) -> Iterator[list[Store]]:
             f"{PROG} {where}: log dir '{log_dir}': '{blocker}' is a file, not a directory; "
             "use another --log-dir"
         )
-    _warn_if_untrusted(log_dir, where)
+    warn_if_untrusted(log_dir, where)
     stores = open_all_hosts(log_dir)
     try:
         yield stores

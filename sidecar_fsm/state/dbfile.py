@@ -131,6 +131,18 @@ def open_for_reading(path: Path) -> sqlite3.Connection:
     return _connect(path)
 
 
+def migrate_if_below(path: Path, step: int) -> None:
+    """Migrate the existing database at ``path`` if its schema is below ``step``, as readers do.
+
+    A no-op for a database at ``step`` or newer (a newer one is not refused here: its caller
+    reads only what every later schema keeps). Raises like ``open_for_reading``, which does the
+    work: on a read-only filesystem an older database is refused, not altered.
+    """
+    # 0 for a file this process already holds open: open_for_reading then finds it current.
+    if _header_schema_version(path) < step:
+        close(open_for_reading(path))
+
+
 def database_files(log_dir: str | Path) -> list[Path]:
     """Every host's database file under ``<log_dir>/sidecar-fsm/``, sorted; [] if there is none yet.
 

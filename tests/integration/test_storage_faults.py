@@ -360,11 +360,13 @@ def test_a_newer_schema_through_the_cli(tmp_path: Path) -> None:
 
 def test_corruption_found_by_a_later_read_is_one_line(tmp_path: Path) -> None:
     db = made_db(tmp_path)
+    schema_end = db.stat().st_size
     with Store.open(tmp_path, host=HOST) as opened:
         opened.create_run("r2", owner_pid=1, owner_start_time=None, config_summary={"pad": "x" * 20000})
     data = bytearray(db.read_bytes())
-    # The schema page stays sound, so the file opens; the pages behind it are garbage.
-    data[4096:] = bytes((i * 53) % 251 for i in range(len(data) - 4096))
+    # The schema's pages (page 1 and, since the query views, overflow pages after the tables'
+    # roots) stay sound, so the file opens; the pages the new run added behind them are garbage.
+    data[schema_end:] = bytes((i * 53) % 251 for i in range(len(data) - schema_end))
     db.write_bytes(bytes(data))
     with Store.open_existing(db) as opened, pytest.raises(UnusableStateError) as refused:
         opened.list_runs()

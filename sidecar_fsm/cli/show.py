@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import math
+import time
 from typing import Any
 
 from sidecar_fsm.cli.common import (
@@ -22,9 +23,11 @@ from sidecar_fsm.cli.common import (
     log_dir_of,
     out,
 )
-from sidecar_fsm.view import cells, render, status, top
+from sidecar_fsm.view import cells, logs, render, status, top
 
 TOP_INTERVAL_SECONDS = 2.0
+# How often ``logs -f`` looks for new lines.
+FOLLOW_SECONDS = 0.2
 # ``status``'s exit code when a shown live run needs attention (systemctl's "not running").
 NEEDS_ATTENTION = 3
 
@@ -109,19 +112,84 @@ def cmd_history(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_logs(args: argparse.Namespace) -> int:
+    """The proxies' logs of a run; with ``-f``, new lines until the run ends or Ctrl-C."""
+    log_dir, _ = log_dir_of(args)
+    if args.lines is not None and args.lines < 0:
+        raise UsageError(f"{PROG} logs: -n '{args.lines}' must be 0 or more")
+    with all_stores(log_dir, "logs") as stores:
+        store, run = find_run(every_run(stores), args.run, "logs", log_dir)
+        instances = store.instances_of(run.run_id)
+        if args.instance is not None:
+            chosen = [inst for inst in instances if inst.name == args.instance]
+            if not chosen:
+                known = ", ".join(inst.name for inst in instances) or "none"
+                raise LookupError(
+                    f"{PROG} logs: instance '{args.instance}' is not in run "
+                    f"{cells.short_run_id(run.run_id)}; its instances: {known}"
+                )
+            instances = chosen
+        names = [inst.name for inst in instances]
+        paths = [inst.log_path or "" for inst in instances]
+        width = max(map(len, names)) if len(names) > 1 else 0
+        offsets = []
+        for name, path in zip(names, paths, strict=True):
+            lines, offset = logs.tail(path, args.lines)
+            offsets.append(offset)
+            if lines:
+                out([logs.prefixed(name, line, width) for line in lines])
+        if not args.follow:
+            return 0
+        follower = logs.Follower(paths, offsets)
+        try:
+            while True:
+                # Read the end before the lines: the lines a proxy wrote before its run closed
+                # are all on disk by then, so the last read below gets every one of them.
+                ended = (store.get_run(run.run_id) or run).ended_at is not None
+                new = follower.read()
+                if new:
+                    out([logs.prefixed(names[index], line, width) for index, line in new])
+                if ended:
+                    return 0
+                time.sleep(FOLLOW_SECONDS)
+        except KeyboardInterrupt:
+            return 0
+
+
 def register(sub: Any) -> None:
+    logs_ = add_command(
+        sub,
+        "logs",
+        cmd_logs,
+        "the proxies' logs of a run, each line prefixed with its instance when there are several",
+        example="sidecar-fsm logs 4c1e9a policy -f -n 20",
+    )
+    logs_.add_argument("run", metavar="RUN", help="run id or a unique prefix of it")
+    logs_.add_argument("instance", metavar="INSTANCE", nargs="?", help="only this instance")
+    logs_.add_argument(
+        "-f", "--follow", action="store_true", help="follow new lines until the run ends or Ctrl-C"
+    )
+    logs_.add_argument(
+        "-n", "--lines", metavar="N", type=int, help="only the last N lines of each log (default: all)"
+    )
+
     status_ = add_command(
         sub,
         "status",
         cmd_status,
-        "runs and their instances (default: live runs and the latest finished)",
+        "runs and their instances (default: live runs and the latest ended); exit 3 if one needs attention",
         json_option=True,
+        example="sidecar-fsm status --all",
     )
     status_.add_argument("--run", metavar="ID", help="only this run (a unique prefix is enough)")
     status_.add_argument("--all", action="store_true", help="every recorded run")
 
     top_ = add_command(
-        sub, "top", cmd_top, "the live figures of status (in flight, PINGs, upstream), redrawn until Ctrl-C"
+        sub,
+        "top",
+        cmd_top,
+        "the live figures of status (in flight, PINGs, upstream), redrawn until Ctrl-C",
+        example="sidecar-fsm top --interval 1",
     )
     top_.add_argument("--run", metavar="ID", help="only this run (default: every live run)")
     top_.add_argument(
@@ -132,7 +200,12 @@ def register(sub: Any) -> None:
     )
 
     history = add_command(
-        sub, "history", cmd_history, "a run's state transitions, oldest first", json_option=True
+        sub,
+        "history",
+        cmd_history,
+        "a run's state transitions, oldest first",
+        json_option=True,
+        example="sidecar-fsm history 4c1e9a policy",
     )
     history.add_argument("run", metavar="RUN", help="run id or a unique prefix of it")
     history.add_argument("instance", metavar="INSTANCE", nargs="?", help="only this instance")

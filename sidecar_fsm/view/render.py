@@ -114,8 +114,7 @@ def status_lines(
     now = time.time() if now is None else now
     lines: list[str] = []
     ended = [status for status in runs if status.run.ended_at is not None] if ended_in_one_table else []
-    for index, status in enumerate(run for run in runs if run not in ended):
-        run = status.run
+    for index, status in enumerate(shown for shown in runs if shown not in ended):
         if index:
             lines.append("")
         lines += table(RUN_HEADERS, [_run_row(status, now)], color=color)
@@ -308,6 +307,19 @@ def started_lines(run_id: str | None, log_dir: str, instances: Sequence[tuple[st
         f"(see: {command_hint('status', log_dir)})"
     )
     return lines
+
+
+def lab_lines(upstream: str, ca_file: str, idle: float, origin_url: str) -> list[str]:
+    """What ``lab`` prints: the two values to put in a config, and what is behind them."""
+    return [
+        f"upstream: {upstream}",
+        f"ca_file: {ca_file}",
+        f"the relay drops connections idle {idle:g}s; the origin ({origin_url}) serves /echo, "
+        "/slow?first_byte=SECONDS and /sse",
+        "put both in a config's sidecar block, e.g.",
+        f"  sidecar.ca_file={ca_file} sidecar.instances.0.upstream={upstream}",
+        "serving until Ctrl-C",
+    ]
 
 
 # --------------------------------------------------------------------------------------- JSON

@@ -18,12 +18,23 @@ from typing import TYPE_CHECKING, Any
 from omegaconf import DictConfig, open_dict
 
 from sidecar_fsm.base.buildcache import CACHE_DIR_KEY, ensure_binary, user_cache_dir
-from sidecar_fsm.cli.common import PROG, UsageError, add_command, color, err, log_dir_of, os_reason, out
+from sidecar_fsm.cli.common import (
+    PROG,
+    UsageError,
+    add_command,
+    all_stores,
+    color,
+    err,
+    every_run,
+    log_dir_of,
+    os_reason,
+    out,
+)
 from sidecar_fsm.configfile import OVERRIDE_EXAMPLE, config_to_write, load_config, write_atomically
-from sidecar_fsm.errors import ConfigError
+from sidecar_fsm.errors import ConfigError, SidecarError
 from sidecar_fsm.gymexec import ExecFailed, exec_command
 from sidecar_fsm.run.foreground import catching_stop_signals, watch_until_signal
-from sidecar_fsm.view import render
+from sidecar_fsm.view import render, status, upkeep_report
 
 # ``lab``'s default idle limit: long enough to type a request, short enough to watch it bite.
 LAB_IDLE_SECONDS = 20.0
@@ -117,6 +128,15 @@ def cmd_start(args: argparse.Namespace) -> int:
 def _run_in_foreground(manager: H2PingSidecarManager, write_config: str | None, written: str | None) -> int:
     """Print what started, watch the sidecars until a signal or a failure, drain; the exit code."""
     failed = False
+    hurried: list[str] = []
+
+    def hurry() -> bool:
+        # Asked by stop() while it awaits the drains, in the main thread: never in a handler.
+        if len(signals.received) > 1 and not hurried:
+            hurried.append(signals.received[1].name)
+            err(f"{hurried[0]} again: stopping now; the proxies end their drain, closing what is in flight")
+        return bool(hurried)
+
     with catching_stop_signals() as signals:
         try:
             if write_config and written is not None:
@@ -130,15 +150,18 @@ def _run_in_foreground(manager: H2PingSidecarManager, write_config: str | None, 
                 err(str(error))
                 failed = True
             else:
-                err(f"{signals.received[0].name}: draining the sidecars")
+                err("\n".join(_draining_lines(manager, signals.received[0].name)))
         except BaseException:
             failed = True
             raise
         finally:
             # Drain even when writing the config or printing failed: the sidecars must not
             # outlive this command unsupervised.
-            manager.stop()
-    err("stopped" if not failed else "stopped after a failure")
+            manager.stop(hurry)
+    if hurried:
+        err("stopped now (drain cut short)" if not failed else "stopped after a failure")
+    else:
+        err("stopped" if not failed else "stopped after a failure")
     return 1 if failed else 0
 
 
@@ -169,6 +192,21 @@ def cmd_lab(args: argparse.Namespace) -> int:
             origin.stop()
     err(f"{signals.received[0].name}: lab stopped")
     return 0
+
+
+def _draining_lines(manager: H2PingSidecarManager, signal_name: str) -> list[str]:
+    """What the drain waits for, per instance (its requests in flight, scraped now), and how
+    long at most; just the first line when the figures cannot be read (the drain goes on)."""
+    grace = float(manager.config.shutdown_grace_seconds)
+    try:
+        with all_stores(manager.log_dir, "start") as stores:
+            found = [(s, r) for s, r in every_run(stores) if r.run_id == manager.run_id]
+            observed = [status.observe(store, run) for store, run in found]
+        (run_status,) = status.with_live(observed)
+    except (SidecarError, OSError, LookupError, ValueError):
+        return [f"{signal_name}: draining the sidecars, up to {grace:g}s"]
+    live = [(inst.name, run_status.live_of(inst)) for inst in run_status.instances if inst.state == "ready"]
+    return upkeep_report.draining_lines(live, grace, signal_name)
 
 
 def cmd_exec(args: argparse.Namespace) -> int:

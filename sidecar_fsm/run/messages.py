@@ -11,11 +11,14 @@ from __future__ import annotations
 import os
 
 from sidecar_fsm.base import procs
+from sidecar_fsm.base.resources import command_hint
 from sidecar_fsm.config import is_loopback_host
 from sidecar_fsm.state.fsm import NON_TERMINAL
 from sidecar_fsm.state.store import InstanceRecord, Store
 
 LOG_TAIL_LINES = 20
+# What every port clash message says (``port_clash_message``).
+PORT_CLASH_WORDS = "is already in use by"
 _LOG_TAIL_BYTES = 16384
 
 
@@ -36,6 +39,16 @@ def log_tail(log_path: str, lines: int = LOG_TAIL_LINES) -> str:
     if size > _LOG_TAIL_BYTES and text:
         text = text[1:]  # the first line is probably cut
     return "\n".join(text[-lines:]) or "(empty log)"
+
+
+def with_log_tail(first_line: str, log_path: str) -> str:
+    """``first_line`` then the log's tail, less the proxy's own "address already in use" line
+    when ``first_line`` already says the port is taken (and by whom): one fact, said once."""
+    tail = log_tail(log_path)
+    if PORT_CLASH_WORDS in first_line:
+        kept = [line for line in tail.splitlines() if "address already in use" not in line]
+        tail = "\n".join(kept)
+    return f"{first_line}\n{tail}" if tail else first_line
 
 
 def where(name: str, run_id: str, host: str) -> str:
@@ -60,9 +73,11 @@ def port_clash_message(index: int, listen: str, store: Store | None, run_id: str
     if holder is None:
         return f"{place} is already in use by another process; stop it or choose another port (or port 0)"
     pid = f"pid {holder.pid}" if holder.pid else "no pid yet"
+    log_dir = store.path.parent.parent if store is not None else None
     return (
         f"{place} is already in use by run {holder.run_id} instance '{holder.name}' ({pid}); "
-        f"stop that run (sidecar-fsm status, sidecar-fsm reap) or choose another port"
+        f"stop that run ({command_hint('stop ' + holder.run_id[:8], log_dir)}, or "
+        f"{command_hint('reap', log_dir)} if its launcher is gone) or choose another port"
     )
 
 

@@ -30,6 +30,7 @@ import signal
 import subprocess
 import time
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -42,7 +43,14 @@ from sidecar_fsm.run import crashpoints
 from sidecar_fsm.run.binaryflags import BinaryFlags, filter_command
 from sidecar_fsm.run.command import config_summary, sidecar_command, sidecar_env
 from sidecar_fsm.run.interrupts import interrupts_deferred
-from sidecar_fsm.run.messages import exit_message, log_failure_message, log_tail, port_clash_message, where
+from sidecar_fsm.run.messages import (
+    exit_message,
+    log_failure_message,
+    log_tail,
+    port_clash_message,
+    where,
+    with_log_tail,
+)
 from sidecar_fsm.run.runfiles import create_logs, remove_files, remove_ready_files, run_file
 from sidecar_fsm.state import storagefault
 from sidecar_fsm.state.fsm import TERMINAL, Firing, InstanceMachine, fire_together
@@ -55,6 +63,8 @@ __all__ = ["NodeSidecars", "shared_store", "sidecar_command", "sidecar_env"]
 # Time past `shutdown_grace` that `stop()` allows before SIGKILL: the proxy's own drain ends at
 # the grace, so this only covers exiting (flushing logs, removing its ready file) on a busy host.
 STOP_SLACK_SECONDS = 5.0
+# How often a stop asks its caller whether to cut the drains short (``stop(hurry=...)``).
+HURRY_POLL_SECONDS = 0.1
 # Waiting for a SIGKILLed child to be reaped; the kernel needs no cooperation, so this is generous.
 KILL_REAP_SECONDS = 5.0
 # Exit statuses of a proxy that was asked to stop: 0 from its drain, -SIGTERM if the signal
@@ -396,7 +406,7 @@ class NodeSidecars:
             )
         else:
             message = self._exit_message(child, exit_code, before_ready=True)
-        message = f"{message}\n{log_tail(child.log_path)}"
+        message = with_log_tail(message, child.log_path)
         self._fail(child, message, exit_code=exit_code)
         return message
 
@@ -477,8 +487,12 @@ class NodeSidecars:
 
     # -- stop ---------------------------------------------------------------------------------
 
-    def stop(self) -> None:
+    def stop(self, hurry: Callable[[], bool] | None = None) -> None:
         """Drain and end every child, remove ready files and end the run row. Idempotent.
+
+        ``hurry``, asked while the drains are awaited, returns True once the caller wants them
+        cut short (a second Ctrl-C): every proxy still draining then gets its second SIGTERM,
+        which ends its drain at once (closing the requests still in flight).
 
         Instances with no process go straight to ``stopped``. The rest get ``drain`` and SIGTERM
         together and are awaited against one deadline (``shutdown_grace`` + slack); any still
@@ -538,9 +552,7 @@ class NodeSidecars:
                     crashpoints.hit("sigterm-sent")
             deadline = time.monotonic() + self.config.shutdown_grace_seconds + self.stop_slack_seconds
             try:
-                for child in draining:
-                    assert child.process is not None
-                    procs.wait_exit(child.process, max(0.0, deadline - time.monotonic()))
+                self._await_drained(draining, deadline, hurry)
             except BaseException as exc:  # KeyboardInterrupt: no more waiting, kill what is left
                 interrupted = exc
             for child in draining:
@@ -573,6 +585,25 @@ class NodeSidecars:
             raise SidecarError(
                 f"run {self.run_id}: stopped, but its state was not fully recorded: {problems[0]}"
             )
+
+    def _await_drained(
+        self, draining: list[_Child], deadline: float, hurry: Callable[[], bool] | None
+    ) -> None:
+        """Wait for every draining child to exit, up to ``deadline``; asks ``hurry`` as it waits."""
+        hurried = hurry is None
+        for child in draining:
+            assert child.process is not None
+            while True:
+                remaining = max(0.0, deadline - time.monotonic())
+                step = remaining if hurried else min(remaining, HURRY_POLL_SECONDS)
+                if procs.wait_exit(child.process, step) is not None or time.monotonic() >= deadline:
+                    break
+                if not hurried and hurry is not None and hurry():
+                    hurried = True
+                    for other in draining:
+                        if other.identity is not None and other.process and other.process.poll() is None:
+                            procs.signal_if_ours(other.identity, signal.SIGTERM)
+                            crashpoints.hit("sigterm-sent")
 
     def _end_run(self, problems: list[BaseException]) -> None:
         if self.store is None or self._unrecordable is not None:

@@ -107,7 +107,7 @@ def draining_lines(
     ``draining nvcf: 1 request in flight, up to 60s; Ctrl-C again to stop now``. An instance
     whose figures could not be read says so rather than guessing zero.
     """
-    grace = format_age(grace_seconds)
+    grace = f"{grace_seconds:g}s"
     again = "Ctrl-C again to stop now"
     lines = []
     for name, scrape in instances:

@@ -15,7 +15,7 @@ import sys
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any, Literal, NoReturn
 
-from sidecar_fsm.base.resources import default_log_dir
+from sidecar_fsm.base.resources import command_hint, default_log_dir
 from sidecar_fsm.state.store import RunRecord, Store, open_all_hosts
 from sidecar_fsm.view import cells
 
@@ -116,7 +116,8 @@ def find_run(
     matches = exact or [pair for pair in runs if pair[1].run_id.startswith(prefix)]
     if not matches:
         raise LookupError(
-            f"{PROG} {where}: run '{prefix}' is not recorded in {log_dir}; see {PROG} status --all"
+            f"{PROG} {where}: run '{prefix}' is not recorded in {log_dir}; "
+            f"see {command_hint('status --all', log_dir)}"
         )
     if len(matches) > 1:
         names = ", ".join(cells.short_run_id(pair[1].run_id) for pair in matches[:5])

@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from typing import Literal
 
 from sidecar_fsm.base import procs
+from sidecar_fsm.run import crashpoints
 from sidecar_fsm.state.store import RunRecord, Store
 
 # How often the wait reads the run row: a stop takes at least one drain, so a tenth of a second
@@ -51,7 +52,11 @@ def ask_owner_to_stop(run: RunRecord) -> bool:
     recorded to prove it. Raises ``SidecarError`` when it is ours but we may not signal it.
     """
     identity = owner_identity(run)
-    return identity is not None and procs.signal_if_ours(identity, signal.SIGTERM)
+    if identity is None:
+        return False
+    sent = procs.signal_if_ours(identity, signal.SIGTERM)
+    crashpoints.hit("stop-requested")
+    return sent
 
 
 def wait_closed(store: Store, run: RunRecord, timeout: float) -> StopResult:

@@ -313,3 +313,23 @@ def test_a_closed_stdout_pipe_is_quiet(log_dir: Path) -> None:
     stderr = proc.stderr.read()
     assert proc.wait(timeout=30) == 128 + signal.SIGPIPE
     assert stderr == b""
+
+
+def test_a_stop_killed_after_its_signal_still_stops_the_run(
+    log_dir: Path, config: Path, process_registry: ProcessRegistry
+) -> None:
+    """``stop`` records nothing: the owner drains and closes the run, whether or not ``stop``
+    lives to see it (crash point ``stop-requested``)."""
+    started = Started(log_dir, config, process_registry)
+    crashed = subprocess.run(
+        [str(SCRIPT), "--log-dir", str(log_dir), "stop"],
+        capture_output=True,
+        text=True,
+        timeout=30,
+        env={**os.environ, "SIDECAR_FSM_CRASH_AT": "stop-requested"},
+    )
+    assert crashed.returncode == -signal.SIGKILL
+    assert started.proc.wait(timeout=30) == 0, started.text()
+    (run,) = status_json(log_dir)["runs"]
+    assert run["outcome"] == "ended"
+    assert {inst["state"] for inst in run["instances"]} == {"stopped"}

@@ -4,7 +4,8 @@ Owns parsing the command line (global options before or after the command) and m
 outcome to an exit code: 0 success, 1 a failure (a missing log dir or run included), 2 bad
 usage or config (``ConfigError``, ``SchemaTooNewError``, a bad argument), always with a
 one-line message on stderr, never a traceback. The commands live in one module per group
-(``launch``: start, exec, build, demo; ``show``: status, top, history; ``upkeep``: reap), each
+(``launch``: start, exec, build, demo, lab; ``show``: status, top, history, logs; ``upkeep``:
+stop, reap, prune), each
 of which parses, calls and prints, and decides nothing itself: what runs now is
 ``view.status``'s judgement, the tables are ``view.render``'s, the work is the layers'.
 

@@ -1,4 +1,4 @@
-"""The commands that start things: ``start``, ``exec``, ``build`` and ``demo``.
+"""The commands that start things: ``start``, ``exec``, ``build``, ``demo`` and ``lab``.
 
 ``start`` is ``gym env start``'s sidecar step standalone: load the config (``configfile``),
 start the sidecars (``launcher``), print what was rewritten, run them in the foreground

@@ -1,4 +1,4 @@
-"""The read commands: ``status``, ``top`` and ``history``.
+"""The read commands: ``status``, ``top``, ``history`` and ``logs``.
 
 Each parses its options, reads every host's database of the log dir, asks ``view.status`` what
 runs now, hands the result to ``view.render`` and prints it. Reading never changes a state,

@@ -2,7 +2,8 @@
 
 Owns starting, watching, restarting, draining and stopping the proxies of a run
 (``supervise``, with ``command``, ``binaryflags``, ``runfiles``, ``messages``,
-``interrupts``), reaping runs whose owner is gone (``reap``), reaching every node of a Ray
+``interrupts``), asking a run's owner to stop from another process (``remotestop``), pruning
+ended runs (``prune``), reaping runs whose owner is gone (``reap``), reaching every node of a Ray
 cluster (``cluster``) and the named crash points the crash tests kill us at (``crashpoints``).
 
 Fires state-machine events (``sidecar_fsm.state.fsm``) and never sets a state itself. May import

@@ -44,7 +44,8 @@ USER_CACHE_NAME = "sidecar-fsm"
 # A cold build (empty Go cache) measured on 2 cores: 37 s wall, 32 s CPU, 97 MB of Go cache;
 # 113 s wall on a heavily loaded machine. A warm Go cache makes a rebuild a few seconds.
 BUILD_PROGRESS_MESSAGE = (
-    f"building {SIDECAR_BINARY_NAME} (first run: about 40 s on 2 cores, up to 2 min under load)…"
+    f"building {SIDECAR_BINARY_NAME} (first run: about 40 s on 2 cores, up to 2 min under load; "
+    "Go's build cache grows by about 100 MB)…"
 )
 # While Go builds, ``progress`` hears ``still building …: 10s`` this often, so a user sees it
 # is alive rather than a silent minute.

@@ -8,6 +8,7 @@ writes a row or signals a process.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import math
 import time
 from typing import Any
@@ -102,7 +103,7 @@ def cmd_history(args: argparse.Namespace) -> int:
                     f"{cells.short_run_id(run.run_id)}; its instances: {names}"
                 )
             instances = chosen
-            observed = status.RunStatus(run, observed.owner, chosen, observed.processes)
+            observed = dataclasses.replace(observed, instances=chosen)
         rows = [(inst.name, t) for inst in instances for t in store.history(inst.id)]
     rows.sort(key=lambda row: (row[1].at, row[1].id))
     if args.json:

@@ -262,3 +262,12 @@ def test_a_build_says_it_is_alive_while_go_runs(tmp_path: Path, monkeypatch: pyt
     assert messages[0] == buildcache.BUILD_PROGRESS_MESSAGE
     ticks = messages[1:]
     assert ticks and all(tick.startswith("still building h2-ping-sidecar: ") for tick in ticks)
+
+
+def test_start_names_the_log_dir_it_was_given_however_it_was_given() -> None:
+    """``--log-dir``, ``sidecar.log_dir`` or Gym's ``nemo_gym_log_dir``: the manager's log dir
+    is what ``start`` hands over, and its hint names it unless it is the default."""
+    lines = render.started_lines("4c1e9a3f2b10", "/gym/logs", [("policy", "127.0.0.1:1", "https://x")])
+    assert lines[-1].endswith("(see: sidecar-fsm --log-dir /gym/logs status)")
+    lines = render.started_lines("4c1e9a3f2b10", default_log_dir(), [])
+    assert lines[-1].endswith("(see: sidecar-fsm status)")

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import re
 import tempfile
 from collections.abc import Sequence
 from pathlib import Path
@@ -70,26 +71,51 @@ def load_yaml(name: str, where: str) -> DictConfig:
     return loaded
 
 
+# ``a.b``, ``a.0.b``, ``a[0].b``: no empty segment (``a..b`` would add a key named "").
+_KEY = re.compile(r"[^.\[\]=\s]+(\[\d+\])*(\.[^.\[\]=\s]+(\[\d+\])*)*")
+OVERRIDE_EXAMPLE = "sidecar.instances.0.upstream=https://api.example.com"
+
+
 def load_config(items: Sequence[str], where: str) -> DictConfig:
-    """Merge the YAML files, then the ``key=value`` overrides, in order, as ``gym env start`` does.
+    """Merge the YAML files, then apply the ``key=value`` overrides, in order, as ``gym env start`` does.
 
     An item with ``=`` is an override, anything else a file. The files must come first: an
-    override applies to what is merged before it.
+    override applies to what is merged before it. Overrides are OmegaConf's dotlist in full:
+    list indices (``a.0.b=x`` or ``a[0].b=x``), YAML values (``k=[1,2]``, ``k={a: 1}``), new
+    keys. A value replaces what is there (a mapping merges into a mapping), so a list may
+    replace a mapping: ``OmegaConf.merge`` of a dotlist would refuse that.
     """
     files = [item for item in items if "=" not in item]
     overrides = [item for item in items if "=" in item]
     if not files:
         raise ConfigError(f"{where}: no CONFIG.yaml given; pass at least one YAML file")
     configs = [load_yaml(name, where) for name in files]
-    try:
-        configs.append(OmegaConf.from_dotlist(overrides))
-        merged = OmegaConf.merge(*configs)
-    except OmegaConfBaseException as error:
-        raise ConfigError(
-            f"{where}: overrides {overrides} cannot be merged ({_first_line(error)}); use key=value"
-        ) from error
+    merged = OmegaConf.merge(*configs)
     assert isinstance(merged, DictConfig)  # a merge of mappings is a mapping
+    for override in overrides:
+        apply_override(merged, override, where)
     return merged
+
+
+def apply_override(config: DictConfig, override: str, where: str) -> None:
+    """Apply one ``key=value`` to ``config`` in place; a malformed one is a one-line ``ConfigError``."""
+    key, _, text = override.partition("=")
+    hint = f"use key=value, e.g. {OVERRIDE_EXAMPLE}"
+    if not key:
+        raise ConfigError(f"{where}: override '{override}': no key before '='; {hint}")
+    if not _KEY.fullmatch(key):
+        raise ConfigError(f"{where}: override '{override}': '{key}' is not a dotted key; {hint}")
+    try:
+        # The value is parsed as a dotlist value is (YAML: numbers, lists, mappings, null).
+        parsed = OmegaConf.to_container(OmegaConf.from_dotlist([f"value={text}"]))
+        assert isinstance(parsed, dict)  # a dotlist makes a mapping
+        value = parsed["value"]
+        current = OmegaConf.select(config, key, throw_on_missing=False)
+        merge = isinstance(value, dict) and isinstance(current, DictConfig)
+        with open_dict(config):
+            OmegaConf.update(config, key, value, merge=merge, force_add=True)
+    except (OmegaConfBaseException, YAMLError) as error:
+        raise ConfigError(f"{where}: override '{override}': {_first_line(error)}; {hint}") from error
 
 
 def config_to_write(config: DictConfig, drop_keys: Sequence[str] = ()) -> str:

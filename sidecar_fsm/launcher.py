@@ -20,6 +20,7 @@ import os
 # Not used here: NeMo Gym's own tests choose the Go toolchain by patching launcher.shutil.which,
 # which find_go reads, so the name stays where Gym's callers look for it.
 import shutil  # noqa: F401
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -197,10 +198,14 @@ class H2PingSidecarManager:
         if self._sidecars is not None:
             self._sidecars.check()
 
-    def stop(self) -> None:
-        """SIGTERM every sidecar (it drains), SIGKILL after grace + slack, remove ready files. Idempotent."""
+    def stop(self, hurry: Callable[[], bool] | None = None) -> None:
+        """SIGTERM every sidecar (it drains), SIGKILL after grace + slack, remove ready files. Idempotent.
+
+        ``hurry`` (optional, the CLI's second Ctrl-C) returning True sends each proxy still
+        draining its second SIGTERM, which ends its drain at once.
+        """
         if self._sidecars is not None:
-            self._sidecars.stop()
+            self._sidecars.stop(hurry)
 
 
 def _check_readable_file(field: str, value: str | None) -> None:

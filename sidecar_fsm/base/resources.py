@@ -6,6 +6,7 @@ folders; a wheel carries them inside the package as ``_go/`` and ``_migrations/`
 """
 
 import os
+import shlex
 import tempfile
 from pathlib import Path
 
@@ -28,3 +29,15 @@ def default_log_dir() -> str:
     Per user, so two users of one host never share a state database or ready files.
     """
     return os.path.join(tempfile.gettempdir(), f"nemo_gym_h2ping-{os.getuid()}")
+
+
+def command_hint(command: str, log_dir: str | os.PathLike[str] | None = None) -> str:
+    """``sidecar-fsm COMMAND`` as a user should type it to look at ``log_dir``.
+
+    A hint that sends the user to the default log dir while the run lives elsewhere (a
+    ``--log-dir``, Gym's ``nemo_gym_log_dir``) shows them an older, unrelated run, or nothing
+    to reap: so ``--log-dir DIR`` is named whenever ``log_dir`` is not the default.
+    """
+    if log_dir is None or os.path.abspath(log_dir) == os.path.abspath(default_log_dir()):
+        return f"sidecar-fsm {command}"
+    return f"sidecar-fsm --log-dir {shlex.quote(os.fspath(log_dir))} {command}"

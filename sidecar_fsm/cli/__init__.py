@@ -4,7 +4,8 @@ Owns parsing the command line (global options before or after the command) and m
 outcome to an exit code: 0 success, 1 a failure (a missing log dir or run included), 2 bad
 usage or config (``ConfigError``, ``SchemaTooNewError``, a bad argument), always with a
 one-line message on stderr, never a traceback. The commands live in one module per group
-(``launch``: start, exec, build, demo; ``show``: status, top, history; ``upkeep``: reap), each
+(``launch``: start, exec, build, demo, lab; ``show``: status, top, history, logs; ``upkeep``:
+stop, reap, prune), each
 of which parses, calls and prints, and decides nothing itself: what runs now is
 ``view.status``'s judgement, the tables are ``view.render``'s, the work is the layers'.
 
@@ -14,6 +15,9 @@ its group's ``register``.
 
 from __future__ import annotations
 
+import contextlib
+import os
+import signal
 import sys
 import warnings
 from collections.abc import Sequence
@@ -63,7 +67,22 @@ def main(argv: Sequence[str] | None = None) -> int:
     # caller (a test) that runs main() in its own process.
     with warnings.catch_warnings():
         warnings.showwarning = _config_warning_line
-        return _run(argv)
+        try:
+            return _run(argv)
+        except BrokenPipeError:
+            return _closed_pipe()
+
+
+def _closed_pipe() -> int:
+    """The reader of stdout went away (``status | head``): quiet, as ``cat`` is, exit 141.
+
+    stdout is pointed at /dev/null so the interpreter's final flush does not print
+    "Exception ignored ... BrokenPipeError" on the way out.
+    """
+    with contextlib.suppress(OSError, ValueError):
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+    return 128 + signal.SIGPIPE
 
 
 def _run(argv: Sequence[str] | None) -> int:
@@ -89,6 +108,8 @@ def _run(argv: Sequence[str] | None) -> int:
     except SidecarError as error:
         err(str(error))
         return 1
+    except BrokenPipeError:
+        raise  # the reader of stdout left: main() ends quietly
     except OSError as error:
         # A filesystem fault no command foresaw (full disk, permissions): one line, not a trace.
         err(f"{where}: {os_reason(error)}")

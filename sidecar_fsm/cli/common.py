@@ -16,7 +16,7 @@ from collections.abc import Callable, Iterator, Sequence
 from typing import Any, Literal, NoReturn
 
 from sidecar_fsm.base import trust
-from sidecar_fsm.base.resources import default_log_dir
+from sidecar_fsm.base.resources import command_hint, default_log_dir
 from sidecar_fsm.state.store import DB_DIR_NAME, RunRecord, Store, open_all_hosts
 from sidecar_fsm.view import cells
 
@@ -130,7 +130,8 @@ def find_run(
     matches = exact or [pair for pair in runs if pair[1].run_id.startswith(prefix)]
     if not matches:
         raise LookupError(
-            f"{PROG} {where}: run '{prefix}' is not recorded in {log_dir}; see {PROG} status --all"
+            f"{PROG} {where}: run '{prefix}' is not recorded in {log_dir}; "
+            f"see {command_hint('status --all', log_dir)}"
         )
     if len(matches) > 1:
         names = ", ".join(cells.short_run_id(pair[1].run_id) for pair in matches[:5])
@@ -159,15 +160,28 @@ def global_options(json_option: bool, json_help: str = "machine-readable output"
 
 
 def add_command(
-    sub: Any, name: str, func: Callable[[argparse.Namespace], int], help: str, *, json_option: bool = False
+    sub: Any,
+    name: str,
+    func: Callable[[argparse.Namespace], int],
+    help: str,
+    *,
+    example: str,
+    json_option: bool = False,
 ) -> argparse.ArgumentParser:
     """Add subcommand ``name`` run by ``func(args) -> exit code``; its parser, to add arguments to.
 
-    Every command takes the global options (``--log-dir``, and ``--json`` when ``json_option``)
-    before or after its name; ``args.json`` is then always set.
+    ``--help`` shows ``help`` (one line), the options and ``example``. Every command takes the
+    global options (``--log-dir``, ``--json``) before or after its name, so ``top --json`` and
+    ``--json top`` meet the same check in ``main`` (one message: ``--json`` does not apply)
+    rather than two different errors; ``args.json`` is then always set.
     """
     command: argparse.ArgumentParser = sub.add_parser(
-        name, help=help, description=help, parents=[global_options(json_option)]
+        name,
+        help=help,
+        description=help,
+        epilog=f"example:\n  {example}",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        parents=[global_options(True, "machine-readable output" if json_option else argparse.SUPPRESS)],
     )
     command.set_defaults(func=func, accepts_json=json_option)
     return command

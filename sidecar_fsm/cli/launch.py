@@ -1,4 +1,4 @@
-"""The commands that start things: ``start``, ``exec``, ``build`` and ``demo``.
+"""The commands that start things: ``start``, ``exec``, ``build``, ``demo`` and ``lab``.
 
 ``start`` is ``gym env start``'s sidecar step standalone: load the config (``configfile``),
 start the sidecars (``launcher``), print what was rewritten, run them in the foreground
@@ -19,12 +19,26 @@ from omegaconf import DictConfig, open_dict
 
 from sidecar_fsm.base.buildcache import CACHE_DIR_KEY, ensure_binary, user_cache_dir
 from sidecar_fsm.base.egress import egress_route
-from sidecar_fsm.cli.common import PROG, UsageError, add_command, color, err, log_dir_of, os_reason, out
-from sidecar_fsm.configfile import config_to_write, load_config, write_atomically
-from sidecar_fsm.errors import ConfigError
+from sidecar_fsm.cli.common import (
+    PROG,
+    UsageError,
+    add_command,
+    all_stores,
+    color,
+    err,
+    every_run,
+    log_dir_of,
+    os_reason,
+    out,
+)
+from sidecar_fsm.configfile import OVERRIDE_EXAMPLE, config_to_write, load_config, write_atomically
+from sidecar_fsm.errors import ConfigError, SidecarError
 from sidecar_fsm.gymexec import ExecFailed, exec_command
 from sidecar_fsm.run.foreground import catching_stop_signals, watch_until_signal
-from sidecar_fsm.view import render
+from sidecar_fsm.view import render, status, upkeep_report
+
+# ``lab``'s default idle limit: long enough to type a request, short enough to watch it bite.
+LAB_IDLE_SECONDS = 20.0
 
 if TYPE_CHECKING:
     from sidecar_fsm.launcher import H2PingSidecarManager
@@ -115,6 +129,15 @@ def cmd_start(args: argparse.Namespace) -> int:
 def _run_in_foreground(manager: H2PingSidecarManager, write_config: str | None, written: str | None) -> int:
     """Print what started, watch the sidecars until a signal or a failure, drain; the exit code."""
     failed = False
+    hurried: list[str] = []
+
+    def hurry() -> bool:
+        # Asked by stop() while it awaits the drains, in the main thread: never in a handler.
+        if len(signals.received) > 1 and not hurried:
+            hurried.append(signals.received[1].name)
+            err(f"{hurried[0]} again: stopping now; the proxies end their drain, closing what is in flight")
+        return bool(hurried)
+
     with catching_stop_signals() as signals:
         try:
             if write_config and written is not None:
@@ -133,16 +156,63 @@ def _run_in_foreground(manager: H2PingSidecarManager, write_config: str | None, 
                 err(str(error))
                 failed = True
             else:
-                err(f"{signals.received[0].name}: draining the sidecars")
+                err("\n".join(_draining_lines(manager, signals.received[0].name)))
         except BaseException:
             failed = True
             raise
         finally:
             # Drain even when writing the config or printing failed: the sidecars must not
             # outlive this command unsupervised.
-            manager.stop()
-    err("stopped" if not failed else "stopped after a failure")
+            manager.stop(hurry)
+    if hurried:
+        err("stopped now (drain cut short)" if not failed else "stopped after a failure")
+    else:
+        err("stopped" if not failed else "stopped after a failure")
     return 1 if failed else 0
+
+
+def cmd_lab(args: argparse.Namespace) -> int:
+    """The lab origin behind the idle relay, in the foreground until Ctrl-C or SIGTERM."""
+    # Imported here: the lab (a TLS HTTP/2 origin) pulls cryptography and h2.
+    from sidecar_fsm.lab import IdleRelay, TlsH2Origin
+
+    try:
+        idle = float(args.idle)
+    except ValueError:
+        idle = -1.0
+    if not (0 < idle < float("inf")):
+        raise UsageError(f"{PROG} lab: --idle '{args.idle}' must be a number of seconds above 0; try 20")
+    with catching_stop_signals() as signals:
+        origin = TlsH2Origin().start()
+        try:
+            relay = IdleRelay("127.0.0.1", origin.port, idle=idle).start()
+            try:
+                out(
+                    render.lab_lines(f"https://localhost:{relay.port}", str(origin.ca_file), idle, origin.url)
+                )
+                while not signals.received:
+                    signals.wait(3600)
+            finally:
+                relay.stop()
+        finally:
+            origin.stop()
+    err(f"{signals.received[0].name}: lab stopped")
+    return 0
+
+
+def _draining_lines(manager: H2PingSidecarManager, signal_name: str) -> list[str]:
+    """What the drain waits for, per instance (its requests in flight, scraped now), and how
+    long at most; just the first line when the figures cannot be read (the drain goes on)."""
+    grace = float(manager.config.shutdown_grace_seconds)
+    try:
+        with all_stores(manager.log_dir, "start") as stores:
+            found = [(s, r) for s, r in every_run(stores) if r.run_id == manager.run_id]
+            observed = [status.observe(store, run) for store, run in found]
+        (run_status,) = status.with_live(observed)
+    except (SidecarError, OSError, LookupError, ValueError):
+        return [f"{signal_name}: draining the sidecars, up to {grace:g}s"]
+    live = [(inst.name, run_status.live_of(inst)) for inst in run_status.instances if inst.state == "ready"]
+    return upkeep_report.draining_lines(live, grace, signal_name)
 
 
 def cmd_exec(args: argparse.Namespace) -> int:
@@ -163,10 +233,18 @@ def cmd_exec(args: argparse.Namespace) -> int:
 
 def register(sub: Any) -> None:
     start = add_command(
-        sub, "start", cmd_start, "start the sidecars of a Gym config and supervise them until a signal"
+        sub,
+        "start",
+        cmd_start,
+        "start the sidecars of a Gym config and supervise them until a signal",
+        example=f"sidecar-fsm start gym.yaml {OVERRIDE_EXAMPLE} 'policy_model.tags=[a,b]'",
     )
     start.add_argument(
-        "configs", nargs="+", metavar="CONFIG.yaml|key=value", help="YAML files, then overrides"
+        "configs",
+        nargs="+",
+        metavar="CONFIG.yaml|key=value",
+        help="YAML files, then OmegaConf dotlist overrides (a.b=x; list items a.0.b=x or a[0].b=x; "
+        "YAML values such as [1,2])",
     )
     start.add_argument(
         "--write-config",
@@ -176,12 +254,20 @@ def register(sub: Any) -> None:
 
     cache_help = "build cache root (default: $XDG_CACHE_HOME/sidecar-fsm, else ~/.cache/sidecar-fsm)"
     build = add_command(
-        sub, "build", cmd_build, "build (or find) the h2-ping-sidecar binary and print its path"
+        sub,
+        "build",
+        cmd_build,
+        "build (or find) the h2-ping-sidecar binary and print its path",
+        example="sidecar-fsm build --cache-dir ~/.cache/sidecar-fsm",
     )
     build.add_argument("--cache-dir", metavar="DIR", help=cache_help)
 
     demo = add_command(
-        sub, "demo", cmd_demo, "show a long request failing directly and succeeding through a sidecar"
+        sub,
+        "demo",
+        cmd_demo,
+        "show a long request failing directly and succeeding through a sidecar",
+        example="sidecar-fsm demo",
     )
     demo.add_argument("--cache-dir", metavar="DIR", help=cache_help)
 
@@ -190,7 +276,23 @@ def register(sub: Any) -> None:
         "exec",
         cmd_exec,
         "run COMMAND with NeMo Gym's sidecar launcher resolved to sidecar-fsm's (becomes COMMAND)",
+        example="sidecar-fsm exec -- gym env start --config gym.yaml",
     )
     exec_.add_argument(
         "argv", nargs=argparse.REMAINDER, metavar="[--] COMMAND [ARG...]", help="the command to become"
+    )
+
+    lab = add_command(
+        sub,
+        "lab",
+        cmd_lab,
+        "run a local TLS HTTP/2 origin behind an idle-dropping relay, to try start with no endpoint",
+        example="sidecar-fsm lab --idle 20",
+    )
+    lab.add_argument(
+        "--idle",
+        metavar="SECONDS",
+        default=str(LAB_IDLE_SECONDS),
+        help=f"the relay drops connections silent this long (default {LAB_IDLE_SECONDS:g}; "
+        "Global Accelerator: 340)",
     )

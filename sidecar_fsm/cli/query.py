@@ -136,6 +136,10 @@ def register(sub: Any) -> None:
         cmd_query,
         "one read-only SELECT over every host's database (views: run_summary, instance_summary, "
         "transition_log, spawn_attempts; see docs/query.md)",
+        example=(
+            'sidecar-fsm query "SELECT upstream, reason, count(*) AS failures FROM instance_summary '
+            "WHERE state = 'failed' GROUP BY upstream, reason\""
+        ),
         json_option=True,
     )
     command.add_argument("sql", metavar="SQL", help="one SELECT (or WITH ... SELECT); writes are refused")

@@ -1,4 +1,4 @@
-"""The read commands: ``status``, ``top`` and ``history``.
+"""The read commands: ``status``, ``top``, ``history`` and ``logs``.
 
 Each parses its options, reads every host's database of the log dir, asks ``view.status`` what
 runs now, hands the result to ``view.render`` and prints it. Reading never changes a state,
@@ -8,7 +8,9 @@ writes a row or signals a process.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import math
+import time
 from typing import Any
 
 from sidecar_fsm.cli.common import (
@@ -22,9 +24,13 @@ from sidecar_fsm.cli.common import (
     log_dir_of,
     out,
 )
-from sidecar_fsm.view import cells, render, status, top
+from sidecar_fsm.view import cells, logs, render, status, top
 
 TOP_INTERVAL_SECONDS = 2.0
+# How often ``logs -f`` looks for new lines.
+FOLLOW_SECONDS = 0.2
+# ``status``'s exit code when a shown live run needs attention (systemctl's "not running").
+NEEDS_ATTENTION = 3
 
 
 def cmd_status(args: argparse.Namespace) -> int:
@@ -40,8 +46,12 @@ def cmd_status(args: argparse.Namespace) -> int:
             runs = status.runs_to_show(runs, everything=args.all)
         statuses = [status.observe(store, run) for store, run in runs]
     statuses = status.with_live(statuses)
-    out(render.status_json(statuses) if args.json else render.status_lines(statuses, color=color()))
-    return 0
+    if args.json:
+        out(render.status_json(statuses))
+    else:
+        out(render.status_lines(statuses, color=color(), ended_in_one_table=args.all))
+    # systemctl's codes: a monitoring script reads "needs attention" without parsing the table.
+    return NEEDS_ATTENTION if any(status.needs_attention(s) for s in statuses) else 0
 
 
 def _top_interval(text: str) -> float:
@@ -93,7 +103,7 @@ def cmd_history(args: argparse.Namespace) -> int:
                     f"{cells.short_run_id(run.run_id)}; its instances: {names}"
                 )
             instances = chosen
-            observed = status.RunStatus(run, observed.owner, chosen, observed.processes)
+            observed = dataclasses.replace(observed, instances=chosen)
         rows = [(inst.name, t) for inst in instances for t in store.history(inst.id)]
     rows.sort(key=lambda row: (row[1].at, row[1].id))
     if args.json:
@@ -103,19 +113,84 @@ def cmd_history(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_logs(args: argparse.Namespace) -> int:
+    """The proxies' logs of a run; with ``-f``, new lines until the run ends or Ctrl-C."""
+    log_dir, _ = log_dir_of(args)
+    if args.lines is not None and args.lines < 0:
+        raise UsageError(f"{PROG} logs: -n '{args.lines}' must be 0 or more")
+    with all_stores(log_dir, "logs") as stores:
+        store, run = find_run(every_run(stores), args.run, "logs", log_dir)
+        instances = store.instances_of(run.run_id)
+        if args.instance is not None:
+            chosen = [inst for inst in instances if inst.name == args.instance]
+            if not chosen:
+                known = ", ".join(inst.name for inst in instances) or "none"
+                raise LookupError(
+                    f"{PROG} logs: instance '{args.instance}' is not in run "
+                    f"{cells.short_run_id(run.run_id)}; its instances: {known}"
+                )
+            instances = chosen
+        names = [inst.name for inst in instances]
+        paths = [inst.log_path or "" for inst in instances]
+        width = max(map(len, names)) if len(names) > 1 else 0
+        offsets = []
+        for name, path in zip(names, paths, strict=True):
+            lines, offset = logs.tail(path, args.lines)
+            offsets.append(offset)
+            if lines:
+                out([logs.prefixed(name, line, width) for line in lines])
+        if not args.follow:
+            return 0
+        follower = logs.Follower(paths, offsets)
+        try:
+            while True:
+                # Read the end before the lines: the lines a proxy wrote before its run closed
+                # are all on disk by then, so the last read below gets every one of them.
+                ended = (store.get_run(run.run_id) or run).ended_at is not None
+                new = follower.read()
+                if new:
+                    out([logs.prefixed(names[index], line, width) for index, line in new])
+                if ended:
+                    return 0
+                time.sleep(FOLLOW_SECONDS)
+        except KeyboardInterrupt:
+            return 0
+
+
 def register(sub: Any) -> None:
+    logs_ = add_command(
+        sub,
+        "logs",
+        cmd_logs,
+        "the proxies' logs of a run, each line prefixed with its instance when there are several",
+        example="sidecar-fsm logs 4c1e9a policy -f -n 20",
+    )
+    logs_.add_argument("run", metavar="RUN", help="run id or a unique prefix of it")
+    logs_.add_argument("instance", metavar="INSTANCE", nargs="?", help="only this instance")
+    logs_.add_argument(
+        "-f", "--follow", action="store_true", help="follow new lines until the run ends or Ctrl-C"
+    )
+    logs_.add_argument(
+        "-n", "--lines", metavar="N", type=int, help="only the last N lines of each log (default: all)"
+    )
+
     status_ = add_command(
         sub,
         "status",
         cmd_status,
-        "runs and their instances (default: live runs and the latest finished)",
+        "runs and their instances (default: live runs and the latest ended); exit 3 if one needs attention",
         json_option=True,
+        example="sidecar-fsm status --all",
     )
     status_.add_argument("--run", metavar="ID", help="only this run (a unique prefix is enough)")
     status_.add_argument("--all", action="store_true", help="every recorded run")
 
     top_ = add_command(
-        sub, "top", cmd_top, "the live figures of status (in flight, PINGs, upstream), redrawn until Ctrl-C"
+        sub,
+        "top",
+        cmd_top,
+        "the live figures of status (in flight, PINGs, upstream), redrawn until Ctrl-C",
+        example="sidecar-fsm top --interval 1",
     )
     top_.add_argument("--run", metavar="ID", help="only this run (default: every live run)")
     top_.add_argument(
@@ -126,7 +201,12 @@ def register(sub: Any) -> None:
     )
 
     history = add_command(
-        sub, "history", cmd_history, "a run's state transitions, oldest first", json_option=True
+        sub,
+        "history",
+        cmd_history,
+        "a run's state transitions, oldest first",
+        json_option=True,
+        example="sidecar-fsm history 4c1e9a policy",
     )
     history.add_argument("run", metavar="RUN", help="run id or a unique prefix of it")
     history.add_argument("instance", metavar="INSTANCE", nargs="?", help="only this instance")

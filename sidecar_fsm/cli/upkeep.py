@@ -1,8 +1,9 @@
-"""The commands that tidy up after runs: ``reap`` (and ``reap --ray`` across a Ray cluster).
+"""The commands that end and tidy up runs: ``stop``, ``reap`` (and ``reap --ray``), ``prune``.
 
-Each parses its options, calls the run layer (``run.reap``, ``run.cluster``) that does the
-work, and prints its report. Must not judge or signal processes itself: ``run.reap`` proves
-every process ours (``procs``) before it signals it.
+Each parses its options, calls the run layer (``run.remotestop``, ``run.reap``,
+``run.cluster``, ``run.prune``) that does the work, and prints its report. Must not judge or
+signal processes itself: ``run.reap`` and ``run.remotestop`` prove every process ours
+(``procs``) before it signals it.
 """
 
 from __future__ import annotations
@@ -10,27 +11,34 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-from sidecar_fsm.cli.common import PROG, UsageError, add_command, color, err, log_dir_of, out
+from sidecar_fsm.base.resources import command_hint
+from sidecar_fsm.cli.common import (
+    PROG,
+    UsageError,
+    add_command,
+    all_stores,
+    color,
+    err,
+    every_run,
+    find_run,
+    log_dir_of,
+    out,
+)
+from sidecar_fsm.run import remotestop
 from sidecar_fsm.run.cluster import DEFAULT_ADDRESS, ClusterUnavailableError, reap_cluster
-from sidecar_fsm.run.reap import ReapReport, reap
-from sidecar_fsm.state.store import Store, database_path
-from sidecar_fsm.view import reap_report
+from sidecar_fsm.run.prune import DEFAULT_OLDER_THAN_SECONDS, parse_age, prune_here
+from sidecar_fsm.run.reap import reap_here, recorded_grace_seconds
+from sidecar_fsm.state.hostname import host_name
+from sidecar_fsm.view import reap_report, status, upkeep_report
+from sidecar_fsm.view.cells import short_run_id
 
 
 def cmd_reap(args: argparse.Namespace) -> int:
     log_dir, _ = log_dir_of(args)
     if args.ray or args.ray_address:
         return _reap_ray(args, log_dir)
-    # Only this host's database: a reap can signal only processes on its own host. A missing
-    # database is not created: there is nothing to reap and nothing to write.
-    if not database_path(log_dir).exists():
-        report = ReapReport(dry_run=args.dry_run, runs=[])
-    else:
-        store = Store.open(log_dir)
-        try:
-            report = reap(store, dry_run=args.dry_run)
-        finally:
-            store.close()
+    # Only this host's database: a reap can signal only processes on its own host.
+    report = reap_here(log_dir, dry_run=args.dry_run)
     out(reap_report.reap_json(report) if args.json else reap_report.reap_lines(report, color=color()))
     return 0
 
@@ -51,13 +59,120 @@ def _reap_ray(args: argparse.Namespace, log_dir: str) -> int:
     return 1 if result.failed else 0
 
 
+def _seconds(text: str, where: str) -> float:
+    try:
+        seconds = float(text)
+    except ValueError:
+        seconds = -1.0
+    if not (0 < seconds < float("inf")):
+        raise UsageError(f"{PROG} {where}: '{text}' must be a number of seconds above 0; try 90")
+    return seconds
+
+
+def cmd_stop(args: argparse.Namespace) -> int:
+    log_dir, _ = log_dir_of(args)
+    here = host_name()
+    timeout = _seconds(args.timeout, "stop --timeout") if args.timeout is not None else None
+    with all_stores(log_dir, "stop") as stores:
+        runs = every_run(stores)
+        if args.run:
+            store, run = find_run(runs, args.run, "stop", log_dir)
+            if run.host != here:
+                raise UsageError(
+                    f"{PROG} stop: run {short_run_id(run.run_id)} runs on {run.host}; stop it there"
+                )
+            if run.ended_at is not None:
+                out(f"run {short_run_id(run.run_id)} already {run.outcome or 'ended'}; nothing to stop")
+                return 0
+        else:
+            live = [(s, r) for s, r in runs if r.ended_at is None and r.host == here]
+            if not live:
+                raise LookupError(
+                    f"{PROG} stop: no live run on {here} in {log_dir}; see {command_hint('status', log_dir)}"
+                )
+            if len(live) > 1:
+                err(f"{PROG} stop: {len(live)} live runs on {here}; name one ({PROG} stop RUN):")
+                err("\n".join(upkeep_report.live_runs_lines([r for _, r in live])))
+                return 2
+            store, run = live[0]
+        short = short_run_id(run.run_id)
+        observed = status.observe(store, run)
+        if observed.owner != "alive" or not remotestop.ask_owner_to_stop(run):
+            hint = status.reap_hint(observed)
+            err(f"{PROG} stop: run {short}: its owner (pid {run.owner_pid}) is gone; {hint}")
+            return 1
+        wait = timeout if timeout is not None else recorded_grace_seconds(run) + remotestop.WAIT_SLACK_SECONDS
+        err(f"stopping run {short}: SIGTERM sent to its owner (pid {run.owner_pid}); waiting up to {wait:g}s")
+        result = remotestop.wait_closed(store, run, wait)
+        instances = store.instances_of(run.run_id)
+        if result.outcome == "timeout":
+            err(
+                f"{PROG} stop: run {short} is still stopping after {wait:g}s; "
+                f"see {command_hint('status --run ' + short, log_dir)}"
+            )
+            return 1
+        if result.outcome == "owner-gone":
+            err(
+                f"{PROG} stop: run {short}: its owner exited without closing the run; "
+                f"{status.reap_hint(observed)}"
+            )
+            return 1
+    out(upkeep_report.stopped_lines(result.run, instances, result.waited_seconds, color=color()))
+    return 0 if result.run.outcome == "ended" else 1
+
+
+def cmd_prune(args: argparse.Namespace) -> int:
+    log_dir, _ = log_dir_of(args)
+    older = parse_age(args.older_than)
+    if older is None:
+        raise UsageError(
+            f"{PROG} prune: --older-than '{args.older_than}' is not a duration; try 7d, 36h or 90m"
+        )
+    report = prune_here(log_dir, older_than_seconds=older, dry_run=args.dry_run)
+    out(upkeep_report.prune_json(report) if args.json else upkeep_report.prune_lines(report, log_dir))
+    return 0
+
+
 def register(sub: Any) -> None:
+    stop = add_command(
+        sub,
+        "stop",
+        cmd_stop,
+        "stop a live run from another shell as Ctrl-C would, and say how each instance ended",
+        example="sidecar-fsm stop 4c1e9a --timeout 90",
+    )
+    stop.add_argument(
+        "run", metavar="RUN", nargs="?", help="run id or a unique prefix (default: the one live run here)"
+    )
+    stop.add_argument(
+        "--timeout",
+        metavar="S",
+        help="seconds to wait for the run to close (default: its shutdown_grace + 15)",
+    )
+
+    prune = add_command(
+        sub,
+        "prune",
+        cmd_prune,
+        "remove ended runs (rows, logs, ready files) and a killed launcher's database temp files",
+        json_option=True,
+        example="sidecar-fsm prune --older-than 2d --dry-run",
+    )
+    prune.add_argument(
+        "--older-than",
+        metavar="DURATION",
+        default="7d",
+        help=f"only runs that ended longer ago than this (default 7d = {DEFAULT_OLDER_THAN_SECONDS:g}s)",
+    )
+    prune.add_argument("--dry-run", action="store_true", help="print what would go, remove nothing")
+
     reap_ = add_command(
         sub,
         "reap",
         cmd_reap,
         "end the sidecars of runs whose launcher is gone, and close those runs",
         json_option=True,
+        example="sidecar-fsm reap --dry-run",
     )
     reap_.add_argument("--dry-run", action="store_true", help="print the plan, change nothing")
     reap_.add_argument(

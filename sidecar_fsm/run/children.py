@@ -21,7 +21,7 @@ from sidecar_fsm.config import H2PingSidecarConfig, SidecarInstanceConfig
 from sidecar_fsm.errors import SidecarError
 from sidecar_fsm.run import crashpoints
 from sidecar_fsm.run.binaryflags import BinaryFlags
-from sidecar_fsm.run.messages import exit_message, port_clash_message, where
+from sidecar_fsm.run.messages import exit_message, metrics_clash_message, port_clash_message, where
 from sidecar_fsm.run.runfiles import run_file
 from sidecar_fsm.state import storagefault
 from sidecar_fsm.state.fsm import TERMINAL, InstanceMachine
@@ -118,7 +118,11 @@ class SidecarRun:
 
     def exit_message(self, child: Child, exit_code: int, before_ready: bool) -> str:
         clash = port_clash_message(child.index, child.listen, self.store, self.run_id)
-        return exit_message(self.where(child), exit_code, before_ready, child.log_path, clash)
+        fixed = child.instance.metrics_listen
+        metrics = (
+            (fixed, metrics_clash_message(child.index, fixed)) if fixed and not fixed.endswith(":0") else None
+        )
+        return exit_message(self.where(child), exit_code, before_ready, child.log_path, clash, metrics)
 
     def fail(
         self,

@@ -38,6 +38,7 @@ POINTS: dict[str, str] = {
     "reap-ended": "reap ended (or found gone) an instance's processes, before it records that",
     "reap-failed-recorded": "reap committed an instance as failed",
     "reap-run-ended": "reap committed its run as reaped",
+    "stop-requested": "sidecar-fsm stop sent SIGTERM to a run's owner, before awaiting the run's end",
 }
 
 _enabled: tuple[str, int] | None = None

@@ -11,11 +11,14 @@ from __future__ import annotations
 import os
 
 from sidecar_fsm.base import procs
+from sidecar_fsm.base.resources import command_hint
 from sidecar_fsm.config import is_loopback_host
 from sidecar_fsm.state.fsm import NON_TERMINAL
 from sidecar_fsm.state.store import InstanceRecord, Store
 
 LOG_TAIL_LINES = 20
+# What every port clash message says (``port_clash_message``).
+PORT_CLASH_WORDS = "is already in use by"
 _LOG_TAIL_BYTES = 16384
 
 
@@ -38,16 +41,38 @@ def log_tail(log_path: str, lines: int = LOG_TAIL_LINES) -> str:
     return "\n".join(text[-lines:]) or "(empty log)"
 
 
+def with_log_tail(first_line: str, log_path: str) -> str:
+    """``first_line`` then the log's tail, less the proxy's own "address already in use" line
+    when ``first_line`` already says the port is taken (and by whom): one fact, said once."""
+    tail = log_tail(log_path)
+    if PORT_CLASH_WORDS in first_line:
+        kept = [line for line in tail.splitlines() if "address already in use" not in line]
+        tail = "\n".join(kept)
+    return f"{first_line}\n{tail}" if tail else first_line
+
+
 def where(name: str, run_id: str, host: str) -> str:
     """How every message names an instance: which sidecar, which run, which host."""
     return f"h2-ping-sidecar '{name}' (run {run_id} on {host})"
 
 
 def exit_message(
-    place: str, exit_code: int, before_ready: bool, log_path: str, port_clash: str | None
+    place: str,
+    exit_code: int,
+    before_ready: bool,
+    log_path: str,
+    port_clash: str | None,
+    metrics_clash: tuple[str, str] | None = None,
 ) -> str:
-    """The first line for a process that exited; ``port_clash`` replaces it when the log says so."""
-    if port_clash is not None and "address already in use" in log_tail(log_path):
+    """The first line for a process that exited; a port clash replaces it when the log says so.
+
+    ``metrics_clash`` is (the fixed metrics address, its message): when the proxy's own "address
+    already in use" line names that address, the metrics port is the one taken, not the listen.
+    """
+    clash_lines = [line for line in log_tail(log_path).splitlines() if "address already in use" in line]
+    if metrics_clash is not None and any(metrics_clash[0] in line for line in clash_lines):
+        return metrics_clash[1]
+    if port_clash is not None and clash_lines:
         return port_clash
     when = "before it was ready" if before_ready else "unexpectedly"
     return f"{place}: exited with code {exit_code} {when}; see {log_path}"
@@ -60,9 +85,19 @@ def port_clash_message(index: int, listen: str, store: Store | None, run_id: str
     if holder is None:
         return f"{place} is already in use by another process; stop it or choose another port (or port 0)"
     pid = f"pid {holder.pid}" if holder.pid else "no pid yet"
+    log_dir = store.path.parent.parent if store is not None else None
     return (
         f"{place} is already in use by run {holder.run_id} instance '{holder.name}' ({pid}); "
-        f"stop that run (sidecar-fsm status, sidecar-fsm reap) or choose another port"
+        f"stop that run ({command_hint('stop ' + holder.run_id[:8], log_dir)}, or "
+        f"{command_hint('reap', log_dir)} if its launcher is gone) or choose another port"
+    )
+
+
+def metrics_clash_message(index: int, metrics_listen: str) -> str:
+    """``sidecar.instances[i].metrics_listen`` is taken (by a process the database cannot name)."""
+    return (
+        f"sidecar.instances[{index}].metrics_listen: '{metrics_listen}' is already in use by another "
+        "process; stop it or choose another port (or port 0)"
     )
 
 

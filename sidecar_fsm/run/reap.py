@@ -18,6 +18,7 @@ every instant, which no order of commits can: a pid exists only after the spawn.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -30,10 +31,12 @@ from sidecar_fsm.base.ready import temp_files
 from sidecar_fsm.config import parse_duration_seconds
 from sidecar_fsm.errors import ConfigError
 from sidecar_fsm.run import crashpoints, targets
+from sidecar_fsm.state import tempfiles
 
 # Imported for their types and machines; each owns its concern (SQL, state changes).
 from sidecar_fsm.state.fsm import TERMINAL, InstanceMachine
-from sidecar_fsm.state.store import InstanceRecord, RunRecord, Store
+from sidecar_fsm.state.hostname import host_name
+from sidecar_fsm.state.store import InstanceRecord, RunRecord, Store, database_path
 
 OwnerStatus = Literal["alive", "dead", "reused"]
 
@@ -69,6 +72,8 @@ class RunReap:
 class ReapReport:
     dry_run: bool
     runs: list[RunReap]
+    # Database temp files a launcher SIGKILLed while creating the database left (``tempfiles``).
+    temp_files: list[str] = field(default_factory=list)
 
 
 def owner_status(run: RunRecord) -> OwnerStatus:
@@ -192,6 +197,25 @@ def reap(store: Store, *, dry_run: bool = False) -> ReapReport:
             # The reaped runs' sidecars leave Prometheus' targets (SPEC: rewritten at reap).
             targets.refresh(store)
         return report
+
+
+def reap_here(log_dir: str, *, dry_run: bool = False) -> ReapReport:
+    """``reap`` of this host's database under ``log_dir``, plus the database temp files a
+    launcher killed while creating it left behind. A missing database is not created: there is
+    nothing to reap and nothing to write (but its creator's temp files may be there)."""
+    host = host_name()
+    if dry_run:
+        temps = tempfiles.abandoned_temp_files(log_dir, host)
+    else:
+        temps = tempfiles.remove_abandoned_temp_files(log_dir, host)
+    if not database_path(log_dir, host).exists():
+        return ReapReport(dry_run=dry_run, runs=[], temp_files=[str(path) for path in temps])
+    store = Store.open(log_dir)
+    try:
+        report = reap(store, dry_run=dry_run)
+    finally:
+        store.close()
+    return dataclasses.replace(report, temp_files=[str(path) for path in temps])
 
 
 def _drains_by_itself(run: RunRecord) -> bool:

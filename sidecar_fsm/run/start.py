@@ -28,7 +28,7 @@ from sidecar_fsm.run.binaryflags import filter_command
 from sidecar_fsm.run.children import Child, SidecarRun, process_facts
 from sidecar_fsm.run.command import config_summary, sidecar_command, sidecar_env
 from sidecar_fsm.run.interrupts import interrupts_deferred
-from sidecar_fsm.run.messages import log_failure_message, log_tail
+from sidecar_fsm.run.messages import log_failure_message, with_log_tail
 from sidecar_fsm.run.runfiles import create_logs, remove_files
 from sidecar_fsm.run.stop import kill, stop
 from sidecar_fsm.state import storagefault
@@ -296,6 +296,6 @@ def _startup_failure(run: SidecarRun, child: Child, outcome: ReadyOutcome | None
         )
     else:
         message = run.exit_message(child, exit_code, before_ready=True)
-    message = f"{message}\n{log_tail(child.log_path)}"
+    message = with_log_tail(message, child.log_path)
     run.fail(child, message, exit_code=exit_code)
     return message

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import signal
 import time
+from collections.abc import Callable
 
 from sidecar_fsm.base import procs
 from sidecar_fsm.errors import SidecarError
@@ -19,6 +20,8 @@ from sidecar_fsm.run.children import Child, SidecarRun
 from sidecar_fsm.run.messages import log_tail
 from sidecar_fsm.run.runfiles import remove_ready_files
 
+# How often a stop asks its caller whether to cut the drains short (``stop(hurry=...)``).
+HURRY_POLL_SECONDS = 0.1
 # Waiting for a SIGKILLed child to be reaped; the kernel needs no cooperation, so this is generous.
 KILL_REAP_SECONDS = 5.0
 # Exit statuses of a proxy that was asked to stop: 0 from its drain, -SIGTERM if the signal
@@ -26,7 +29,7 @@ KILL_REAP_SECONDS = 5.0
 _CLEAN_STOP_CODES = (0, -signal.SIGTERM)
 
 
-def stop(run: SidecarRun) -> None:
+def stop(run: SidecarRun, hurry: Callable[[], bool] | None = None) -> None:
     """Drain and end every child, remove ready files and end the run row. Idempotent.
 
     See ``NodeSidecars.stop`` for the guarantees; the steps are ``_begin_drains`` (record
@@ -48,7 +51,7 @@ def stop(run: SidecarRun) -> None:
             if child.identity is not None:
                 procs.signal_if_ours(child.identity, signal.SIGTERM)
                 crashpoints.hit("sigterm-sent")
-        interrupted = _await_drains(run, draining)
+        interrupted = _await_drains(run, draining, hurry)
         _record_drained(run, draining, interrupted, problems)
     finally:
         remove_ready_files([child.ready_path for child in run.children])
@@ -106,16 +109,39 @@ def _begin_drains(run: SidecarRun, problems: list[BaseException]) -> list[Child]
     return draining
 
 
-def _await_drains(run: SidecarRun, draining: list[Child]) -> BaseException | None:
-    """Wait for ``draining`` against one deadline; the ``KeyboardInterrupt`` that cut it short."""
+def _await_drains(
+    run: SidecarRun, draining: list[Child], hurry: Callable[[], bool] | None
+) -> BaseException | None:
+    """Wait for ``draining`` against one deadline; the ``KeyboardInterrupt`` that cut it short.
+
+    ``hurry``, asked every ``HURRY_POLL_SECONDS`` while the drains run, returns True once the
+    caller wants them cut short (a second Ctrl-C): every proxy still draining then gets its
+    second SIGTERM, which ends its drain at once, closing the requests still in flight.
+    """
     deadline = time.monotonic() + run.config.shutdown_grace_seconds + run.stop_slack_seconds
+    hurried = hurry is None
     try:
         for child in draining:
             assert child.process is not None
-            procs.wait_exit(child.process, max(0.0, deadline - time.monotonic()))
+            while True:
+                remaining = max(0.0, deadline - time.monotonic())
+                step = remaining if hurried else min(remaining, HURRY_POLL_SECONDS)
+                if procs.wait_exit(child.process, step) is not None or time.monotonic() >= deadline:
+                    break
+                if not hurried and hurry is not None and hurry():
+                    hurried = True
+                    _signal_again(draining)
     except BaseException as exc:  # KeyboardInterrupt: no more waiting, kill what is left
         return exc
     return None
+
+
+def _signal_again(draining: list[Child]) -> None:
+    """The second SIGTERM to every proxy still draining: it ends its drain now."""
+    for other in draining:
+        if other.identity is not None and other.process is not None and other.process.poll() is None:
+            procs.signal_if_ours(other.identity, signal.SIGTERM)
+            crashpoints.hit("sigterm-sent")
 
 
 def _record_drained(

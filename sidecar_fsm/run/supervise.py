@@ -15,6 +15,8 @@ parse the config (``config``) or touch the caller's global config (``launcher``/
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 from sidecar_fsm.errors import SidecarError
 from sidecar_fsm.run import start as starting
 from sidecar_fsm.run import stop as stopping
@@ -69,8 +71,12 @@ class NodeSidecars(SidecarRun):
         if messages:
             raise SidecarError("h2-ping-sidecar stopped unexpectedly:\n" + "\n".join(messages))
 
-    def stop(self) -> None:
+    def stop(self, hurry: Callable[[], bool] | None = None) -> None:
         """Drain and end every child, remove ready files and end the run row. Idempotent.
+
+        ``hurry``, asked while the drains are awaited, returns True once the caller wants them
+        cut short (a second Ctrl-C): every proxy still draining then gets its second SIGTERM,
+        which ends its drain at once (closing the requests still in flight).
 
         Instances with no process go straight to ``stopped``. The rest get ``drain`` and SIGTERM
         together and are awaited against one deadline (``shutdown_grace`` + slack); any still
@@ -81,4 +87,4 @@ class NodeSidecars(SidecarRun):
         database file was deleted or replaced since, nothing more is recorded (the run's rows
         stay as they were until ``reap`` closes them) and the latter raises its one line.
         """
-        stopping.stop(self)
+        stopping.stop(self, hurry)

@@ -16,11 +16,20 @@ any callback runs, so nothing is written.
 from __future__ import annotations
 
 import contextlib
+import logging
 import threading
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any, NamedTuple
 
 from transitions import EventData, Machine, MachineError
+
+# ``transitions`` logs every event at INFO: under a host that logs INFO (NeMo Gym does), 15 lines
+# per start and stop of one instance, which our own history already records. Its logger is
+# raised to WARNING only when nobody chose a level for it, so a user who asks for its lines
+# (``logging.getLogger("transitions").setLevel(logging.INFO)``, before or after) gets them.
+_transitions_logger = logging.getLogger("transitions")
+if _transitions_logger.level == logging.NOTSET:
+    _transitions_logger.setLevel(logging.WARNING)
 
 if TYPE_CHECKING:
     from sidecar_fsm.state.store import Store

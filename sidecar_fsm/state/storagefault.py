@@ -25,6 +25,7 @@ from pathlib import Path
 
 import psutil
 
+from sidecar_fsm.base.resources import command_hint
 from sidecar_fsm.errors import SidecarError
 
 __all__ = [
@@ -118,7 +119,7 @@ def stopped_message(path: Path, run_id: str, error: BaseException) -> str:
         return (
             f"{path}: no space left on device to record run {run_id}; its sidecars were stopped, "
             "since what they do could no longer be recorded; free some space, then run "
-            "'sidecar-fsm reap' to close the run"
+            f"'{command_hint('reap', path.parent.parent)}' to close the run"
         )
     first = str(error).split("\n", 1)[0]
     return f"run {run_id}: its sidecars were stopped, since their state could not be recorded: {first}"

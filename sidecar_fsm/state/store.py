@@ -256,6 +256,26 @@ class Store:
             if cursor.rowcount == 0 and _first(db, "SELECT 1 FROM runs WHERE run_id = ?", [run_id]) is None:
                 raise SidecarError(f"end_run: run '{run_id}' does not exist in {self.path}")
 
+    def delete_ended_run(self, run_id: str) -> list[InstanceRecord]:
+        """Delete an ended run with its instances and their transitions, in one transaction.
+
+        The run is read again inside the write lock, so a run that is live (or was never
+        recorded) is never touched, whatever the caller read before: the answer is then [].
+        Returns the deleted instances (their files are the caller's to remove).
+        """
+        with self._write() as db:
+            row = _first(db, "SELECT ended_at FROM runs WHERE run_id = ?", [run_id])
+            if row is None or row["ended_at"] is None:
+                return []
+            rows = list(db.query("SELECT * FROM instances WHERE run_id = ? ORDER BY id", [run_id]))
+            db.execute(
+                "DELETE FROM transitions WHERE instance_id IN (SELECT id FROM instances WHERE run_id = ?)",
+                [run_id],
+            )
+            db.execute("DELETE FROM instances WHERE run_id = ?", [run_id])
+            db.execute("DELETE FROM runs WHERE run_id = ?", [run_id])
+        return [InstanceRecord(**row) for row in rows]
+
     def create_instance(
         self,
         run_id: str,
@@ -370,6 +390,13 @@ class Store:
         if which not in where:
             raise ValueError(f"list_runs: '{which}' is not one of live, finished, all")
         rows = self._rows(f"SELECT * FROM runs {where[which]} ORDER BY started_at DESC, rowid DESC")
+        return [run_record(row) for row in rows]
+
+    def runs_ended_before(self, before: float) -> list[RunRecord]:
+        """Ended runs whose end is older than ``before`` (unix seconds), oldest first."""
+        rows = self._rows(
+            "SELECT * FROM runs WHERE ended_at IS NOT NULL AND ended_at < ? ORDER BY ended_at", [before]
+        )
         return [run_record(row) for row in rows]
 
     def get_run(self, run_id: str) -> RunRecord | None:

@@ -19,9 +19,14 @@ if TYPE_CHECKING:
 
 def reap_lines(report: ReapReport, *, color: bool = False) -> list[str]:
     """What ``reap`` did (or, with ``--dry-run``, would do), a block per run."""
+    temps = [
+        f"{'would remove' if report.dry_run else 'removed'} database temp file {path} "
+        "(its creator was killed)"
+        for path in report.temp_files
+    ]
     if not report.runs:
-        return ["nothing to reap: every recorded run has a live owner or is already closed"]
-    lines: list[str] = []
+        return [*temps, "nothing to reap: every recorded run has a live owner or is already closed"]
+    lines: list[str] = list(temps)
     verb = "would reap" if report.dry_run else "reaped"
     for index, run in enumerate(report.runs):
         if index:
@@ -52,6 +57,7 @@ def reap_json(report: ReapReport) -> str:
     return dumps(
         {
             "dry_run": report.dry_run,
+            "temp_files": list(report.temp_files),
             "runs": [
                 {
                     "run_id": run.run_id,

@@ -14,6 +14,7 @@ from collections.abc import Sequence
 from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
+from sidecar_fsm.base.resources import command_hint
 from sidecar_fsm.view.cells import (
     OWNER_STYLES,
     STATE_STYLES,
@@ -34,10 +35,11 @@ from sidecar_fsm.view.status import (
     OWNER_GONE,
     PROCESS_GONE,
     PROCESS_REUSED,
-    REAP_HINT,
     RunStatus,
+    needs_attention,
     process_alive,
     process_note,
+    reap_hint,
 )
 
 if TYPE_CHECKING:
@@ -49,12 +51,13 @@ def _owner_text(run: RunRecord, owner: str) -> str:
     return f"pid {run.owner_pid} ({owner})"
 
 
-def _run_result(run: RunRecord, owner: str, now: float) -> Cell:
+def _run_result(status: RunStatus, now: float) -> Cell:
+    run, owner = status.run, status.owner
     if run.ended_at is None:
         if owner == "alive":
             return ("running", "green")
-        if owner in ("dead", "reused"):
-            return ("owner gone: run sidecar-fsm reap", "red")
+        if owner in OWNER_GONE:
+            return (f"owner gone: {reap_hint(status)}", "red")
         # Another host's pids cannot be judged from here; its own reap decides.
         return ("live (owner on another host)", None)
     outcome = run.outcome or "ended"
@@ -80,31 +83,41 @@ def _detail_cell(status: RunStatus, inst: InstanceRecord) -> Cell:
     return (note if detail == UNKNOWN else f"{note}; {detail}", "red")
 
 
-def status_lines(runs: Sequence[RunStatus], *, now: float | None = None, color: bool = False) -> list[str]:
+RUN_HEADERS = ["RUN", "HOST", "OWNER", "STARTED", "INSTANCES", "RESULT"]
+
+
+def _run_row(status: RunStatus, now: float) -> list[str | Cell]:
+    run = status.run
+    return [
+        short_run_id(run.run_id),
+        run.host,
+        (_owner_text(run, status.owner), OWNER_STYLES.get(status.owner)),
+        format_local_time(run.started_at),
+        str(len(status.instances)),
+        _run_result(status, now),
+    ]
+
+
+def status_lines(
+    runs: Sequence[RunStatus],
+    *,
+    now: float | None = None,
+    color: bool = False,
+    ended_in_one_table: bool = False,
+) -> list[str]:
     """The ``status`` table: a line per run, its instances indented under it.
 
-    Each run gets its own header block, so a run with no instances still reads clearly.
+    Each run gets its own header block, so a run with no instances still reads clearly. With
+    ``ended_in_one_table`` (``status --all``) the ended runs follow as one table, a line each:
+    eleven ended runs are eleven lines, not eleven headers.
     """
     now = time.time() if now is None else now
     lines: list[str] = []
-    for index, status in enumerate(runs):
-        run = status.run
+    ended = [status for status in runs if status.run.ended_at is not None] if ended_in_one_table else []
+    for index, status in enumerate(shown for shown in runs if shown not in ended):
         if index:
             lines.append("")
-        lines += table(
-            ["RUN", "HOST", "OWNER", "STARTED", "INSTANCES", "RESULT"],
-            [
-                [
-                    short_run_id(run.run_id),
-                    run.host,
-                    (_owner_text(run, status.owner), OWNER_STYLES.get(status.owner)),
-                    format_local_time(run.started_at),
-                    str(len(status.instances)),
-                    _run_result(run, status.owner, now),
-                ]
-            ],
-            color=color,
-        )
+        lines += table(RUN_HEADERS, [_run_row(status, now)], color=color)
         if not status.instances:
             continue
         # The live columns only where something was scraped: a finished run would show dashes.
@@ -127,6 +140,9 @@ def status_lines(runs: Sequence[RunStatus], *, now: float | None = None, color: 
             indent="  ",
             color=color,
         )
+    if ended:
+        lines += [""] if lines else []
+        lines += table(RUN_HEADERS, [_run_row(status, now) for status in ended], color=color)
     return lines
 
 
@@ -232,12 +248,13 @@ def top_lines(
     return [head, "", *status_lines(runs, now=now, color=color)]
 
 
-def _owner_words(run: RunRecord, owner: str | None) -> str:
+def _owner_words(run: RunRecord, status: RunStatus | None) -> str:
     """``owner pid 41022 (alive)``; for a live run whose owner is gone, with the reap hint."""
-    if owner is None:
+    if status is None:
         return f"owner pid {run.owner_pid}"
+    owner = status.owner
     if run.ended_at is None and owner in OWNER_GONE:
-        return f"owner pid {run.owner_pid} ({owner}: {REAP_HINT})"
+        return f"owner pid {run.owner_pid} ({owner}: {reap_hint(status)})"
     return f"owner pid {run.owner_pid} ({owner})"
 
 
@@ -256,8 +273,7 @@ def history_lines(
     instance whose recorded-live process is gone says so, as ``status`` does.
     """
     started = format_local_time(run.started_at)
-    owner = status.owner if status is not None else None
-    head = [f"run {run.run_id} on {run.host}, {_owner_words(run, owner)}, started {started}"]
+    head = [f"run {run.run_id} on {run.host}, {_owner_words(run, status)}, started {started}"]
     if status is not None:
         for inst in status.instances:
             note = process_note(status, inst)
@@ -293,8 +309,24 @@ def started_lines(run_id: str | None, log_dir: str, instances: Sequence[tuple[st
         [[name, f"{listen} → {upstream}"] for name, listen, upstream in instances],
         indent="  ",
     )
-    lines.append("supervising; Ctrl-C or SIGTERM drains and stops the sidecars (see: sidecar-fsm status)")
+    lines.append(
+        "supervising; Ctrl-C, SIGTERM or sidecar-fsm stop drains and stops the sidecars "
+        f"(see: {command_hint('status', log_dir)})"
+    )
     return lines
+
+
+def lab_lines(upstream: str, ca_file: str, idle: float, origin_url: str) -> list[str]:
+    """What ``lab`` prints: the two values to put in a config, and what is behind them."""
+    return [
+        f"upstream: {upstream}",
+        f"ca_file: {ca_file}",
+        f"the relay drops connections idle {idle:g}s; the origin ({origin_url}) serves /echo, "
+        "/slow?first_byte=SECONDS and /sse",
+        "put both in a config's sidecar block, e.g.",
+        f"  sidecar.ca_file={ca_file} sidecar.instances.0.upstream={upstream}",
+        "serving until Ctrl-C",
+    ]
 
 
 # --------------------------------------------------------------------------------------- JSON
@@ -314,6 +346,10 @@ def run_json(run: RunRecord, owner: str | None = None) -> dict[str, Any]:
         "outcome": run.outcome,
         "config_summary": dict(run.config_summary),
     }
+
+
+def _attention_json(status: RunStatus) -> dict[str, Any]:
+    return {"attention": needs_attention(status)}
 
 
 def instance_json(
@@ -355,6 +391,7 @@ def status_json(runs: Sequence[RunStatus]) -> str:
             "runs": [
                 {
                     **run_json(s.run, s.owner),
+                    **_attention_json(s),
                     "instances": [
                         instance_json(i, s.process_of(i), s.live_of(i), s.unrecorded.get(i.id, ()))
                         for i in s.instances

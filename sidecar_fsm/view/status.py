@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from sidecar_fsm.base import procs
+from sidecar_fsm.base.resources import command_hint
 from sidecar_fsm.state.fsm import TERMINAL
 from sidecar_fsm.state.hostname import host_name
 from sidecar_fsm.view.live import Scrape, scrape_all
@@ -64,6 +65,8 @@ class RunStatus:
     # Instance id -> pids of live processes proven ours (``procs.find_ours``) that its row does
     # not name: a launcher killed between a spawn and its commit. Such an instance is running.
     unrecorded: Mapping[int, Sequence[int]] = field(default_factory=dict)
+    # The log dir the run was read from, so every hint names it (``command_hint``).
+    log_dir: str | None = None
 
     def process_of(self, inst: InstanceRecord) -> str | None:
         return self.processes.get(inst.id)
@@ -101,10 +104,43 @@ def process_note(status: RunStatus, inst: InstanceRecord) -> str | None:
     else:
         return None
     if status.owner in OWNER_GONE:
-        return f"{what}; {REAP_HINT}"
+        return f"{what}; {reap_hint(status)}"
     if status.owner == "alive":
         return f"{what}; its launcher (pid {status.run.owner_pid}) has not recorded it yet"
     return what
+
+
+def reap_hint(status: RunStatus) -> str:
+    """``run sidecar-fsm reap``, naming the run's log dir when it is not the default."""
+    return f"run {command_hint('reap', status.log_dir)}"
+
+
+def needs_attention(status: RunStatus) -> str | None:
+    """Why a live run needs an operator, in a few words; None when it is healthy or has ended.
+
+    What makes ``status`` exit 3, as ``systemctl status`` does for a unit that is not running
+    as it should: an owner gone (its sidecars, still running or not, are nobody's until
+    ``reap``), an instance that is not running (failed, stopped, or recorded live with its
+    process gone or reused), an upstream a proxy reports down. An instance still starting
+    (configured, building, spawned) is not a problem yet.
+    """
+    if status.run.ended_at is not None:
+        return None
+    if status.owner in OWNER_GONE:
+        running = [inst.name for inst in status.instances if status.process_of(inst) == PROCESS_RUNNING]
+        if running:
+            return f"owner gone with sidecars still running ({', '.join(running)}); {reap_hint(status)}"
+        return f"owner gone; {reap_hint(status)}"
+    for inst in status.instances:
+        process = status.process_of(inst)
+        if inst.state in TERMINAL:
+            return f"{inst.name} is {inst.state}"
+        if process in (PROCESS_GONE, PROCESS_REUSED):
+            return f"{inst.name} is not running (pid {inst.pid} {process})"
+        scrape = status.live_of(inst)
+        if scrape is not None and scrape.figures is not None and not scrape.figures.upstream_up:
+            return f"{inst.name}: upstream {inst.upstream} is down"
+    return None
 
 
 def owner_of(run: RunRecord) -> str:
@@ -163,7 +199,14 @@ def observe(store: Store, run: RunRecord) -> RunStatus:
         unrecorded = unrecorded_sidecars(run, instances)
     for inst_id in unrecorded:
         processes[inst_id] = PROCESS_RUNNING
-    return RunStatus(run=run, owner=owner, instances=instances, processes=processes, unrecorded=unrecorded)
+    return RunStatus(
+        run=run,
+        owner=owner,
+        instances=instances,
+        processes=processes,
+        unrecorded=unrecorded,
+        log_dir=str(store.path.parent.parent),
+    )
 
 
 def with_live(statuses: Sequence[RunStatus]) -> list[RunStatus]:

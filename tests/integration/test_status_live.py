@@ -75,7 +75,7 @@ def status_json(log_dir: Path) -> dict[str, dict[str, Any]]:
         text=True,
         timeout=60,
     )
-    assert done.returncode == 0, done.stderr
+    assert done.returncode in (0, 3), done.stderr  # 3: a live run needs attention
     return {inst["name"]: inst for run in json.loads(done.stdout)["runs"] for inst in run["instances"]}
 
 

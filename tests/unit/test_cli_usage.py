@@ -190,8 +190,13 @@ def test_json_where_it_does_not_apply_is_bad_usage(
 ) -> None:
     assert main(["--json", "build"]) == 2
     assert capsys.readouterr().err == "sidecar-fsm build: --json does not apply to build; drop it\n"
-    assert main(["build", "--json"]) == 2
-    assert capsys.readouterr().err == "sidecar-fsm: unrecognized arguments: --json; see sidecar-fsm --help\n"
+    # Global options behave the same before and after the command: the same one line.
+    for argv in (["build", "--json"], ["top", "--json"], ["--json", "top"]):
+        assert main(argv) == 2
+        command = argv[1] if argv[0] == "--json" else argv[0]
+        assert capsys.readouterr().err == (
+            f"sidecar-fsm {command}: --json does not apply to {command}; drop it\n"
+        )
 
 
 @pytest.mark.parametrize("command", [["status"], ["history", "abc"]])

@@ -145,6 +145,7 @@ def test_status_json_keys_and_times() -> None:
         "ended_at",
         "outcome",
         "config_summary",
+        "attention",
         "instances",
     }
     assert run["owner"] == {"pid": 41022, "start_time": cells.iso_utc(NOW - 500.25), "status": "alive"}

@@ -1,0 +1,117 @@
+"""Pruning: removing ended runs, and what crashed launchers left, from this host's log dir.
+
+Owns the plan and its execution: every run of this host's database that ended more than the
+given age ago loses its rows (run, instances, transitions: ``Store.delete_ended_run``, which
+checks again under the write lock that the run has ended) and its instances' log and ready
+files; database temp files whose creator was SIGKILLed go too (``tempfiles``). A live run is
+never touched, however old: its owner may still be writing, and ``reap`` is what closes a run
+whose owner died. Only this host's database is written (another host's is that host's to
+prune). Must not judge or signal processes; must not print.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import re
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from sidecar_fsm.state import tempfiles
+from sidecar_fsm.state.hostname import host_name
+from sidecar_fsm.state.store import RunRecord, Store, database_path
+
+# ``prune``'s default age: a week of runs stays for ``status --all`` and ``history``.
+DEFAULT_OLDER_THAN_SECONDS = 7 * 24 * 3600.0
+
+
+@dataclass(frozen=True)
+class PrunedRun:
+    """One ended run removed (or, in a dry run, to be removed), with its files."""
+
+    run: RunRecord
+    files: list[str]
+
+
+@dataclass
+class PruneReport:
+    dry_run: bool
+    older_than_seconds: float
+    runs: list[PrunedRun] = field(default_factory=list)
+    temp_files: list[str] = field(default_factory=list)
+
+
+def _files_of(store: Store, run: RunRecord) -> list[str]:
+    paths = []
+    for inst in store.instances_of(run.run_id):
+        paths += [path for path in (inst.log_path, inst.ready_path) if path and os.path.lexists(path)]
+    return paths
+
+
+def prune(
+    store: Store,
+    log_dir: str | Path,
+    *,
+    older_than_seconds: float,
+    dry_run: bool = False,
+    now: float | None = None,
+) -> PruneReport:
+    """Remove this host's runs that ended more than ``older_than_seconds`` ago, and abandoned
+    database temp files; the report says what went (or would go, with ``dry_run``).
+
+    Rows go first, then files: a crash in between leaves files no row names, which cost space
+    only, never a row pointing at a missing log. Idempotent; two prunes at once are safe (the
+    second finds the rows gone and deletes nothing).
+    """
+    now = time.time() if now is None else now
+    report = PruneReport(dry_run=dry_run, older_than_seconds=older_than_seconds)
+    for run in store.runs_ended_before(now - older_than_seconds):
+        files = _files_of(store, run)
+        if not dry_run:
+            deleted = store.delete_ended_run(run.run_id)
+            if not deleted and store.get_run(run.run_id) is not None:
+                continue  # not ended after all (cannot happen: an end is never undone)
+            for path in files:
+                with contextlib.suppress(FileNotFoundError):
+                    os.unlink(path)
+        report.runs.append(PrunedRun(run, files))
+    if dry_run:
+        temps = tempfiles.abandoned_temp_files(log_dir, store.host)
+    else:
+        temps = tempfiles.remove_abandoned_temp_files(log_dir, store.host)
+    report.temp_files = [str(path) for path in temps]
+    return report
+
+
+_AGE_PART = re.compile(r"(\d+(?:\.\d+)?)([smhdw])")
+_UNIT_SECONDS = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 7 * 86400}
+
+
+def parse_age(text: str) -> float | None:
+    """``7d``, ``36h``, ``1d12h``, ``90m``, ``2w`` or a number of seconds; None if malformed."""
+    text = text.strip()
+    with contextlib.suppress(ValueError):
+        seconds = float(text)
+        return seconds if seconds >= 0 else None
+    parts = _AGE_PART.findall(text)
+    if not parts or "".join(number + unit for number, unit in parts) != text:
+        return None
+    return sum(float(number) * _UNIT_SECONDS[unit] for number, unit in parts)
+
+
+def prune_here(log_dir: str, *, older_than_seconds: float, dry_run: bool = False) -> PruneReport:
+    """``prune`` of this host's database under ``log_dir``; a missing database is not created
+    (only a killed creator's temp files can be there)."""
+    host = host_name()
+    if not database_path(log_dir, host).exists():
+        if dry_run:
+            temps = tempfiles.abandoned_temp_files(log_dir, host)
+        else:
+            temps = tempfiles.remove_abandoned_temp_files(log_dir, host)
+        return PruneReport(dry_run, older_than_seconds, temp_files=[str(path) for path in temps])
+    store = Store.open(log_dir)
+    try:
+        return prune(store, log_dir, older_than_seconds=older_than_seconds, dry_run=dry_run)
+    finally:
+        store.close()

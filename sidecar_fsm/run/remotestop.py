@@ -1,0 +1,82 @@
+"""Stopping a run from another process: ``sidecar-fsm stop``.
+
+Owns asking a run's owner (the launcher that started it: ``sidecar-fsm start``, or Gym) to stop
+as a Ctrl-C would, and waiting until the run is closed on record. The signal goes through
+``procs`` after the owner's identity (pid and start time) is proven, so a pid reused since the
+run started is never hit. The owner does the drain itself (it owns the children); this module
+never signals a sidecar, never writes a row and never decides what a stopped run looks like.
+"""
+
+from __future__ import annotations
+
+import signal
+import time
+from dataclasses import dataclass
+from typing import Literal
+
+from sidecar_fsm.base import procs
+from sidecar_fsm.run import crashpoints
+from sidecar_fsm.state.store import RunRecord, Store
+
+# How often the wait reads the run row: a stop takes at least one drain, so a tenth of a second
+# is fine-grained enough and costs a read each.
+POLL_SECONDS = 0.1
+# Past the run's shutdown_grace before ``stop`` gives up waiting: the owner kills what outlives
+# the grace after its own slack (5 s), then records the end.
+WAIT_SLACK_SECONDS = 15.0
+
+Outcome = Literal["closed", "owner-gone", "timeout"]
+
+
+@dataclass(frozen=True)
+class StopResult:
+    """How the wait ended: the run closed (``run`` has its end), its owner exited without
+    closing it (``reap`` must), or the timeout passed with the owner still draining."""
+
+    outcome: Outcome
+    run: RunRecord
+    waited_seconds: float
+
+
+def owner_identity(run: RunRecord) -> procs.ProcessIdentity | None:
+    """The owner as recorded; None when no start time was recorded (it cannot be proven)."""
+    if run.owner_start_time is None:
+        return None
+    return procs.ProcessIdentity(pid=run.owner_pid, start_time=run.owner_start_time, exe=None)
+
+
+def ask_owner_to_stop(run: RunRecord) -> bool:
+    """SIGTERM the run's owner if it still is the process that started the run; True if sent.
+
+    False when the owner is gone, its pid now belongs to another process, or no start time was
+    recorded to prove it. Raises ``SidecarError`` when it is ours but we may not signal it.
+    """
+    identity = owner_identity(run)
+    if identity is None:
+        return False
+    sent = procs.signal_if_ours(identity, signal.SIGTERM)
+    crashpoints.hit("stop-requested")
+    return sent
+
+
+def wait_closed(store: Store, run: RunRecord, timeout: float) -> StopResult:
+    """Read ``run``'s row until it has ended, its owner is gone, or ``timeout`` seconds passed.
+
+    The owner is checked after each read that finds the run open, and the row read once more
+    when the owner is gone: an owner that closed the run and exited between two reads counts
+    as closed, not gone. Read-only.
+    """
+    started = time.monotonic()
+    deadline = started + timeout
+    identity = owner_identity(run)
+    while True:
+        current = store.get_run(run.run_id) or run
+        if current.ended_at is not None:
+            return StopResult("closed", current, time.monotonic() - started)
+        if identity is None or not procs.is_ours(identity):
+            current = store.get_run(run.run_id) or run
+            outcome: Outcome = "closed" if current.ended_at is not None else "owner-gone"
+            return StopResult(outcome, current, time.monotonic() - started)
+        if time.monotonic() >= deadline:
+            return StopResult("timeout", current, time.monotonic() - started)
+        time.sleep(POLL_SECONDS)

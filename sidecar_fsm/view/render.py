@@ -36,6 +36,7 @@ from sidecar_fsm.view.status import (
     PROCESS_GONE,
     PROCESS_REUSED,
     RunStatus,
+    ended_with_owner,
     needs_attention,
     process_alive,
     process_note,
@@ -56,6 +57,8 @@ def _run_result(status: RunStatus, now: float) -> Cell:
     if run.ended_at is None:
         if owner == "alive":
             return ("running", "green")
+        if ended_with_owner(status):
+            return ("ended: owner gone, nothing left running", "yellow")
         if owner in OWNER_GONE:
             return (f"owner gone: {reap_hint(status)}", "red")
         # Another host's pids cannot be judged from here; its own reap decides.
@@ -349,7 +352,7 @@ def run_json(run: RunRecord, owner: str | None = None) -> dict[str, Any]:
 
 
 def _attention_json(status: RunStatus) -> dict[str, Any]:
-    return {"attention": needs_attention(status)}
+    return {"attention": needs_attention(status), "ended_with_owner": ended_with_owner(status)}
 
 
 def instance_json(

@@ -103,6 +103,8 @@ def process_note(status: RunStatus, inst: InstanceRecord) -> str | None:
         what = f"recorded {inst.state} but pid {inst.pid} now belongs to another process"
     else:
         return None
+    if ended_with_owner(status):
+        return f"{what}; nothing left running: {reap_hint(status)} to close the record"
     if status.owner in OWNER_GONE:
         return f"{what}; {reap_hint(status)}"
     if status.owner == "alive":
@@ -115,6 +117,21 @@ def reap_hint(status: RunStatus) -> str:
     return f"run {command_hint('reap', status.log_dir)}"
 
 
+def ended_with_owner(status: RunStatus) -> bool:
+    """A run whose owner is gone and nothing of which runs any more: it ended by itself.
+
+    A launcher killed with -9 (or an actor ``ray.kill``ed) records nothing more, while its
+    sidecars, with ``exit_with_owner``, drain and exit by themselves. Nothing is left to end,
+    so the run reads as ended and needs no attention; its rows still say what the launcher last
+    recorded until ``reap`` closes them.
+    """
+    if status.run.ended_at is not None or status.owner not in OWNER_GONE:
+        return False
+    return not status.unrecorded and all(
+        status.process_of(inst) in (None, PROCESS_GONE, PROCESS_REUSED) for inst in status.instances
+    )
+
+
 def needs_attention(status: RunStatus) -> str | None:
     """Why a live run needs an operator, in a few words; None when it is healthy or has ended.
 
@@ -124,7 +141,7 @@ def needs_attention(status: RunStatus) -> str | None:
     process gone or reused), an upstream a proxy reports down. An instance still starting
     (configured, building, spawned) is not a problem yet.
     """
-    if status.run.ended_at is not None:
+    if status.run.ended_at is not None or ended_with_owner(status):
         return None
     if status.owner in OWNER_GONE:
         running = [inst.name for inst in status.instances if status.process_of(inst) == PROCESS_RUNNING]

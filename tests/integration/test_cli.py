@@ -269,8 +269,11 @@ def test_sigkilled_start_with_exit_with_owner_sidecars_exit_by_themselves(
         line = next(line for line in human.stdout.splitlines() if line.strip().startswith(inst["name"] + " "))
         assert f"{inst['pid']} (gone)" in line
         assert line.endswith(
-            f"recorded ready but pid {inst['pid']} has exited; run sidecar-fsm --log-dir {log_dir} reap"
+            f"recorded ready but pid {inst['pid']} has exited; nothing left running: "
+            f"run sidecar-fsm --log-dir {log_dir} reap to close the record"
         )
+    assert "ended: owner gone, nothing left running" in human.stdout
+    assert human.returncode == 0  # nothing needs attention: nothing of the run is left
     history = cli(log_dir, "history", run["run_id"], "policy")
     assert history.returncode == 0
     head = history.stdout.splitlines()[:2]

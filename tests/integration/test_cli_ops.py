@@ -129,9 +129,14 @@ def test_stop_with_several_live_runs_lists_them_and_with_the_owner_gone_points_a
 
     first.proc.kill()
     first.proc.wait(timeout=10)
-    # Owner gone with its sidecars still draining or running: status needs attention (3).
-    watched = cli(log_dir, "status", "--run", first.run_id)
-    assert watched.returncode == 3, watched.stdout
+    # Owner gone: its sidecars (exit_with_owner) drain and exit by themselves; while one still
+    # runs status needs attention (3), and once none does the run reads as ended (0).
+    watched = wait_until(
+        lambda: (done := cli(log_dir, "status", "--run", first.run_id)).returncode == 0 and done,
+        30,
+        "the killed launcher's sidecars to exit with it",
+    )
+    assert "ended: owner gone, nothing left running" in watched.stdout, watched.stdout
     gone = cli(log_dir, "stop", first.run_id)
     assert gone.returncode == 1
     assert gone.stderr.strip().endswith(f"is gone; run sidecar-fsm --log-dir {log_dir} reap")

@@ -245,5 +245,24 @@ def test_a_killed_actor_leaves_no_sidecar_and_status_reads_the_run_as_ended(
     (run,) = document["runs"]
     assert run["owner"]["status"] == "dead"
     assert [inst["alive"] for inst in run["instances"]] == [False]
-    assert code == 0, document
+    assert (run["ended_with_owner"], run["attention"], code) == (True, None, 0), document
+    table = subprocess.run(
+        [sys.executable, "-m", "sidecar_fsm", "--log-dir", str(log_dir), "status"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env=ray_cluster.env(HOST),
+    )
+    assert "ended: owner gone, nothing left running" in table.stdout, table.stdout
+    reaped = subprocess.run(
+        [sys.executable, "-m", "sidecar_fsm", "--log-dir", str(log_dir), "reap"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env=ray_cluster.env(HOST),
+    )
+    assert reaped.returncode == 0, reaped.stderr
+    with Store.open(str(log_dir), host=HOST) as store:
+        closed = store.get_run(answer["run_id"])
+    assert closed is not None and closed.outcome == "reaped"
     print(f"{how}: sidecar exited {took:.2f}s after the kill")

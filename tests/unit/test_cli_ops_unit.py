@@ -52,9 +52,10 @@ ATTENTION = {
         dataclasses.replace(_healthy(), owner="dead"),
         "owner gone with sidecars still running (policy); run sidecar-fsm --log-dir /logs reap",
     ),
-    "owner gone, nothing running": (
+    # Its sidecars exited with their owner (exit_with_owner): the run ended by itself.
+    "owner gone, nothing left running": (
         dataclasses.replace(_healthy(), owner="reused", processes={1: view_status.PROCESS_GONE}),
-        "owner gone; run sidecar-fsm --log-dir /logs reap",
+        None,
     ),
     "instance failed": (
         dataclasses.replace(two_instance_status(), processes={1: view_status.PROCESS_RUNNING}),

@@ -118,7 +118,8 @@ def test_status_shows_a_dead_owner_and_finished_runs() -> None:
     )
     lines = render.status_lines([dead, ended], now=NOW)
     assert "pid 41022 (dead)" in lines[1]
-    assert lines[1].endswith("owner gone: run sidecar-fsm reap")
+    # Nothing of it runs any more: it ended by itself, with its owner.
+    assert lines[1].endswith("ended: owner gone, nothing left running")
     assert lines[2] == ""
     assert lines[4].endswith("reaped 30s ago")
     elsewhere = view_status.RunStatus(run=run_record(host="node8"), owner="other host", instances=[])
@@ -146,6 +147,7 @@ def test_status_json_keys_and_times() -> None:
         "outcome",
         "config_summary",
         "attention",
+        "ended_with_owner",
         "instances",
     }
     assert run["owner"] == {"pid": 41022, "start_time": cells.iso_utc(NOW - 500.25), "status": "alive"}
@@ -268,14 +270,16 @@ OBSERVED = [
         "dead",
         view_status.PROCESS_GONE,
         "41030 (gone)",
-        "recorded ready but pid 41030 has exited; run sidecar-fsm reap",
+        "recorded ready but pid 41030 has exited; nothing left running: "
+        "run sidecar-fsm reap to close the record",
         False,
     ),
     (
         "reused",
         view_status.PROCESS_REUSED,
         "41030 (reused)",
-        "recorded ready but pid 41030 now belongs to another process; run sidecar-fsm reap",
+        "recorded ready but pid 41030 now belongs to another process; nothing left running: "
+        "run sidecar-fsm reap to close the record",
         False,
     ),
     (
@@ -330,7 +334,10 @@ def test_history_header_says_whether_owner_and_processes_live() -> None:
     assert lines[0].startswith(
         "run 4c1e9a3f2b10deadbeef on node7, owner pid 41022 (dead: run sidecar-fsm reap)"
     )
-    assert lines[1] == "policy: recorded ready but pid 41030 has exited; run sidecar-fsm reap"
+    assert lines[1] == (
+        "policy: recorded ready but pid 41030 has exited; nothing left running: "
+        "run sidecar-fsm reap to close the record"
+    )
     assert lines[2].split()[0] == "TIME"
     document = json.loads(render.history_json(status.run, rows, status=status))
     assert document["run"]["owner"]["status"] == "dead"

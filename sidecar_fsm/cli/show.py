@@ -35,6 +35,8 @@ NEEDS_ATTENTION = 3
 
 def cmd_status(args: argparse.Namespace) -> int:
     log_dir, _ = log_dir_of(args)
+    if args.ray or args.ray_address:
+        return _status_ray(args, log_dir)
     with all_stores(log_dir, "status") as stores:
         runs = every_run(stores)
         if args.run:
@@ -52,6 +54,31 @@ def cmd_status(args: argparse.Namespace) -> int:
         out(render.status_lines(statuses, color=color(), ended_in_one_table=args.all))
     # systemctl's codes: a monitoring script reads "needs attention" without parsing the table.
     return NEEDS_ATTENTION if any(status.needs_attention(s) for s in statuses) else 0
+
+
+def _status_ray(args: argparse.Namespace, log_dir: str) -> int:
+    """``status --ray``: every alive node's runs, judged on that node; 1 if a node did not
+    answer (the view is incomplete), else 3 if a run needs attention, else 0."""
+    # Imported here: the cluster reach imports ray, which plain status never needs.
+    from sidecar_fsm.run.cluster import DEFAULT_ADDRESS, ClusterUnavailableError
+    from sidecar_fsm.view import cluster_report, cluster_status
+
+    if args.run:
+        raise UsageError(f"{PROG} status: --run does not apply with --ray; use --all or drop --run")
+    try:
+        result = cluster_status.status_cluster(
+            log_dir, address=args.ray_address or DEFAULT_ADDRESS, everything=args.all
+        )
+    except ClusterUnavailableError as error:
+        raise UsageError(f"{PROG} {error}") from error
+    if args.json:
+        out(cluster_report.cluster_status_json(result))
+    else:
+        out(cluster_report.cluster_status_lines(result, color=color()))
+    if result.failed:
+        return 1
+    runs = [run for node in result.nodes for run in node.runs]
+    return NEEDS_ATTENTION if any(status.needs_attention(s) for s in runs) else 0
 
 
 def _top_interval(text: str) -> float:
@@ -184,6 +211,16 @@ def register(sub: Any) -> None:
     )
     status_.add_argument("--run", metavar="ID", help="only this run (a unique prefix is enough)")
     status_.add_argument("--all", action="store_true", help="every recorded run")
+    status_.add_argument(
+        "--ray",
+        action="store_true",
+        help="every alive node of the Ray cluster this joins, one table with a node column",
+    )
+    status_.add_argument(
+        "--ray-address",
+        metavar="ADDR",
+        help="the Ray cluster to join (implies --ray; default 'auto': $RAY_ADDRESS or the local cluster)",
+    )
 
     top_ = add_command(
         sub,

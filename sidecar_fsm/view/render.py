@@ -48,11 +48,11 @@ if TYPE_CHECKING:
     from sidecar_fsm.view.live import Scrape
 
 
-def _owner_text(run: RunRecord, owner: str) -> str:
+def owner_text(run: RunRecord, owner: str) -> str:
     return f"pid {run.owner_pid} ({owner})"
 
 
-def _run_result(status: RunStatus, now: float) -> Cell:
+def run_result(status: RunStatus, now: float) -> Cell:
     run, owner = status.run, status.owner
     if run.ended_at is None:
         if owner == "alive":
@@ -68,7 +68,7 @@ def _run_result(status: RunStatus, now: float) -> Cell:
     return (f"{outcome} {format_age(now - run.ended_at)} ago", style)
 
 
-def _pid_cell(status: RunStatus, inst: InstanceRecord) -> Cell:
+def pid_cell(status: RunStatus, inst: InstanceRecord) -> Cell:
     """The pid, with what became of it when the recorded process is not running: ``41030 (gone)``."""
     if inst.pid is None:
         return (UNKNOWN, None)
@@ -94,10 +94,10 @@ def _run_row(status: RunStatus, now: float) -> list[str | Cell]:
     return [
         short_run_id(run.run_id),
         run.host,
-        (_owner_text(run, status.owner), OWNER_STYLES.get(status.owner)),
+        (owner_text(run, status.owner), OWNER_STYLES.get(status.owner)),
         format_local_time(run.started_at),
         str(len(status.instances)),
-        _run_result(status, now),
+        run_result(status, now),
     ]
 
 
@@ -132,11 +132,11 @@ def status_lines(
                 [
                     inst.name,
                     (inst.state, STATE_STYLES.get(inst.state)),
-                    _pid_cell(status, inst),
+                    pid_cell(status, inst),
                     f"{inst.listen or UNKNOWN} → {inst.upstream or UNKNOWN}",
                     format_age(now - inst.state_since) if inst.state_since is not None else UNKNOWN,
                     *(live_cells(status.live_of(inst)) if with_live else ()),
-                    _live_detail_cell(status, inst),
+                    live_detail_cell(status, inst),
                 ]
                 for inst in status.instances
             ],
@@ -157,7 +157,7 @@ LIVE_HEADERS = ("IN FLIGHT", "OLDEST", "PINGS SENT/ACKED", "UPSTREAM")
 def upstream_words(scrape: Scrape) -> Cell:
     """``up``, or ``down`` with the proxy's error counts by kind: ``down: dial 3, tls 1``.
 
-    The last error's words are long, so they go to DETAIL (``_live_detail_cell``), not here.
+    The last error's words are long, so they go to DETAIL (``live_detail_cell``), not here.
     """
     figures = scrape.figures
     if figures is None:
@@ -189,7 +189,7 @@ def live_cells(scrape: Scrape | None) -> list[Cell]:
     ]
 
 
-def _live_detail_cell(status: RunStatus, inst: InstanceRecord) -> Cell:
+def live_detail_cell(status: RunStatus, inst: InstanceRecord) -> Cell:
     """DETAIL, with why the metrics could not be read when they could not."""
     text, style = _detail_cell(status, inst)
     scrape = status.live_of(inst)
@@ -388,22 +388,19 @@ def instance_json(
     }
 
 
+def run_status_json(s: RunStatus) -> dict[str, Any]:
+    """One run of ``status --json``: the run, its owner, what needs attention, its instances."""
+    return {
+        **run_json(s.run, s.owner),
+        **_attention_json(s),
+        "instances": [
+            instance_json(i, s.process_of(i), s.live_of(i), s.unrecorded.get(i.id, ())) for i in s.instances
+        ],
+    }
+
+
 def status_json(runs: Sequence[RunStatus]) -> str:
-    return dumps(
-        {
-            "runs": [
-                {
-                    **run_json(s.run, s.owner),
-                    **_attention_json(s),
-                    "instances": [
-                        instance_json(i, s.process_of(i), s.live_of(i), s.unrecorded.get(i.id, ()))
-                        for i in s.instances
-                    ],
-                }
-                for s in runs
-            ]
-        }
-    )
+    return dumps({"runs": [run_status_json(s) for s in runs]})
 
 
 def history_json(

@@ -18,6 +18,7 @@ import os
 import socket
 import subprocess
 import sys
+import time
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -187,3 +188,56 @@ def test_reap_ray_without_the_ray_package_exits_2_with_one_line(log_dir: Path) -
         "sidecar-fsm reap --ray: the 'ray' package is not installed; "
         "pip install 'ray>=2.9' or reap without --ray"
     )
+
+
+@needs_ray
+def test_status_ray_shows_every_nodes_runs_in_one_table(
+    ray_cluster: LocalRayCluster, log_dir: Path, process_registry: ProcessRegistry
+) -> None:
+    """Each node judges its own host's runs (only it can tell whether its pids are its sidecars),
+    and the answers come back as one table with a node column; a run whose owner is gone with
+    a sidecar still running makes it exit 3, as plain status does."""
+    me = procs.identity_of(os.getpid())
+    assert me is not None
+    with Store.open(log_dir, host="node-a") as store_a, Store.open(log_dir, host="node-b") as store_b:
+        healthy, _ = ready_run(store_a, log_dir, (me.pid, me.start_time), process_registry)
+        orphaned, _ = ready_run(store_b, log_dir, dead_owner(), process_registry)
+
+    started = time.monotonic()
+    done = sidecar_cli(log_dir, "status", "--ray", "--ray-address", ray_cluster.address, "--json")
+    took = time.monotonic() - started
+
+    assert done.returncode == 3, done.stderr
+    nodes = by_host(json.loads(done.stdout))
+    assert sorted(nodes) == ["node-a", "node-b"]
+    assert all(node["error"] is None for node in nodes.values())
+    ((run_a,), (run_b,)) = nodes["node-a"]["runs"], nodes["node-b"]["runs"]
+    assert (run_a["run_id"], run_a["owner"]["status"], run_a["attention"]) == (healthy, "alive", None)
+    assert [inst["alive"] for inst in run_a["instances"]] == [True]
+    assert (run_b["run_id"], run_b["owner"]["status"]) == (orphaned, "dead")
+    assert run_b["attention"].startswith("owner gone with sidecars still running (policy)")
+
+    table = sidecar_cli(log_dir, "status", "--ray", "--ray-address", ray_cluster.address)
+    lines = table.stdout.splitlines()
+    assert lines[0] == f"status on 2 alive nodes of the Ray cluster at {ray_cluster.address}"
+    assert lines[1].split()[:4] == ["NODE", "HOST", "RUN", "OWNER"]
+    rows = {line.split()[1]: line for line in lines[2:]}
+    assert sorted(rows) == ["node-a", "node-b"]
+    assert healthy[:12] in rows["node-a"] and "running" in rows["node-a"]
+    assert orphaned[:12] in rows["node-b"] and "owner gone" in rows["node-b"]
+    print(f"status --ray on 2 nodes: {took:.2f}s wall")
+
+
+def test_status_ray_without_a_cluster_exits_2_with_one_line(log_dir: Path) -> None:
+    with socket.socket() as closed:
+        closed.bind(("127.0.0.1", 0))
+        address = f"127.0.0.1:{closed.getsockname()[1]}"
+        done = sidecar_cli(log_dir, "status", "--ray-address", address, timeout=60)
+    if importlib.util.find_spec("ray") is None:
+        assert "the 'ray' package is not installed" in done.stderr
+    else:
+        assert done.stderr.strip() == (
+            f"sidecar-fsm status --ray: no Ray cluster at '{address}'; "
+            "start one with `ray start --head` or pass --ray-address"
+        )
+    assert (done.returncode, done.stdout) == (2, "")

@@ -347,3 +347,37 @@ def test_history_header_says_whether_owner_and_processes_live() -> None:
     ]
     ended = observed("dead", view_status.PROCESS_GONE, ended_at=NOW, outcome="ended")
     assert "owner pid 41022 (dead), started" in render.history_lines(ended.run, rows, status=ended)[0]
+
+
+def test_status_ray_is_one_table_with_a_node_column_and_a_silent_node_shows_why() -> None:
+    from sidecar_fsm.view.cluster_report import cluster_status_json, cluster_status_lines
+    from sidecar_fsm.view.cluster_status import ClusterStatus, NodeStatus
+
+    result = ClusterStatus(
+        "10.0.0.1:6379",
+        [
+            NodeStatus("a" * 56, "10.0.0.1", "node7", "node7", [two_instance_status()]),
+            NodeStatus("b" * 56, "10.0.0.2", "node8", "node8", []),
+            NodeStatus("c" * 56, "10.0.0.3", "node9", None, [], "no answer within 20s"),
+        ],
+    )
+    lines = cluster_status_lines(result, now=NOW)
+    assert lines[0] == "status on 3 alive nodes of the Ray cluster at 10.0.0.1:6379"
+    assert lines[1].split()[:4] == ["NODE", "HOST", "RUN", "OWNER"]
+    assert [line.split()[:2] for line in lines[2:]] == [
+        ["a" * 12, "node7"],
+        ["a" * 12, "node7"],
+        ["b" * 12, "node8"],
+        ["c" * 12, "node9"],
+    ]
+    assert lines[4].endswith("no runs recorded on this host")
+    assert lines[5].endswith("no answer within 20s")
+    document = json.loads(cluster_status_json(result))
+    assert [(node["host"], node["error"], len(node["runs"])) for node in document["nodes"]] == [
+        ("node7", None, 1),
+        ("node8", None, 0),
+        (None, "no answer within 20s", 0),
+    ]
+    assert (
+        document["nodes"][0]["runs"][0] == json.loads(render.status_json([two_instance_status()]))["runs"][0]
+    )

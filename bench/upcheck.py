@@ -104,7 +104,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         f"| off | {off * 1000:.0f} ms | {max(times['off']) * 1000:.0f} ms |\n"
         f"| warn (default) | {warn * 1000:.0f} ms | {max(times['warn']) * 1000:.0f} ms |\n\n"
         f"The check adds {(warn - off) * 1000:.0f} ms to the start (difference of the medians): the "
-        f"proxies dial 200 ms after their ready files, then TCP, TLS and ALPN h2 take "
+        f"proxies dial when the launcher asks for the verdict (GET /upstream), once all four are "
+        f"ready; TCP, TLS and ALPN h2 take "
         f"{statistics.median(dials) * 1000:.1f} ms (median of {len(dials)} reported dials, slowest "
         f"{max(dials) * 1000:.1f} ms); all four are awaited together."
     )

@@ -85,7 +85,10 @@ type meters struct {
 	// firstCheck is the first upstream dial's verdict, nil until it ends; lastErr the
 	// latest upstream failure, nil until one happens. Both are read by GET /upstream.
 	firstCheck atomic.Pointer[checkVerdict]
-	lastErr    atomic.Pointer[upstreamNote]
+	// check is the start-up upstream check, which GET /upstream starts at once when asked
+	// before its timer; nil until main arms it.
+	check   atomic.Pointer[upstreamCheck]
+	lastErr atomic.Pointer[upstreamNote]
 }
 
 // checkVerdict is how the first upstream dial ended: ok, or err in the error's own words
@@ -297,6 +300,11 @@ func serveMetrics(ln net.Listener) *http.Server {
 		w.Write(appendProcessText(b))
 	})
 	mux.HandleFunc("GET /upstream", func(w http.ResponseWriter, r *http.Request) {
+		// Whoever asks for the verdict is waiting for it: start the check now if its timer
+		// has not yet (upcheck.go).
+		if c := stats.check.Load(); c != nil {
+			c.run()
+		}
 		w.Header().Set("Content-Type", "application/json")
 		w.Header().Set("Cache-Control", "no-store")
 		w.Write(stats.upstreamJSON())

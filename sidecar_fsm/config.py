@@ -509,9 +509,6 @@ class H2PingSidecarConfig(_Model):
                 upstream = raw.get("upstream") if isinstance(raw, Mapping) else None
                 if isinstance(upstream, str):
                     _warn_if_path_dropped(f"{cls._where}.instances[{index}].upstream", upstream)
-        if not config.allow_non_loopback:
-            for index, instance in enumerate(config.instances):
-                _warn_if_not_loopback(f"{cls._where}.instances[{index}].listen", instance)
         return config
 
     @property
@@ -548,24 +545,6 @@ def _warn_if_path_dropped(where: str, upstream: str) -> None:
     warnings.warn(
         f"{where}: '{show_value(redact_url(upstream.strip()))}' has {' and '.join(dropped)}, which {verb} "
         f"dropped: each client's own path is forwarded; write '{normalize_upstream(upstream)}'",
-        ConfigWarning,
-        stacklevel=2,
-    )
-
-
-def _warn_if_not_loopback(where: str, instance: SidecarInstanceConfig) -> None:
-    """A ``ConfigWarning`` when ``instance`` listens off loopback, in NeMo Gym's words.
-
-    Gym accepts such a listen with this warning, so a Gym config that has one runs here too;
-    ``allow_non_loopback: true`` says it is meant and silences it. The proxy authenticates
-    nobody: whoever reaches the address sends requests upstream with their own credentials.
-    """
-    if is_loopback_host(split_listen(instance.listen)[0]):
-        return
-    warnings.warn(
-        f"{where}: '{instance.listen}' is not a loopback address; the proxy has no authentication, so "
-        f"anything that can reach it can send requests, with its own credentials, to {instance.upstream}; "
-        "use 127.0.0.1, or set allow_non_loopback: true if this is meant",
         ConfigWarning,
         stacklevel=2,
     )

@@ -178,7 +178,7 @@ class H2PingSidecarManager:
         self._sidecars = sidecars
         self.run_id = sidecars.run_id
         # NodeSidecars.start() stops its children before any exception leaves it.
-        for line in sidecars.start():
+        for line in [*sidecars.start(), *sidecars.upstream_verdicts]:
             print(f"h2-ping-sidecar {line}", flush=True)
 
     def _binary_flags(self) -> binaryflags.BinaryFlags | None:
@@ -245,11 +245,14 @@ def start_h2_ping_sidecar(global_config_dict: DictConfig) -> H2PingSidecarManage
         rewrite_base_urls(copy.deepcopy(global_config_dict), instances)
     _check_readable_file("sidecar.ca_file", config.ca_file)
     for instance in instances:
-        if not is_loopback_host(instance.listen_host):
+        # Accepted with NeMo Gym's warning, as Gym accepts it, so one config runs on both;
+        # allow_non_loopback (ours) says it is meant and silences it.
+        if not config.allow_non_loopback and not is_loopback_host(instance.listen_host):
             print(
-                f"WARNING: h2-ping-sidecar '{instance.name}' listens on {instance.listen}, not loopback: "
-                f"the proxy has no authentication, so anything that reaches it can send requests to "
-                f"{instance.upstream}",
+                f"WARNING: h2-ping-sidecar instance '{instance.name}' listens on {instance.listen}, which is "
+                "not a loopback address: the proxy has no authentication, so anything that can reach it "
+                f"can send requests, with its own credentials, to {instance.upstream}; use 127.0.0.1, or "
+                "set sidecar.allow_non_loopback: true if this is meant",
                 flush=True,
             )
     binary = resolve_binary(config, global_config_dict)

@@ -93,6 +93,10 @@ class SidecarRun:
         self.children: list[Child] = []
         self.started = False
         self.run_created = False
+        # One line per instance on its upstream's first check, once start() awaited them
+        # (``upstream_check``): kept apart from start()'s summary, which NeMo Gym's callers
+        # read as exactly one line per instance.
+        self.upstream_verdicts: list[str] = []
         self.stopped = False
         self.record: storagefault.RecordWatch | None = None
         # Set when a transition could not be recorded: the rest of the stop records nothing.

@@ -17,8 +17,6 @@ from sidecar_fsm.state.fsm import NON_TERMINAL
 from sidecar_fsm.state.store import InstanceRecord, Store
 
 LOG_TAIL_LINES = 20
-# What every port clash message says (``port_clash_message``).
-PORT_CLASH_WORDS = "is already in use by"
 _LOG_TAIL_BYTES = 16384
 
 
@@ -42,12 +40,13 @@ def log_tail(log_path: str, lines: int = LOG_TAIL_LINES) -> str:
 
 
 def with_log_tail(first_line: str, log_path: str) -> str:
-    """``first_line`` then the log's tail, less the proxy's own "address already in use" line
-    when ``first_line`` already says the port is taken (and by whom): one fact, said once."""
+    """``first_line`` (our diagnosis: which port, taken by whom) then the log's tail (the proxy's
+    own words, "cannot bind ...: address already in use" among them).
+
+    The tail is kept whole, even where it repeats that a port is taken: it is the evidence the
+    first line rests on, and NeMo Gym's callers and tests read it there.
+    """
     tail = log_tail(log_path)
-    if PORT_CLASH_WORDS in first_line:
-        kept = [line for line in tail.splitlines() if "address already in use" not in line]
-        tail = "\n".join(kept)
     return f"{first_line}\n{tail}" if tail else first_line
 
 

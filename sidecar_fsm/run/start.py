@@ -60,7 +60,7 @@ def start(run: SidecarRun) -> list[str]:
         errors = await_ready(run, run.children)
         if errors:
             raise SidecarError("\n".join(errors))
-        verdicts = _check_upstreams(run)
+        run.upstream_verdicts = [f"{run.host}: {line}" for line in _check_upstreams(run)]
     except BaseException:
         # The original error is the one worth reporting; a state write failing during this
         # cleanup has already ended the processes (stop() guarantees it) and is dropped.
@@ -71,7 +71,7 @@ def start(run: SidecarRun) -> list[str]:
         f"{run.host}: {child.name} listening on {child.listen} -> {child.instance.upstream} "
         f"(run {run.run_id})"
         for child in run.children
-    ] + [f"{run.host}: {line}" for line in verdicts]
+    ]
 
 
 def _check_upstreams(run: SidecarRun) -> list[str]:

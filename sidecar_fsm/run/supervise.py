@@ -42,6 +42,9 @@ class NodeSidecars(SidecarRun):
     def start(self) -> list[str]:
         """Start every instance and wait until all are ready; one summary line per instance.
 
+        Then, unless ``upstream_check: off``, await each proxy's first upstream check: one line
+        each in ``upstream_verdicts``; with ``fail``, a failed check fails the start.
+
         All children are spawned first and awaited together, so N instances take one startup
         (plus a launch each), not N.
         Raises ``SidecarError`` naming every instance that exited or missed

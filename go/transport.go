@@ -38,6 +38,8 @@ type upstream struct {
 	resent atomic.Int64
 
 	pool *pool
+	// logf, when set, logs one line per connection closed for a lost PING.
+	logf func(format string, args ...any)
 }
 
 func newUpstream(cfg *Config) *upstream {
@@ -135,7 +137,11 @@ func (u *upstream) dialTLS(ctx context.Context, network, addr string) (net.Conn,
 		return nil, &dialError{kindALPN, &notH2Error{addr: addr, proto: p}}
 	}
 	// The HTTP/2 client runs on the watcher as on tc (see framewatch.go).
-	return stats.watch(tc, u.cfg.PingTimeout), nil
+	w := stats.watch(tc, u.cfg.PingTimeout)
+	if u.logf != nil {
+		w.report = func(l lostPing) { u.logf("upstream %s: connection closed: %v", addr, l) }
+	}
+	return w, nil
 }
 
 // errPoolClosed is returned to requests that arrive after the drain closed the pool.

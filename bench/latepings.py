@@ -34,6 +34,17 @@ from typing import Any
 from prometheus_client.parser import text_string_to_metric_families
 
 ROOT = Path(__file__).resolve().parent.parent
+# The lab origin in a process of its own (one asyncio thread, as the tests and the soak use it):
+# prints its port and CA, serves until its stdin closes.
+LAB_ORIGIN = """
+import json, sys
+from pathlib import Path
+from sidecar_fsm.lab import TlsH2Origin, make_ca_and_cert
+certs = make_ca_and_cert(Path(sys.argv[1]))
+with TlsH2Origin(certs) as origin:
+    print(json.dumps({"relay": f"localhost:{origin.port}", "ca": str(certs.ca_pem)}), flush=True)
+    sys.stdin.read()
+"""
 LOST = re.compile(
     r"PING unanswered for ([\d.]+)(ms|s); last bytes from the upstream ([\d.]+)(ms|s|µs|ns) ago, "
     r"(-?\d+) bytes waiting unread"
@@ -99,7 +110,7 @@ async def read_status_and_body(reader: asyncio.StreamReader) -> tuple[int, bytes
     return status, await reader.readexactly(length)
 
 
-async def waits(address: str, n: int, wait: float) -> Counter[str]:
+async def waits(address: str, n: int, path: str, wait: float) -> Counter[str]:
     """``n`` one-connection GET /wait requests, all written after every connect: the proxy holds
     ``n`` at once. Returns outcomes: "ok", or the status and the 502's words."""
     host, port = address.rsplit(":", 1)
@@ -131,7 +142,7 @@ async def waits(address: str, n: int, wait: float) -> Counter[str]:
                 outcomes[f"connect {type(conn).__name__}"] += 1
                 continue
             reader, writer = conn
-            writer.write(f"GET /wait?first_byte={wait:g}s HTTP/1.1\r\nHost: {address}\r\n\r\n".encode())
+            writer.write(f"GET {path} HTTP/1.1\r\nHost: {address}\r\n\r\n".encode())
             pending.append(asyncio.ensure_future(answer(reader)))
         await asyncio.gather(*pending)
     finally:
@@ -152,10 +163,15 @@ def one_round(args: argparse.Namespace, work: Path, sidecar: Path, origin: Path)
             kids.start([sys.executable, "-c", "while True: pass"], stdin=subprocess.DEVNULL)
             for _ in range(args.busy)
         ]
-        argv = [str(origin), "-ca-out", str(work / "ca.pem"), "-relay-idle", "3s"]
+        if args.origin == "lab":
+            argv = [sys.executable, "-c", LAB_ORIGIN, str(work / "lab-ca")]
+            path = f"/slow?first_byte={args.wait:g}"
+        else:
+            argv = [str(origin), "-ca-out", str(work / "ca.pem"), "-relay-idle", "3s"]
+            path = f"/wait?first_byte={args.wait:g}s"
         origin_proc = kids.start(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE)
         assert origin_proc.stdout is not None
-        ready, _, _ = select.select([origin_proc.stdout], [], [], 10)
+        ready, _, _ = select.select([origin_proc.stdout], [], [], 20)
         info = json.loads(origin_proc.stdout.readline() if ready else b"{}")
         ready_file, log = work / "sidecar.ready", work / "sidecar.log"
         ready_file.unlink(missing_ok=True)
@@ -185,7 +201,7 @@ def one_round(args: argparse.Namespace, work: Path, sidecar: Path, origin: Path)
             time.sleep(0.05)
         ready_info = json.loads(ready_file.read_text())
         started = time.monotonic()
-        outcomes = asyncio.run(waits(ready_info["listen"], args.requests, args.wait))
+        outcomes = asyncio.run(waits(ready_info["listen"], args.requests, path, args.wait))
         took = time.monotonic() - started
         metrics = scrape(ready_info["metrics"])
         lost = [
@@ -202,6 +218,7 @@ def one_round(args: argparse.Namespace, work: Path, sidecar: Path, origin: Path)
             "wait_s": args.wait,
             "ping_timeout": args.ping_timeout,
             "busy": args.busy,
+            "origin": args.origin,
             "wall_s": round(took, 1),
             "outcomes": dict(outcomes),
             "pings_sent": metrics["h2ping_pings_sent_total"],
@@ -221,6 +238,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--ping-timeout", default="2s")
     parser.add_argument("--busy", type=int, default=3, help="busy-loop processes on the cores")
     parser.add_argument("--rounds", type=int, default=1)
+    parser.add_argument(
+        "--origin", choices=("go", "lab"), default="go", help="bench/origin (Go) or the lab's Python origin"
+    )
     parser.add_argument("--binary", type=Path, help="the proxy to run (default: build go/)")
     args = parser.parse_args(argv)
     with tempfile.TemporaryDirectory(prefix="latepings-") as tmp:

@@ -69,6 +69,12 @@ type watchedConn struct {
 
 	pingMu sync.Mutex
 	pings  []sentPing
+	// pingCheck runs pingTimeout after the oldest unanswered PING, then again after each
+	// further pingTimeout of silence while one is still unanswered.
+	pingCheck *time.Timer
+	// verdict is set (once) when pingCheck finds the upstream silent: the connection is then
+	// closed under the client, whose reads fail with a *pingTimeoutError.
+	verdict atomic.Pointer[lostPing]
 
 	// lastRead is when bytes last came from the upstream (unix nanoseconds).
 	lastRead atomic.Int64
@@ -123,6 +129,9 @@ func (c *watchedConn) Read(p []byte) (int, error) {
 	}
 	c.in.feed(p[:n], c)
 	if err != nil {
+		if l := c.verdict.Load(); l != nil {
+			return n, &pingTimeoutError{timeout: c.pingTimeout, silence: l}
+		}
 		c.readFailed(err)
 	}
 	return n, err
@@ -152,14 +161,20 @@ func (c *watchedConn) Close() error {
 		return c.Conn.Close()
 	}
 	c.m.conns.Add(-1)
-	if age, lost := c.pingLost(); lost && !c.ended.Swap(true) {
+	c.pingMu.Lock()
+	if c.pingCheck != nil {
+		c.pingCheck.Stop()
+	}
+	c.pingMu.Unlock()
+	l := c.verdict.Load()
+	if age, out := c.oldestPing(); l == nil && out && age >= hardPingTimeout(c.pingTimeout)*3/4 {
+		// net/http's backstop is closing it (see hardPingTimeout).
+		l = &lostPing{pingAge: age, sinceRead: time.Since(time.Unix(0, c.lastRead.Load())), unread: unreadBytes(c.Conn.NetConn())}
+	}
+	if l != nil && !c.ended.Swap(true) {
 		c.m.upstreamFailed(kindPingTimeout)
 		if c.report != nil {
-			c.report(lostPing{
-				pingAge:   age,
-				sinceRead: time.Since(time.Unix(0, c.lastRead.Load())),
-				unread:    unreadBytes(c.Conn.NetConn()),
-			})
+			c.report(*l)
 		}
 	}
 	t := time.AfterFunc(forceCloseAfter, func() { c.Conn.NetConn().Close() })
@@ -167,19 +182,62 @@ func (c *watchedConn) Close() error {
 	return c.Conn.Close()
 }
 
-// pingLost reports whether a PING has gone unanswered for about -ping-timeout: the
-// HTTP/2 client is then closing the connection for it. The client's deadline starts just
-// before the PING is written, so the age seen here may fall a little short of the timeout;
-// three quarters of it still tells a lost PING from one merely in flight when the
-// connection is closed for another reason (idle, rotation, drain).
-func (c *watchedConn) pingLost() (time.Duration, bool) {
+// oldestPing is how long the oldest unanswered PING has been out, if one is. The HTTP/2
+// client's own deadline starts just before the PING is written, so the age seen here may
+// fall a little short of it; three quarters of it still tells a lost PING from one merely
+// in flight when the connection is closed for another reason (idle, rotation, drain).
+func (c *watchedConn) oldestPing() (time.Duration, bool) {
 	c.pingMu.Lock()
 	defer c.pingMu.Unlock()
 	if len(c.pings) == 0 {
 		return 0, false
 	}
-	age := time.Since(c.pings[0].at)
-	return age, age >= c.pingTimeout*3/4
+	return time.Since(c.pings[0].at), true
+}
+
+// checkPings is the verdict on a connection with a PING out for pingTimeout: dead only if
+// the upstream has sent nothing at all since the PING, not even bytes still waiting unread
+// in the socket. Anything from it means it is alive and its PING ack is behind those
+// bytes, or this process was too busy to read it: a PING answered late is not a lost
+// connection (a late ack once ended a thousand waits with 502 on a loaded machine), and
+// the check looks again after another pingTimeout of silence. A connection that went
+// silent is still closed pingTimeout after the PING, as -ping-timeout promises.
+func (c *watchedConn) checkPings() {
+	if c.closed.Load() {
+		return
+	}
+	c.pingMu.Lock()
+	if len(c.pings) == 0 {
+		c.pingMu.Unlock()
+		return
+	}
+	sent := c.pings[0].at
+	lastRead := time.Unix(0, c.lastRead.Load())
+	silentFrom := sent
+	if lastRead.After(sent) {
+		silentFrom = lastRead
+	}
+	silence := time.Since(silentFrom)
+	unread := 0
+	if silence >= c.pingTimeout {
+		unread = unreadBytes(c.Conn.NetConn())
+	}
+	if silence < c.pingTimeout || unread > 0 {
+		next := c.pingTimeout - silence
+		if next <= 0 {
+			next = c.pingTimeout
+		}
+		c.pingCheck.Reset(next)
+		c.pingMu.Unlock()
+		return
+	}
+	c.pingMu.Unlock()
+	l := &lostPing{pingAge: time.Since(sent), sinceRead: time.Since(lastRead), unread: unread}
+	if c.verdict.CompareAndSwap(nil, l) {
+		// Closing the TCP connection (not c.Close: that is the client's to call) fails the
+		// client's blocked read at once; it then ends every stream with that read's error.
+		c.Conn.NetConn().Close()
+	}
 }
 
 // frame handles a frame whose first len(data) payload bytes (as many as keepBytes asked
@@ -194,6 +252,11 @@ func (c *watchedConn) frame(sent bool, typ, flags byte, data []byte) {
 			c.pings = append(c.pings[:0], c.pings[1:]...)
 		}
 		c.pings = append(c.pings, sentPing{data: [8]byte(data), at: time.Now()})
+		if c.pingCheck == nil {
+			c.pingCheck = time.AfterFunc(c.pingTimeout, c.checkPings)
+		} else if len(c.pings) == 1 {
+			c.pingCheck.Reset(c.pingTimeout)
+		}
 		c.pingMu.Unlock()
 	case typ == framePing && !sent && flags&flagAck != 0:
 		c.pingMu.Lock()

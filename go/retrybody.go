@@ -51,21 +51,29 @@ func classify(err error) failure {
 // unanswered for -ping-timeout (closeForLostPing); nothing else produces it.
 const lostPingText = "http2: client connection lost"
 
-// pingTimeoutError is that error as the 502 tells it: a user reading "client connection
-// lost" cannot tell a silent upstream from a crash, and the flag to look at is named here.
+// pingTimeoutError is a connection closed for an unanswered PING, as the 502 tells it: a
+// user reading "client connection lost" cannot tell a silent upstream from a crash, and
+// the flag to look at is named here. silence is set when the watcher closed it
+// (framewatch.go's checkPings), err when net/http's backstop did (hardPingTimeout).
 type pingTimeoutError struct {
 	timeout time.Duration
+	silence *lostPing
 	err     error
 }
 
 func (e *pingTimeoutError) Error() string {
-	return fmt.Sprintf("no PING ack within %s (-ping-timeout), connection closed: %v", e.timeout, e.err)
+	if e.silence != nil {
+		return fmt.Sprintf("no PING ack within %s (-ping-timeout) and nothing else from the upstream for %s, connection closed",
+			e.timeout, e.silence.sinceRead.Round(time.Millisecond))
+	}
+	return fmt.Sprintf("no PING ack within %s (%d x -ping-timeout, other bytes kept arriving), connection closed: %v",
+		hardPingTimeout(e.timeout), hardPingFactor, e.err)
 }
 func (e *pingTimeoutError) Unwrap() error { return e.err }
 
 func (u *upstream) explain(err error) error {
 	if err.Error() == lostPingText {
-		return &pingTimeoutError{u.cfg.PingTimeout, err}
+		return &pingTimeoutError{timeout: u.cfg.PingTimeout, err: err}
 	}
 	return err
 }

@@ -22,6 +22,12 @@ const (
 	idleConnTimeout = 5 * time.Minute
 )
 
+// hardPingFactor x -ping-timeout is how long a PING may stay unanswered on a connection
+// whose upstream keeps sending other bytes.
+const hardPingFactor = 4
+
+func hardPingTimeout(d time.Duration) time.Duration { return hardPingFactor * d }
+
 // upstream dials HTTP/2-over-TLS connections to the one origin of Config. It owns the
 // TLS configuration and the http.Transport that turns a TLS connection into a ClientConn;
 // the Transport's own connection cache is never used (pool.go decides when to dial).
@@ -57,8 +63,11 @@ func newUpstream(cfg *Config) *upstream {
 		HTTP2: &http.HTTP2Config{
 			// SendPingTimeout is the read-idle timer: no frame for this long -> PING.
 			SendPingTimeout: cfg.PingInterval,
-			PingTimeout:     cfg.PingTimeout,
-			CountError:      stats.countHTTP2Error,
+			// The -ping-timeout verdict is the watcher's (framewatch.go, checkPings): a
+			// silent upstream is closed at -ping-timeout, one still sending is not. Go's
+			// own, which counts only the ack, is the backstop for an ack that never comes.
+			PingTimeout: hardPingTimeout(cfg.PingTimeout),
+			CountError:  stats.countHTTP2Error,
 		},
 	}
 	return u

@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import os
 import resource
+import signal
 import socket
 import threading
 import time
@@ -148,7 +149,9 @@ def test_origin_restart_under_load_fails_in_flight_at_once_and_resends_nothing(
     for outcome in gets + posts:
         assert outcome.status == 502, outcome
         assert outcome.ended_at - crashed_at < 1.0, f"502 after {outcome.ended_at - crashed_at:.2f}s"
-    # While it is down a new request is refused at once, and nothing was re-sent anywhere.
+    # Once the proxy has seen its connections go, a new request is refused at once (one sent
+    # at the very moment of the crash may instead meet the dying connection's EOF: also a 502).
+    wait_until(lambda: scrape(sidecar)["h2ping_upstream_connections"] == 0, 5, "the pool to empty")
     refused = http11_request(sidecar.host, sidecar.port, "/echo", timeout=10)
     assert refused.status == 502 and b"connection refused" in refused.body, refused
     assert tls_origin.received == 12
@@ -227,14 +230,19 @@ def test_a_thousand_clients_leaving_mid_wait_leave_nothing_behind(
     assert tls_origin.active_streams == 0
     metrics = scrape(sidecar)
     assert metrics["h2ping_client_disconnects_total"] == clients
+
     # Back to where it was: every client socket closed; what remains beyond the start is only
     # the upstream connections the burst opened (idle now, kept for the next burst).
-    opened = metrics["h2ping_upstream_connections"] - connections_before
-    wait_until(
-        lambda: _proxy_fds(pid) == fds_before + opened,
-        10,
-        f"the proxy's descriptors back to {fds_before} + {opened:g} upstream connections",
-    )
+    def settled() -> bool:
+        opened = scrape(sidecar)["h2ping_upstream_connections"] - connections_before
+        return _proxy_fds(pid) == fds_before + opened
+
+    try:
+        wait_until(settled, 10, f"descriptors back to {fds_before} + new upstream connections")
+    except AssertionError:
+        now = _proxy_fds(pid)
+        raise AssertionError(f"fds {now}, before {fds_before}; metrics {scrape(sidecar)}") from None
+    opened = scrape(sidecar)["h2ping_upstream_connections"] - connections_before
     if "go_goroutines" in baseline:
         # A few goroutines per upstream connection (read loop, timers) may stay; one per client
         # (a thousand) may not.
@@ -288,3 +296,34 @@ def test_rate_limit_paces_a_download_and_a_relay_restart_refuses_then_serves(
     relay.come_back()
     assert relay.port == port
     assert http11_request(sidecar.host, sidecar.port, "/echo", timeout=10).status == 200
+
+
+def test_a_proxy_frozen_past_ping_timeout_keeps_a_connection_whose_ack_waits_unread(
+    tls_origin: TlsH2Origin, fault_relay: Callable[..., FaultRelay], run_sidecar: Callable[..., Any]
+) -> None:
+    """The machine was late, not the upstream: the ack sits in the proxy's socket when it wakes."""
+    relay = fault_relay(tls_origin)
+    relay.delay(400)  # a PING is out for 800 ms: time to freeze the proxy while one is
+    sidecar = run_sidecar(f"https://localhost:{relay.port}", *FAST_PINGS, ca_file=tls_origin.ca_file)
+    outcomes, threads = in_background(
+        lambda: http11_request(sidecar.host, sidecar.port, "/slow?first_byte=8", timeout=30), 1
+    )
+    wait_until(lambda: tls_origin.active_streams == 1, 10, "the wait to reach the origin")
+
+    def ping_out() -> bool:
+        metrics = scrape(sidecar)
+        return metrics["h2ping_pings_sent_total"] > metrics["h2ping_ping_acks_total"]
+
+    wait_until(ping_out, 10, "a PING in flight")
+    os.kill(sidecar.process.pid, signal.SIGSTOP)
+    try:
+        # The fault is the freeze's length (2.5 x ping_timeout), not an ordering of events: the
+        # ack arrives meanwhile and waits in the socket, the PING's deadline passes.
+        time.sleep(2.5)
+    finally:
+        os.kill(sidecar.process.pid, signal.SIGCONT)
+    join_all(threads, 20)
+    assert outcomes[0].status == 200, outcomes[0]
+    metrics = scrape(sidecar)
+    assert metrics['h2ping_upstream_errors_total{kind="ping_timeout"}'] == 0
+    assert metrics['h2ping_upstream_dials_total{result="ok"}'] == 1

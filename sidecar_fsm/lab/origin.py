@@ -28,6 +28,7 @@ import hashlib
 import json
 import shutil
 import ssl
+import struct
 import tempfile
 import threading
 import time
@@ -92,6 +93,8 @@ class _H2ServerProtocol(asyncio.Protocol):
         self._writable = asyncio.Event()
         self._writable.set()
         self._closed = asyncio.Event()
+        # Set by goaway(): the last stream this connection still answers.
+        self._goaway_last: int | None = None
         self.lost: asyncio.Future[None] = asyncio.get_running_loop().create_future()
 
     # --- asyncio.Protocol -------------------------------------------------------------------
@@ -156,7 +159,11 @@ class _H2ServerProtocol(asyncio.Protocol):
 
     def _handle(self, event: h2.events.Event) -> None:
         if isinstance(event, h2.events.RequestReceived):
-            if event.stream_id is not None:
+            if self._goaway_last is not None and (event.stream_id or 0) > self._goaway_last:
+                # Sent before the client saw our GOAWAY: refused, so never processed and safe
+                # for the client to send again elsewhere.
+                self._conn.reset_stream(event.stream_id or 0, h2.errors.ErrorCodes.REFUSED_STREAM)
+            elif event.stream_id is not None:
                 self._origin._count("received")
                 headers = [(str(name), str(value)) for name, value in event.headers or []]
                 self._streams[event.stream_id] = _Stream(headers)
@@ -208,6 +215,28 @@ class _H2ServerProtocol(asyncio.Protocol):
         stream.window_open.set()
         if cancel and stream.task is not None:
             stream.task.cancel()
+        self._close_if_drained()
+
+    def goaway(self) -> None:
+        """Graceful GOAWAY (NO_ERROR, last stream: the highest received): the streams in flight
+        are answered, later ones refused, and the connection closes once none is left, as a
+        load balancer retiring a connection does."""
+        if self._transport is None or self._transport.is_closing() or self._goaway_last is not None:
+            return
+        self._goaway_last = self._conn.highest_inbound_stream_id
+        # h2 cannot send a GOAWAY and keep answering streams (its connection state machine
+        # closes), so the frame is written by hand, after h2's pending bytes: frames stay whole.
+        # GOAWAY: length 8, type 0x7, no flags, stream 0; last stream id, error code NO_ERROR.
+        frame = struct.pack(">I", 8)[1:] + bytes([0x7, 0]) + struct.pack(">III", 0, self._goaway_last, 0)
+        self._flush()
+        self._transport.write(frame)
+        self._origin._count("goaways")
+        self._close_if_drained()
+
+    def _close_if_drained(self) -> None:
+        if self._goaway_last is not None and not self._streams:
+            self._flush()
+            self._close_transport()
 
     def _flush(self) -> None:
         data = self._conn.data_to_send()
@@ -263,6 +292,7 @@ class _H2ServerProtocol(asyncio.Protocol):
             pass
         finally:
             self._streams.pop(stream_id, None)
+            self._close_if_drained()
 
     async def _echo(
         self, stream_id: int, stream: _Stream, pseudo: dict[str, str], path: str, query: str
@@ -450,6 +480,7 @@ class TlsH2Origin:
             "received": 0,
             "requests": 0,
             "resets": 0,
+            "goaways": 0,
             "alpn_rejected": 0,
         }
         self._protocols: set[_H2ServerProtocol | _H1Protocol] = set()
@@ -590,6 +621,23 @@ class TlsH2Origin:
     def _run(self, coro: Coroutine[Any, Any, None], timeout: float) -> None:
         assert self._loop is not None
         asyncio.run_coroutine_threadsafe(coro, self._loop).result(timeout)
+
+    @property
+    def goaways(self) -> int:
+        """Graceful GOAWAYs sent by ``goaway()``."""
+        return self._read("goaways")
+
+    def goaway(self) -> None:
+        """Send a graceful GOAWAY on every open connection; each closes once its streams end."""
+        if self._loop is not None and self._thread is not None and self._thread.is_alive():
+            self._run(self._goaway_all(), _STARTUP_SECONDS)
+
+    async def _goaway_all(self) -> None:
+        with self._lock:
+            protocols = list(self._protocols)
+        for protocol in protocols:
+            if isinstance(protocol, _H2ServerProtocol):
+                protocol.goaway()
 
     def drop_connections(self) -> None:
         """Close every open connection (GOAWAY first) but keep listening: an upstream restart."""

@@ -327,3 +327,20 @@ def test_a_proxy_frozen_past_ping_timeout_keeps_a_connection_whose_ack_waits_unr
     metrics = scrape(sidecar)
     assert metrics['h2ping_upstream_errors_total{kind="ping_timeout"}'] == 0
     assert metrics['h2ping_upstream_dials_total{result="ok"}'] == 1
+
+
+def test_origin_goaway_lets_in_flight_finish_and_moves_new_requests(
+    tls_origin: TlsH2Origin, run_sidecar: Callable[..., Any]
+) -> None:
+    sidecar = run_sidecar(tls_origin.url, *FAST_PINGS, ca_file=tls_origin.ca_file)
+    waits, wait_threads = in_background(
+        lambda: http11_request(sidecar.host, sidecar.port, "/slow?first_byte=2", timeout=20), 5
+    )
+    wait_until(lambda: tls_origin.active_streams == 5, 10, "5 waits to reach the origin")
+    tls_origin.goaway()
+    after = [http11_request(sidecar.host, sidecar.port, "/echo", timeout=10).status for _ in range(5)]
+    join_all(wait_threads, 10)
+    assert after == [200] * 5
+    assert [outcome.status for outcome in waits] == [200] * 5
+    assert (tls_origin.goaways, tls_origin.connections, tls_origin.received) == (1, 2, 10)
+    wait_until(lambda: tls_origin.active_connections == 1, 5, "the retired connection to close")

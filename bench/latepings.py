@@ -2,13 +2,16 @@
 loops hold the cores, and who was late when a connection was closed for an unanswered PING.
 
 Usage: ``.venv/bin/python bench/latepings.py [--requests 10000] [--wait 10] [--ping-timeout 2s]
-[--busy 3] [--rounds 1] [--binary PATH]``. Builds the proxy (go/) and the bench origin
-(bench/origin, Go, with its idle-dropping relay in front as bench/proxy.py's scale phase has it)
-into a temporary directory, starts ``--busy`` busy-loop processes, sends every wait at once (one
+[--busy 3] [--rounds 1] [--origin go|lab] [--freeze S] [--binary PATH]``. Builds the proxy
+(go/) and the bench origin (bench/origin, Go, with its idle-dropping relay in front as
+bench/proxy.py's scale phase has it; ``--origin lab``: the lab's Python origin instead) into a
+temporary directory, starts ``--busy`` busy-loop processes, sends every wait at once (one
 connection each, as aiohttp does) and prints one JSON line per round: answers by outcome, the
 proxy's PING counters, and each "connection closed: PING unanswered" line of its log, which
 says how long the PING had been out, when the upstream last sent bytes and how many bytes were
-waiting unread in the socket. Every process it starts is killed before it returns.
+waiting unread in the socket. ``--freeze S`` stops the proxy (SIGSTOP) for S seconds halfway
+through the waits: the machine late rather than the upstream. Every process it starts is
+killed before it returns.
 
 Must not touch bench/proxy.py (its phases are another script's) or leave a process behind.
 """
@@ -22,6 +25,7 @@ import json
 import os
 import re
 import select
+import signal
 import subprocess
 import sys
 import tempfile
@@ -110,7 +114,9 @@ async def read_status_and_body(reader: asyncio.StreamReader) -> tuple[int, bytes
     return status, await reader.readexactly(length)
 
 
-async def waits(address: str, n: int, path: str, wait: float) -> Counter[str]:
+async def waits(
+    address: str, n: int, path: str, wait: float, freeze: tuple[int, float] | None
+) -> Counter[str]:
     """``n`` one-connection GET /wait requests, all written after every connect: the proxy holds
     ``n`` at once. Returns outcomes: "ok", or the status and the 502's words."""
     host, port = address.rsplit(":", 1)
@@ -144,6 +150,15 @@ async def waits(address: str, n: int, path: str, wait: float) -> Counter[str]:
             reader, writer = conn
             writer.write(f"GET {path} HTTP/1.1\r\nHost: {address}\r\n\r\n".encode())
             pending.append(asyncio.ensure_future(answer(reader)))
+        if freeze is not None:
+            # The machine late, not the upstream: the proxy stopped mid-wait with PINGs out.
+            pid, seconds = freeze
+            await asyncio.sleep(wait / 2)
+            os.kill(pid, signal.SIGSTOP)
+            try:
+                time.sleep(seconds)
+            finally:
+                os.kill(pid, signal.SIGCONT)
         await asyncio.gather(*pending)
     finally:
         for conn in conns:
@@ -176,7 +191,7 @@ def one_round(args: argparse.Namespace, work: Path, sidecar: Path, origin: Path)
         ready_file, log = work / "sidecar.ready", work / "sidecar.log"
         ready_file.unlink(missing_ok=True)
         with open(log, "wb") as log_out:
-            kids.start(
+            proxy = kids.start(
                 [
                     str(sidecar),
                     "-listen",
@@ -201,7 +216,8 @@ def one_round(args: argparse.Namespace, work: Path, sidecar: Path, origin: Path)
             time.sleep(0.05)
         ready_info = json.loads(ready_file.read_text())
         started = time.monotonic()
-        outcomes = asyncio.run(waits(ready_info["listen"], args.requests, path, args.wait))
+        freeze = (proxy.pid, args.freeze) if args.freeze else None
+        outcomes = asyncio.run(waits(ready_info["listen"], args.requests, path, args.wait, freeze))
         took = time.monotonic() - started
         metrics = scrape(ready_info["metrics"])
         lost = [
@@ -219,6 +235,7 @@ def one_round(args: argparse.Namespace, work: Path, sidecar: Path, origin: Path)
             "ping_timeout": args.ping_timeout,
             "busy": args.busy,
             "origin": args.origin,
+            "freeze_s": args.freeze,
             "wall_s": round(took, 1),
             "outcomes": dict(outcomes),
             "pings_sent": metrics["h2ping_pings_sent_total"],
@@ -241,6 +258,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--origin", choices=("go", "lab"), default="go", help="bench/origin (Go) or the lab's Python origin"
     )
+    parser.add_argument("--freeze", type=float, default=0.0, help="SIGSTOP the proxy this long mid-wait")
     parser.add_argument("--binary", type=Path, help="the proxy to run (default: build go/)")
     args = parser.parse_args(argv)
     with tempfile.TemporaryDirectory(prefix="latepings-") as tmp:

@@ -162,7 +162,10 @@ class _H2ServerProtocol(asyncio.Protocol):
             if self._goaway_last is not None and (event.stream_id or 0) > self._goaway_last:
                 # Sent before the client saw our GOAWAY: refused, so never processed and safe
                 # for the client to send again elsewhere.
-                self._conn.reset_stream(event.stream_id or 0, h2.errors.ErrorCodes.REFUSED_STREAM)
+                # The client may have reset it already, later in the same read (h2 applies
+                # every frame before handing out events): then there is nothing to refuse.
+                with contextlib.suppress(h2.exceptions.StreamClosedError):
+                    self._conn.reset_stream(event.stream_id or 0, h2.errors.ErrorCodes.REFUSED_STREAM)
             elif event.stream_id is not None:
                 self._origin._count("received")
                 headers = [(str(name), str(value)) for name, value in event.headers or []]

@@ -2,7 +2,9 @@ package main
 
 // framewatch.go owns watching the HTTP/2 frames of one upstream connection, for metrics:
 // PINGs sent and acknowledged (with their round trip), GOAWAY and RST_STREAM received,
-// responses received, and how the connection ended.
+// responses received, and how the connection ended. It also owns the -ping-timeout
+// verdict (checkPings): it sees both when a PING left and whether anything at all came
+// back since, which net/http's own timeout, counting only the processed ack, does not.
 //
 // Why watch bytes: net/http sends the keep-alive PINGs itself (HTTP2Config.SendPingTimeout)
 // and has no hook for them, and http.ClientConn has no Ping method to send our own. So the
@@ -18,8 +20,9 @@ package main
 // client does with a bare *tls.Conn is its forced close after 250 ms when a close hangs;
 // Close below does the same.
 //
-// Must not: modify, delay or reorder the stream; record anything but frame types, flags,
-// PING payloads and error codes (header blocks carry Authorization).
+// Must not: modify, delay or reorder the stream (closing it on the verdict is the one
+// action it takes); record anything but frame types, flags, PING payloads and error codes
+// (header blocks carry Authorization).
 
 import (
 	"crypto/tls"

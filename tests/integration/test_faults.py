@@ -26,7 +26,7 @@ import pytest
 from helpers import http11_request, wait_until
 from prometheus_client.parser import text_string_to_metric_families
 
-from sidecar_fsm.lab import FaultRelay, TlsH2Origin
+from sidecar_fsm.lab import FaultRelay, H2Client, TlsH2Origin
 
 PING_INTERVAL = 1.0
 PING_TIMEOUT = 1.0
@@ -344,3 +344,39 @@ def test_origin_goaway_lets_in_flight_finish_and_moves_new_requests(
     assert [outcome.status for outcome in waits] == [200] * 5
     assert (tls_origin.goaways, tls_origin.connections, tls_origin.received) == (1, 2, 10)
     wait_until(lambda: tls_origin.active_connections == 1, 5, "the retired connection to close")
+
+
+# --- the relay alone, with the lab's own HTTP/2 client ----------------------------------------
+
+
+def test_relay_blackhole_keeps_the_connection_and_heal_delivers_what_waited(
+    tls_origin: TlsH2Origin, fault_relay: Callable[..., FaultRelay]
+) -> None:
+    relay = fault_relay(tls_origin)
+    with H2Client("127.0.0.1", relay.port, tls_origin.ca_file, timeout=10) as client:
+        assert client.request("/echo").status == 200
+        relay.blackhole()
+        stream = client.start_request("/echo?after=heal")
+        with pytest.raises(TimeoutError):
+            client.wait([stream], timeout=1.0)
+        assert tls_origin.received == 1 and relay.active == 1  # held, not dropped
+        relay.heal()
+        answer = client.wait([stream], timeout=5)[stream]
+        assert answer.status == 200 and json.loads(answer.body)["query"] == "after=heal"
+    assert relay.connections == 1
+
+
+def test_relay_delay_adds_to_each_way_of_a_round_trip(
+    tls_origin: TlsH2Origin, fault_relay: Callable[..., FaultRelay]
+) -> None:
+    relay = fault_relay(tls_origin)
+    with H2Client("127.0.0.1", relay.port, tls_origin.ca_file, timeout=10) as client:
+        relay.delay(150)
+        started = time.monotonic()
+        assert client.request("/echo").status == 200
+        took = time.monotonic() - started
+        relay.heal()
+        assert 0.3 <= took < 1.5, f"a request through 150 ms each way took {took:.2f}s"
+        started = time.monotonic()
+        assert client.request("/echo").status == 200
+        assert time.monotonic() - started < 0.3

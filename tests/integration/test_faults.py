@@ -194,6 +194,13 @@ def _proxy_fds(pid: int) -> int:
     return len(os.listdir(f"/proc/{pid}/fd"))
 
 
+def _proxy_threads(pid: int) -> int:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("Threads:"):
+            return int(line.split()[1])
+    raise AssertionError(f"/proc/{pid}/status: no Threads line")
+
+
 def _raise_fd_limit(wanted: int) -> None:
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
     if soft < wanted:
@@ -210,7 +217,7 @@ def test_a_thousand_clients_leaving_mid_wait_leave_nothing_behind(
     sidecar = run_sidecar(tls_origin.url, *FAST_PINGS, ca_file=tls_origin.ca_file)
     pid = sidecar.process.pid
     wait_until(lambda: scrape(sidecar)["h2ping_upstream_up"] == 1, 10, "the start-up dial")
-    fds_before = _proxy_fds(pid)
+    fds_before, threads_before = _proxy_fds(pid), _proxy_threads(pid)
     baseline = scrape(sidecar)
     connections_before = baseline["h2ping_upstream_connections"]
     sockets: list[socket.socket] = []
@@ -251,6 +258,9 @@ def test_a_thousand_clients_leaving_mid_wait_leave_nothing_behind(
             10,
             f"goroutines back near {baseline['go_goroutines']:g}",
         )
+    # OS threads are not goroutines (the runtime keeps an idle thread or two it started for
+    # the burst), but a thread per client, or one stuck per client, would show here.
+    assert _proxy_threads(pid) <= threads_before + 4
     after = http11_request(sidecar.host, sidecar.port, "/echo", timeout=10)
     assert after.status == 200
 

@@ -2,7 +2,9 @@ package main
 
 // framewatch.go owns watching the HTTP/2 frames of one upstream connection, for metrics:
 // PINGs sent and acknowledged (with their round trip), GOAWAY and RST_STREAM received,
-// responses received, and how the connection ended.
+// responses received, and how the connection ended. It also owns the -ping-timeout
+// verdict (checkPings): it sees both when a PING left and whether anything at all came
+// back since, which net/http's own timeout, counting only the processed ack, does not.
 //
 // Why watch bytes: net/http sends the keep-alive PINGs itself (HTTP2Config.SendPingTimeout)
 // and has no hook for them, and http.ClientConn has no Ping method to send our own. So the
@@ -18,12 +20,14 @@ package main
 // client does with a bare *tls.Conn is its forced close after 250 ms when a close hangs;
 // Close below does the same.
 //
-// Must not: modify, delay or reorder the stream; record anything but frame types, flags,
-// PING payloads and error codes (header blocks carry Authorization).
+// Must not: modify, delay or reorder the stream (closing it on the verdict is the one
+// action it takes); record anything but frame types, flags, PING payloads and error codes
+// (header blocks carry Authorization).
 
 import (
 	"crypto/tls"
 	"errors"
+	"fmt"
 	"io"
 	"math"
 	"net"
@@ -69,6 +73,17 @@ type watchedConn struct {
 
 	pingMu sync.Mutex
 	pings  []sentPing
+	// pingCheck runs pingTimeout after the oldest unanswered PING, then again after each
+	// further pingTimeout of silence while one is still unanswered.
+	pingCheck *time.Timer
+	// verdict is set (once) when pingCheck finds the upstream silent: the connection is then
+	// closed under the client, whose reads fail with a *pingTimeoutError.
+	verdict atomic.Pointer[lostPing]
+
+	// lastRead is when bytes last came from the upstream (unix nanoseconds).
+	lastRead atomic.Int64
+	// report, when set, is told about a connection closed for a lost PING.
+	report func(lostPing)
 
 	goaway atomic.Bool // a GOAWAY arrived: the end of the connection is expected
 	closed atomic.Bool // Close was called: read errors after it are ours
@@ -80,10 +95,26 @@ type sentPing struct {
 	at   time.Time
 }
 
+// lostPing is what was known when a connection was closed for an unanswered PING: how long
+// the PING had been out, when the upstream last sent anything, and how many bytes were
+// waiting unread in the socket (-1: unknown). Bytes waiting mean the answer may be among
+// them and this process was too busy to read it; none, and nothing read since the PING,
+// mean the upstream (or the path to it) was silent.
+type lostPing struct {
+	pingAge, sinceRead time.Duration
+	unread             int
+}
+
+func (l lostPing) String() string {
+	return fmt.Sprintf("PING unanswered for %s; last bytes from the upstream %s ago, %d bytes waiting unread in the socket",
+		l.pingAge.Round(time.Millisecond), l.sinceRead.Round(time.Millisecond), l.unread)
+}
+
 // watch wraps tc (handshake done, ALPN h2) and counts it as an open connection.
 func (m *meters) watch(tc *tls.Conn, pingTimeout time.Duration) *watchedConn {
 	m.conns.Add(1)
 	c := &watchedConn{Conn: tc, m: m, pingTimeout: pingTimeout}
+	c.lastRead.Store(time.Now().UnixNano())
 	c.out.skip = clientPrefaceLen
 	c.out.sent = true
 	return c
@@ -97,8 +128,14 @@ func (c *watchedConn) Write(p []byte) (int, error) {
 
 func (c *watchedConn) Read(p []byte) (int, error) {
 	n, err := c.Conn.Read(p)
+	if n > 0 {
+		c.lastRead.Store(time.Now().UnixNano())
+	}
 	c.in.feed(p[:n], c)
 	if err != nil {
+		if l := c.verdict.Load(); l != nil {
+			return n, &pingTimeoutError{timeout: c.pingTimeout, silence: l}
+		}
 		c.readFailed(err)
 	}
 	return n, err
@@ -128,23 +165,83 @@ func (c *watchedConn) Close() error {
 		return c.Conn.Close()
 	}
 	c.m.conns.Add(-1)
-	if c.pingLost() && !c.ended.Swap(true) {
-		c.m.upstreamFailed(kindPingTimeout, "PING not acknowledged within "+c.pingTimeout.String()+"; connection closed")
+	c.pingMu.Lock()
+	if c.pingCheck != nil {
+		c.pingCheck.Stop()
+	}
+	c.pingMu.Unlock()
+	l := c.verdict.Load()
+	if age, out := c.oldestPing(); l == nil && out && age >= hardPingTimeout(c.pingTimeout)*3/4 {
+		// net/http's backstop is closing it (see hardPingTimeout).
+		l = &lostPing{pingAge: age, sinceRead: time.Since(time.Unix(0, c.lastRead.Load())), unread: unreadBytes(c.Conn.NetConn())}
+	}
+	if l != nil && !c.ended.Swap(true) {
+		c.m.upstreamFailed(kindPingTimeout, "PING not answered within "+c.pingTimeout.String()+" (-ping-timeout): "+l.String()+"; connection closed")
+		if c.report != nil {
+			c.report(*l)
+		}
 	}
 	t := time.AfterFunc(forceCloseAfter, func() { c.Conn.NetConn().Close() })
 	defer t.Stop()
 	return c.Conn.Close()
 }
 
-// pingLost reports whether a PING has gone unanswered for about -ping-timeout: the
-// HTTP/2 client is then closing the connection for it. The client's deadline starts just
-// before the PING is written, so the age seen here may fall a little short of the timeout;
-// three quarters of it still tells a lost PING from one merely in flight when the
-// connection is closed for another reason (idle, rotation, drain).
-func (c *watchedConn) pingLost() bool {
+// oldestPing is how long the oldest unanswered PING has been out, if one is. The HTTP/2
+// client's own deadline starts just before the PING is written, so the age seen here may
+// fall a little short of it; three quarters of it still tells a lost PING from one merely
+// in flight when the connection is closed for another reason (idle, rotation, drain).
+func (c *watchedConn) oldestPing() (time.Duration, bool) {
 	c.pingMu.Lock()
 	defer c.pingMu.Unlock()
-	return len(c.pings) > 0 && time.Since(c.pings[0].at) >= c.pingTimeout*3/4
+	if len(c.pings) == 0 {
+		return 0, false
+	}
+	return time.Since(c.pings[0].at), true
+}
+
+// checkPings is the verdict on a connection with a PING out for pingTimeout: dead only if
+// the upstream has sent nothing at all since the PING, not even bytes still waiting unread
+// in the socket. Anything from it means it is alive and its PING ack is behind those
+// bytes, or this process was too busy to read it: a PING answered late is not a lost
+// connection (a late ack once ended a thousand waits with 502 on a loaded machine), and
+// the check looks again after another pingTimeout of silence. A connection that went
+// silent is still closed pingTimeout after the PING, as -ping-timeout promises.
+func (c *watchedConn) checkPings() {
+	if c.closed.Load() {
+		return
+	}
+	c.pingMu.Lock()
+	if len(c.pings) == 0 {
+		c.pingMu.Unlock()
+		return
+	}
+	sent := c.pings[0].at
+	lastRead := time.Unix(0, c.lastRead.Load())
+	silentFrom := sent
+	if lastRead.After(sent) {
+		silentFrom = lastRead
+	}
+	silence := time.Since(silentFrom)
+	unread := 0
+	if silence >= c.pingTimeout {
+		unread = unreadBytes(c.Conn.NetConn())
+	}
+	if silence < c.pingTimeout || unread > 0 {
+		next := c.pingTimeout - silence
+		if next <= 0 {
+			next = c.pingTimeout
+		}
+		c.pingCheck.Reset(next)
+		c.pingMu.Unlock()
+		return
+	}
+	c.pingMu.Unlock()
+	l := &lostPing{pingAge: time.Since(sent), sinceRead: time.Since(lastRead), unread: unread}
+	if c.verdict.CompareAndSwap(nil, l) {
+		// Closing the TCP connection (not c.Close: that is the client's to call) fails the
+		// client's blocked read at once; it then ends every stream with that read's error.
+		c.Conn.NetConn().Close()
+	}
 }
 
 // frame handles a frame whose first len(data) payload bytes (as many as keepBytes asked
@@ -159,6 +256,11 @@ func (c *watchedConn) frame(sent bool, typ, flags byte, data []byte) {
 			c.pings = append(c.pings[:0], c.pings[1:]...)
 		}
 		c.pings = append(c.pings, sentPing{data: [8]byte(data), at: time.Now()})
+		if c.pingCheck == nil {
+			c.pingCheck = time.AfterFunc(c.pingTimeout, c.checkPings)
+		} else if len(c.pings) == 1 {
+			c.pingCheck.Reset(c.pingTimeout)
+		}
 		c.pingMu.Unlock()
 	case typ == framePing && !sent && flags&flagAck != 0:
 		c.pingMu.Lock()

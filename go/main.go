@@ -58,6 +58,7 @@ func run(args []string, getenv func(string) string, stdout, stderr io.Writer) in
 	}
 	logger := log.New(stderr, "h2-ping-sidecar: ", log.LstdFlags|log.Lmicroseconds)
 	up := newUpstream(cfg)
+	up.logf = logger.Printf
 	up.pool = newPool(up.newClientConn, cfg.MaxConnAge)
 	srv := newServer(cfg, up, logger)
 	if metricsAddr != "" {

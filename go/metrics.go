@@ -228,10 +228,13 @@ func (m *meters) wrap(h http.Handler) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		rw := &countingWriter{ResponseWriter: w}
 		m.begin(&rw.entry)
+		// Deferred: ReverseProxy panics with http.ErrAbortHandler when the upstream body
+		// breaks after the head was sent, and such a request must leave flight too (it
+		// once stayed in flight forever, its age growing). net/http cancels the request's
+		// context when the client's connection closes (and only after ServeHTTP returns
+		// otherwise).
+		defer func() { m.end(&rw.entry, rw.code, r.Context().Err() != nil) }()
 		h.ServeHTTP(rw, r)
-		// net/http cancels the request's context when the client's connection closes
-		// (and only after ServeHTTP returns otherwise).
-		m.end(&rw.entry, rw.code, r.Context().Err() != nil)
 	})
 }
 

@@ -490,9 +490,13 @@ func TestMetricsPingTimeoutAndReset(t *testing.T) {
 			waitMetrics(t, p, "the start-up check", func(m map[string]float64) bool {
 				return m["h2ping_upstream_up"] == 1
 			})
-			code, _ := get(t, p.url()+"/hangs")
+			code, body := get(t, p.url()+"/hangs")
 			if code != http.StatusBadGateway {
 				t.Fatalf("request: got %d; want 502", code)
+			}
+			// The 502 names the flag whose limit the silent upstream overran.
+			if want := "no PING ack within 200ms (-ping-timeout)"; tc.kind == "ping_timeout" && !strings.Contains(body, want) {
+				t.Fatalf("502 body: got %q; want it to contain %q", body, want)
 			}
 			m := waitMetrics(t, p, "the error and the 502 counted", func(m map[string]float64) bool {
 				return m[`h2ping_upstream_errors_total{kind="`+tc.kind+`"}`] >= 1 && m["h2ping_requests_in_flight"] == 0
@@ -687,5 +691,35 @@ func BenchmarkFrameWatch(b *testing.B) {
 	b.SetBytes(int64(len(buf)))
 	for b.Loop() {
 		c.in.feed(buf, c)
+	}
+}
+
+// TestMetricsAResponseCutOffMidBodyLeavesFlight: an upstream that breaks its body after the
+// head makes ReverseProxy abort the handler with a panic; the request still leaves
+// h2ping_requests_in_flight, counted under the status its client received.
+func TestMetricsAResponseCutOffMidBodyLeavesFlight(t *testing.T) {
+	up := httptest.NewUnstartedServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		io.WriteString(w, "the first half")
+		w.(http.Flusher).Flush()
+		panic(http.ErrAbortHandler)
+	}))
+	up.EnableHTTP2 = true
+	up.Config.ErrorLog = log.New(io.Discard, "", 0)
+	up.StartTLS()
+	t.Cleanup(up.Close)
+	p := runSidecar(t, "-upstream", up.URL, "-ca-file", caFileOf(t, up), "-metrics-listen", "127.0.0.1:0")
+	resp, err := http.Get(p.url() + "/cut")
+	if err == nil {
+		_, err = io.ReadAll(resp.Body)
+		resp.Body.Close()
+	}
+	if err == nil {
+		t.Fatalf("reading a body the upstream cut off: got no error; want a truncated response")
+	}
+	m := waitMetrics(t, p, "the cut-off request out of flight", func(m map[string]float64) bool {
+		return m["h2ping_requests_total"] == 1 && m["h2ping_requests_in_flight"] == 0
+	})
+	if m[`h2ping_responses_total{code="200"}`] != 1 || m["h2ping_oldest_request_age_seconds"] != 0 {
+		t.Fatalf("got 200s %v, oldest age %v; want 1 and 0", m[`h2ping_responses_total{code="200"}`], m["h2ping_oldest_request_age_seconds"])
 	}
 }

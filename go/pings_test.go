@@ -11,6 +11,7 @@ import (
 	"net/http/httptest"
 	"os"
 	"strconv"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -88,10 +89,15 @@ func (r *idleRelay) relay(client net.Conn, target string, idle time.Duration) {
 
 // pingCountingFront terminates TLS (ALPN h2), forwards the plaintext HTTP/2 to an h2c
 // origin and parses the frame headers the client sends, counting PINGs (not ACKs).
+// With holdPings set, each PING reaches the origin that much later: an upstream that
+// answers PINGs late.
 type pingCountingFront struct {
-	ln     net.Listener
-	caFile string
-	pings  atomic.Int64
+	ln        net.Listener
+	caFile    string
+	pings     atomic.Int64
+	holdPings time.Duration
+	held      atomic.Int64 // PINGs held back and not yet forwarded
+	dropPings atomic.Bool  // swallow PINGs: no ack ever comes
 }
 
 func startPingCountingFront(t *testing.T, origin string) *pingCountingFront {
@@ -134,6 +140,13 @@ func (f *pingCountingFront) forward(client net.Conn, origin string) {
 		return
 	}
 	server.Write(preface)
+	var wmu sync.Mutex // whole frames only: a held-back PING is written between frames
+	write := func(frame []byte) error {
+		wmu.Lock()
+		defer wmu.Unlock()
+		_, err := server.Write(frame)
+		return err
+	}
 	hdr := make([]byte, 9)
 	for {
 		if _, err := io.ReadFull(br, hdr); err != nil {
@@ -141,14 +154,23 @@ func (f *pingCountingFront) forward(client net.Conn, origin string) {
 		}
 		length := int(binary.BigEndian.Uint32(append([]byte{0}, hdr[:3]...)))
 		const typePing, flagAck = 0x6, 0x1
-		if hdr[3] == typePing && hdr[4]&flagAck == 0 {
-			f.pings.Add(1)
-		}
 		payload := make([]byte, length)
 		if _, err := io.ReadFull(br, payload); err != nil {
 			return
 		}
-		if _, err := server.Write(append(hdr, payload...)); err != nil {
+		frame := append(append([]byte(nil), hdr...), payload...)
+		if hdr[3] == typePing && hdr[4]&flagAck == 0 {
+			f.pings.Add(1)
+			if f.dropPings.Load() {
+				continue
+			}
+			if f.holdPings > 0 {
+				f.held.Add(1)
+				time.AfterFunc(f.holdPings, func() { write(frame); f.held.Add(-1) })
+				continue
+			}
+		}
+		if err := write(frame); err != nil {
 			return
 		}
 	}
@@ -215,4 +237,62 @@ func TestPingsKeepARequestAliveThroughAnIdleDroppingPath(t *testing.T) {
 		t.Fatalf("connections dropped by the relay: got %d; want 1 (the direct one)", n)
 	}
 	t.Logf("direct: %v; sidecar: %d PINGs", directErr, front.pings.Load())
+}
+
+// TestALatePingAckIsNotALostConnectionWhileTheUpstreamSends: PINGs answered after twice
+// -ping-timeout do not end a stream whose upstream keeps sending (it is alive and only
+// slow to answer), while once the upstream answers nothing at all (PINGs swallowed, no
+// response) a request still gets its 502 at -ping-timeout.
+func TestALatePingAckIsNotALostConnectionWhileTheUpstreamSends(t *testing.T) {
+	var protos http.Protocols
+	protos.SetUnencryptedHTTP2(true)
+	h2c := &http.Server{Protocols: &protos, Handler: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.URL.Path == "/silent" {
+			select {
+			case <-time.After(3 * time.Second):
+			case <-r.Context().Done():
+			}
+			return
+		}
+		for range 12 { // one line every 150 ms, gaps longer than -ping-interval
+			io.WriteString(w, "tick\n")
+			w.(http.Flusher).Flush()
+			time.Sleep(150 * time.Millisecond)
+		}
+	})}
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	go h2c.Serve(ln)
+	t.Cleanup(func() { h2c.Close() })
+	front := startPingCountingFront(t, ln.Addr().String())
+	front.holdPings = 800 * time.Millisecond
+	upstreamURL := "https://" + front.ln.Addr().String()
+	p := runSidecar(t, "-upstream", upstreamURL, "-ca-file", front.caFile, "-ping-interval", "100ms", "-ping-timeout", "400ms")
+
+	code, body := get(t, p.url()+"/ticks")
+	if want := strings.Repeat("tick\n", 12); code != 200 || body != want {
+		t.Fatalf("streaming through late PING acks: got %d %q; want 200 and 12 ticks", code, body)
+	}
+	if n := front.pings.Load(); n < 2 {
+		t.Fatalf("PINGs sent during the stream: got %d; want at least 2 (else nothing was late)", n)
+	}
+	front.dropPings.Store(true)
+	// The late acks still on their way are signs of life; the silence starts after them.
+	for deadline := time.Now().Add(5 * time.Second); front.held.Load() > 0; {
+		if time.Now().After(deadline) {
+			t.Fatal("held-back PINGs not forwarded within 5s")
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	start := time.Now()
+	code, body = get(t, p.url()+"/silent")
+	took := time.Since(start)
+	if want := "no PING ack within 400ms (-ping-timeout) and nothing else from the upstream"; code != 502 || !strings.Contains(body, want) {
+		t.Fatalf("silent upstream: got %d %q; want 502 containing %q", code, body, want)
+	}
+	if took > 1500*time.Millisecond {
+		t.Fatalf("silent upstream: 502 after %v; want it by -ping-interval + -ping-timeout (500ms) and a margin", took)
+	}
 }

@@ -2,10 +2,12 @@ package main
 
 import (
 	"bytes"
+	"fmt"
 	"io"
 	"net/http"
 	"strings"
 	"sync/atomic"
+	"time"
 )
 
 // maxAttempts bounds re-sends of one request: an origin that refuses every stream (GOAWAY
@@ -43,6 +45,37 @@ func classify(err error) failure {
 		return failRefused
 	}
 	return failOther
+}
+
+// lostPingText is net/http's whole error for a connection it closed because a PING went
+// unanswered for -ping-timeout (closeForLostPing); nothing else produces it.
+const lostPingText = "http2: client connection lost"
+
+// pingTimeoutError is a connection closed for an unanswered PING, as the 502 tells it: a
+// user reading "client connection lost" cannot tell a silent upstream from a crash, and
+// the flag to look at is named here. silence is set when the watcher closed it
+// (framewatch.go's checkPings), err when net/http's backstop did (hardPingTimeout).
+type pingTimeoutError struct {
+	timeout time.Duration
+	silence *lostPing
+	err     error
+}
+
+func (e *pingTimeoutError) Error() string {
+	if e.silence != nil {
+		return fmt.Sprintf("no PING ack within %s (-ping-timeout) and nothing else from the upstream for %s, connection closed",
+			e.timeout, e.silence.sinceRead.Round(time.Millisecond))
+	}
+	return fmt.Sprintf("no PING ack within %s (%d x -ping-timeout, other bytes kept arriving), connection closed: %v",
+		hardPingTimeout(e.timeout), hardPingFactor, e.err)
+}
+func (e *pingTimeoutError) Unwrap() error { return e.err }
+
+func (u *upstream) explain(err error) error {
+	if err.Error() == lostPingText {
+		return &pingTimeoutError{timeout: u.cfg.PingTimeout, err: err}
+	}
+	return err
 }
 
 // clientBodyError is a failure to read the client's request body (a malformed chunk, a
@@ -98,6 +131,7 @@ func (u *upstream) RoundTrip(req *http.Request) (*http.Response, error) {
 		if err == nil {
 			return resp, nil
 		}
+		err = u.explain(err)
 		if attempt >= maxAttempts || req.Context().Err() != nil {
 			return nil, err
 		}

@@ -22,6 +22,12 @@ const (
 	idleConnTimeout = 5 * time.Minute
 )
 
+// hardPingFactor x -ping-timeout is how long a PING may stay unanswered on a connection
+// whose upstream keeps sending other bytes.
+const hardPingFactor = 4
+
+func hardPingTimeout(d time.Duration) time.Duration { return hardPingFactor * d }
+
 // upstream dials HTTP/2-over-TLS connections to the one origin of Config. It owns the
 // TLS configuration and the http.Transport that turns a TLS connection into a ClientConn;
 // the Transport's own connection cache is never used (pool.go decides when to dial).
@@ -38,6 +44,8 @@ type upstream struct {
 	resent atomic.Int64
 
 	pool *pool
+	// logf, when set, logs one line per connection closed for a lost PING.
+	logf func(format string, args ...any)
 }
 
 func newUpstream(cfg *Config) *upstream {
@@ -55,8 +63,11 @@ func newUpstream(cfg *Config) *upstream {
 		HTTP2: &http.HTTP2Config{
 			// SendPingTimeout is the read-idle timer: no frame for this long -> PING.
 			SendPingTimeout: cfg.PingInterval,
-			PingTimeout:     cfg.PingTimeout,
-			CountError:      stats.countHTTP2Error,
+			// The -ping-timeout verdict is the watcher's (framewatch.go, checkPings): a
+			// silent upstream is closed at -ping-timeout, one still sending is not. Go's
+			// own, which counts only the ack, is the backstop for an ack that never comes.
+			PingTimeout: hardPingTimeout(cfg.PingTimeout),
+			CountError:  stats.countHTTP2Error,
 		},
 	}
 	return u
@@ -140,7 +151,11 @@ func (u *upstream) dialTLS(ctx context.Context, network, addr string) (net.Conn,
 		return nil, &dialError{kindALPN, &notH2Error{addr: addr, proto: p}}
 	}
 	// The HTTP/2 client runs on the watcher as on tc (see framewatch.go).
-	return stats.watch(tc, u.cfg.PingTimeout), nil
+	w := stats.watch(tc, u.cfg.PingTimeout)
+	if u.logf != nil {
+		w.report = func(l lostPing) { u.logf("upstream %s: connection closed: %v", addr, l) }
+	}
+	return w, nil
 }
 
 // dialRaw returns the byte stream the upstream's TLS runs on: a TCP connection to addr,

@@ -1,12 +1,15 @@
 """The local lab the demo and the tests share: a TLS HTTP/2 origin, an idle-dropping relay, a client.
 
 Owns nothing but re-exports: ``tlsca`` (throwaway CA and server certificate as PEM files),
-``origin`` (``TlsH2Origin``, the stand-in for an NVCF endpoint; its connections in ``h2server``),
-``relay`` (``IdleRelay``, Global Accelerator's idle drop scaled down) and ``h2client`` (a
-blocking HTTP/2 client that sends no PINGs unless asked). Everything here binds loopback only
-and is meant for demos and tests, never for serving real traffic.
+``origin`` (``TlsH2Origin``, the stand-in for an NVCF endpoint, which can also crash and come
+back; its connections in ``h2server``), ``relay`` (``IdleRelay``, Global Accelerator's idle
+drop scaled down), ``faultrelay`` (``FaultRelay``: blackhole, reset, delay, rate limit and
+restart on command) and ``h2client`` (a blocking HTTP/2 client that sends no PINGs unless
+asked). Everything here binds loopback only and is meant for demos and tests, never for
+serving real traffic.
 """
 
+from .faultrelay import FaultRelay
 from .h2client import H2Client, H2ClientError, H2Response, h2_request
 from .origin import TlsH2Origin
 from .relay import IdleRelay
@@ -14,6 +17,7 @@ from .tlsca import CertPaths, make_ca_and_cert
 
 __all__ = [
     "CertPaths",
+    "FaultRelay",
     "H2Client",
     "H2ClientError",
     "H2Response",

@@ -14,6 +14,7 @@ import asyncio
 import contextlib
 import hashlib
 import json
+import struct
 from typing import Any, Protocol
 from urllib.parse import parse_qs, urlsplit
 
@@ -86,6 +87,8 @@ class H2ServerProtocol(asyncio.Protocol):
         self._writable = asyncio.Event()
         self._writable.set()
         self._closed = asyncio.Event()
+        # Set by goaway(): the last stream this connection still answers.
+        self._goaway_last: int | None = None
         self.lost: asyncio.Future[None] = asyncio.get_running_loop().create_future()
 
     @property
@@ -155,7 +158,15 @@ class H2ServerProtocol(asyncio.Protocol):
 
     def _handle(self, event: h2.events.Event) -> None:
         if isinstance(event, h2.events.RequestReceived):
-            if event.stream_id is not None:
+            if self._goaway_last is not None and (event.stream_id or 0) > self._goaway_last:
+                # Sent before the client saw our GOAWAY: refused, so never processed and safe
+                # for the client to send again elsewhere.
+                # The client may have reset it already, later in the same read (h2 applies
+                # every frame before handing out events): then there is nothing to refuse.
+                with contextlib.suppress(h2.exceptions.StreamClosedError):
+                    self._conn.reset_stream(event.stream_id or 0, h2.errors.ErrorCodes.REFUSED_STREAM)
+            elif event.stream_id is not None:
+                self._origin.count("received")
                 headers = [(str(name), str(value)) for name, value in event.headers or []]
                 self._streams[event.stream_id] = _Stream(headers)
         elif isinstance(event, h2.events.DataReceived):
@@ -223,6 +234,33 @@ class H2ServerProtocol(asyncio.Protocol):
         stream.window_open.set()
         if cancel and stream.task is not None:
             stream.task.cancel()
+        self._close_if_drained()
+
+    def goaway(self) -> None:
+        """Graceful GOAWAY (NO_ERROR, last stream: the highest received): the streams in flight
+        are answered, later ones refused, and the connection closes once none is left, as a
+        load balancer retiring a connection does."""
+        if self._transport is None or self._transport.is_closing() or self._goaway_last is not None:
+            return
+        self._goaway_last = self._conn.highest_inbound_stream_id
+        # h2 cannot send a GOAWAY and keep answering streams (its connection state machine
+        # closes), so the frame is written by hand, after h2's pending bytes: frames stay whole.
+        # GOAWAY: length 8, type 0x7, no flags, stream 0; last stream id, error code NO_ERROR.
+        frame = struct.pack(">I", 8)[1:] + bytes([0x7, 0]) + struct.pack(">III", 0, self._goaway_last, 0)
+        self._flush()
+        self._transport.write(frame)
+        self._origin.count("goaways")
+        self._close_if_drained()
+
+    def _close_if_drained(self) -> None:
+        if self._goaway_last is not None and not self._streams:
+            self._flush()
+            self._close_transport()
+
+    def abort(self) -> None:
+        """End the connection at once, no GOAWAY: what a crashed server's peer sees."""
+        if self._transport is not None:
+            self._transport.abort()
 
     def _flush(self) -> None:
         data = self._conn.data_to_send()
@@ -273,6 +311,7 @@ class H2ServerProtocol(asyncio.Protocol):
             pass
         finally:
             self._streams.pop(stream_id, None)
+            self._close_if_drained()
 
     async def _echo(
         self, stream_id: int, stream: _Stream, pseudo: dict[str, str], path: str, query: str
@@ -399,6 +438,10 @@ class H1Protocol(asyncio.Protocol):
         self._origin.closed(self)
         if not self.lost.done():
             self.lost.set_result(None)
+
+    def abort(self) -> None:
+        if self._transport is not None:
+            self._transport.abort()
 
     async def close(self) -> None:
         if self._transport is None:

@@ -31,6 +31,7 @@ import shutil
 import ssl
 import tempfile
 import threading
+import time
 from collections.abc import Callable, Coroutine
 from pathlib import Path
 from types import TracebackType
@@ -47,7 +48,8 @@ class TlsH2Origin:
 
     ``certs`` are used when given (share one CA between several origins); otherwise the origin
     makes its own CA in a private temporary directory that ``stop()`` removes. Counters (``pings``,
-    ``connections``, ``requests``, ``resets``, ``alpn_rejected``) are totals since ``start()``;
+    ``connections``, ``received``, ``requests``, ``resets``, ``goaways``, ``alpn_rejected``) are
+    totals since ``start()``;
     ``active_connections`` and ``active_streams`` are current. Reading them from another thread
     is safe (they are updated under a lock). ``start()`` and ``stop()`` are each idempotent.
     """
@@ -71,12 +73,15 @@ class TlsH2Origin:
             "resets": 0,
             "alpn_rejected": 0,
             "refused": 0,
+            "received": 0,
+            "goaways": 0,
         }
         self._refusals = 0
         self._protocols: set[H2ServerProtocol | H1Protocol] = set()
         self._loop: asyncio.AbstractEventLoop | None = None
         self._thread: threading.Thread | None = None
         self._server: asyncio.Server | None = None
+        self._context: ssl.SSLContext | None = None
         self._port: int | None = None
 
     # --- counters (any thread) -------------------------------------------------------------
@@ -113,6 +118,16 @@ class TlsH2Origin:
     def alpn_rejected(self) -> int:
         """Connections closed because the client did not negotiate h2."""
         return self._read("alpn_rejected")
+
+    @property
+    def received(self) -> int:
+        """Requests whose headers arrived (a request re-sent by a client counts again)."""
+        return self._read("received")
+
+    @property
+    def goaways(self) -> int:
+        """Graceful GOAWAYs sent by ``goaway()``."""
+        return self._read("goaways")
 
     @property
     def refused(self) -> int:
@@ -202,25 +217,78 @@ class TlsH2Origin:
         self._thread = threading.Thread(target=loop.run_forever, name="sidecar-fsm-origin", daemon=True)
         self._thread.start()
         try:
+            self._context = context
             self._run(self._serve(context), _STARTUP_SECONDS)
         except BaseException:
             self.stop()
             raise
         return self
 
-    async def _serve(self, context: ssl.SSLContext) -> None:
+    async def _serve(self, context: ssl.SSLContext, port: int = 0) -> None:
         loop = asyncio.get_running_loop()
         factory: Callable[[], asyncio.Protocol] = functools.partial(
             H1Protocol if self.h1_only else H2ServerProtocol, self
         )
+        # reuse_address: after a restart the old connections may sit in TIME_WAIT on the port.
         self._server = await loop.create_server(
-            factory, host="127.0.0.1", port=0, ssl=context, ssl_handshake_timeout=10.0, backlog=512
+            factory,
+            host="127.0.0.1",
+            port=port,
+            ssl=context,
+            ssl_handshake_timeout=10.0,
+            backlog=512,
+            reuse_address=True,
         )
         self._port = self._server.sockets[0].getsockname()[1]
 
     def _run(self, coro: Coroutine[Any, Any, None], timeout: float) -> None:
         assert self._loop is not None
         asyncio.run_coroutine_threadsafe(coro, self._loop).result(timeout)
+
+    def goaway(self) -> None:
+        """Send a graceful GOAWAY on every open connection; each closes once its streams end."""
+        if self._loop is not None and self._thread is not None and self._thread.is_alive():
+            self._run(self._goaway_all(), _STARTUP_SECONDS)
+
+    async def _goaway_all(self) -> None:
+        with self._lock:
+            protocols = list(self._protocols)
+        for protocol in protocols:
+            if isinstance(protocol, H2ServerProtocol):
+                protocol.goaway()
+
+    def go_down(self) -> None:
+        """Crash: stop listening (connects are refused) and drop every connection, no GOAWAY.
+
+        What a redeploy looks like from outside: the process is gone, the kernel closes its
+        sockets, and requests in flight get no answer and no promise that they were not
+        processed. ``come_back()`` listens again on the same port.
+        """
+        if self._loop is not None and self._thread is not None and self._thread.is_alive():
+            self._run(self._crash(), CLOSE_FLUSH_SECONDS * 4 + 5)
+
+    def come_back(self) -> None:
+        """Listen again on the port ``go_down()`` closed; idempotent while listening."""
+        if self._context is None or self._loop is None:
+            raise RuntimeError("TlsH2Origin: not started; call start() first")
+        if self._server is None:
+            self._run(self._serve(self._context, self.port), _STARTUP_SECONDS)
+
+    def restart(self, down: float) -> None:
+        """``go_down()``, ``down`` seconds refusing connections, ``come_back()``; blocks meanwhile."""
+        self.go_down()
+        time.sleep(down)
+        self.come_back()
+
+    async def _crash(self) -> None:
+        if self._server is not None:
+            self._server.close()
+            self._server = None
+        with self._lock:
+            protocols = list(self._protocols)
+        for protocol in protocols:
+            protocol.abort()
+        await asyncio.gather(*(protocol.lost for protocol in protocols), return_exceptions=True)
 
     def drop_connections(self) -> None:
         """Close every open connection (GOAWAY first) but keep listening: an upstream restart."""

@@ -12,6 +12,7 @@ import http.client
 import os
 import signal
 import subprocess
+import sys
 import threading
 import time
 from collections.abc import Callable, Sequence
@@ -176,3 +177,20 @@ def http11_request(
         return HttpResponse(response.status, response.getheaders(), response.read())
     finally:
         connection.close()
+
+
+def sidecar_cli(
+    log_dir: os.PathLike[str] | str,
+    *args: str,
+    timeout: float = 60.0,
+    env: dict[str, str] | None = None,
+) -> subprocess.CompletedProcess[str]:
+    """``sidecar-fsm --log-dir LOG_DIR ARGS...`` as a user runs it: a real process, its exit
+    code and its two outputs as text (``env`` replaces the environment when given)."""
+    return subprocess.run(
+        [sys.executable, "-m", "sidecar_fsm", "--log-dir", str(log_dir), *args],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        env=env,
+    )

@@ -18,7 +18,7 @@ from typing import Any
 
 import pytest
 import yaml
-from helpers import ProcessRegistry, http11_request, wait_until
+from helpers import ProcessRegistry, http11_request, sidecar_cli, wait_until
 
 from sidecar_fsm.base import procs
 from sidecar_fsm.lab import TlsH2Origin
@@ -28,17 +28,8 @@ from sidecar_fsm.state.store import Store, database_path, schema_version
 SCRIPT = Path(sys.executable).with_name("sidecar-fsm")
 
 
-def cli(log_dir: Path, *args: str, timeout: float = 60) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "sidecar_fsm", "--log-dir", str(log_dir), *args],
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-    )
-
-
 def cli_json(log_dir: Path, *args: str) -> Any:
-    done = cli(log_dir, *args, "--json")
+    done = sidecar_cli(log_dir, *args, "--json")
     # status exits 3 when a live run needs attention (a killed launcher's run): still its JSON.
     assert done.returncode in ((0, 3) if args[0] == "status" else (0,)), done.stderr
     return json.loads(done.stdout)
@@ -183,7 +174,7 @@ def test_start_supervises_until_sigterm_then_drains_and_exits_0(
         ("ready", "draining"),
         ("draining", "stopped"),
     ]
-    human = cli(log_dir, "history", run["run_id"])
+    human = sidecar_cli(log_dir, "history", run["run_id"])
     assert human.returncode == 0
     assert human.stdout.splitlines()[1].split() == [
         "TIME",
@@ -219,12 +210,12 @@ def test_sigkilled_start_leaves_sidecars_serving_until_reap(
     assert run["owner"]["status"] == "dead" and run["ended_at"] is None
     assert {inst["state"] for inst in run["instances"]} == {"ready"}
     assert {inst["alive"] for inst in run["instances"]} == {True}  # ours, and still running
-    human = cli(log_dir, "status")
+    human = sidecar_cli(log_dir, "status")
     assert human.returncode == 3  # owner gone with sidecars still running: needs attention
     assert f"pid {started.proc.pid} (dead)" in human.stdout
     assert f"owner gone: run sidecar-fsm --log-dir {log_dir} reap" in human.stdout
 
-    plan = cli(log_dir, "reap", "--dry-run")
+    plan = sidecar_cli(log_dir, "reap", "--dry-run")
     assert plan.returncode == 0 and plan.stdout.startswith(f"would reap run {run['run_id'][:12]}")
     assert all(procs.is_ours(identity) for identity in identities)
 
@@ -240,7 +231,7 @@ def test_sigkilled_start_leaves_sidecars_serving_until_reap(
         assert inst["state"] == "failed"
         assert inst["error"].startswith(f"reaped: owner pid {started.proc.pid} is gone; drained and exited")
 
-    again = cli(log_dir, "reap")
+    again = sidecar_cli(log_dir, "reap")
     assert again.returncode == 0
     assert again.stdout.startswith("nothing to reap")
 
@@ -264,7 +255,7 @@ def test_sigkilled_start_with_exit_with_owner_sidecars_exit_by_themselves(
     assert {inst["state"] for inst in run["instances"]} == {"ready"}  # nobody recorded the exit yet
     # ...but status says what is true now: the processes are gone.
     assert [(inst["alive"], inst["process"]) for inst in run["instances"]] == [(False, "gone")] * 2
-    human = cli(log_dir, "status")
+    human = sidecar_cli(log_dir, "status")
     for inst in run["instances"]:
         line = next(line for line in human.stdout.splitlines() if line.strip().startswith(inst["name"] + " "))
         assert f"{inst['pid']} (gone)" in line
@@ -274,7 +265,7 @@ def test_sigkilled_start_with_exit_with_owner_sidecars_exit_by_themselves(
         )
     assert "ended: owner gone, nothing left running" in human.stdout
     assert human.returncode == 0  # nothing needs attention: nothing of the run is left
-    history = cli(log_dir, "history", run["run_id"], "policy")
+    history = sidecar_cli(log_dir, "history", run["run_id"], "policy")
     assert history.returncode == 0
     head = history.stdout.splitlines()[:2]
     assert f"owner pid {started.proc.pid} (dead: run sidecar-fsm --log-dir {log_dir} reap)" in head[0]
@@ -310,7 +301,7 @@ def test_status_on_a_missing_log_dir_or_run_fails_alike_and_on_an_empty_one_says
     assert not missing.exists()
     empty = tmp_path / "empty"
     Store.open(empty).close()
-    done = cli(empty, *command)
+    done = sidecar_cli(empty, *command)
     if "--run" in command:
         assert (done.returncode, done.stdout) == (1, "")
         assert done.stderr == (
@@ -320,21 +311,21 @@ def test_status_on_a_missing_log_dir_or_run_fails_alike_and_on_an_empty_one_says
         return
     assert (done.returncode, done.stderr) == (0, "")
     assert done.stdout == f"no runs recorded in {empty}\n"
-    as_json = cli(empty, *command, "--json")
+    as_json = sidecar_cli(empty, *command, "--json")
     assert as_json.returncode == 0
     assert json.loads(as_json.stdout) == {"runs": []}
 
 
 def test_history_on_a_missing_log_dir_or_run_fails_alike(tmp_path: Path) -> None:
     missing = tmp_path / "never-created"
-    done = cli(missing, "history", "abc")
+    done = sidecar_cli(missing, "history", "abc")
     assert (done.returncode, done.stdout) == (1, "")
     assert done.stderr.startswith(f"sidecar-fsm history: log dir '{missing}' does not exist; ")
     assert not missing.exists()
     empty = tmp_path / "empty"
     Store.open(empty).close()
     for extra in ([], ["--json"]):
-        done = cli(empty, "history", "abc", *extra)
+        done = sidecar_cli(empty, "history", "abc", *extra)
         assert (done.returncode, done.stdout) == (1, "")
         assert done.stderr == (
             f"sidecar-fsm history: run 'abc' is not recorded in {empty}; "
@@ -344,10 +335,10 @@ def test_history_on_a_missing_log_dir_or_run_fails_alike(tmp_path: Path) -> None
 
 def test_reap_on_a_missing_log_dir_has_nothing_to_do_and_creates_nothing(tmp_path: Path) -> None:
     missing = tmp_path / "never-created"
-    done = cli(missing, "reap")
+    done = sidecar_cli(missing, "reap")
     assert (done.returncode, done.stderr) == (0, "")
     assert done.stdout == "nothing to reap: every recorded run has a live owner or is already closed\n"
-    assert json.loads(cli(missing, "reap", "--json").stdout) == {
+    assert json.loads(sidecar_cli(missing, "reap", "--json").stdout) == {
         "dry_run": False,
         "runs": [],
         "temp_files": [],
@@ -365,7 +356,7 @@ def test_a_database_newer_than_the_code_is_refused_with_exit_2(command: list[str
     conn.close()
     before = path.read_bytes()
 
-    done = cli(log_dir, *command)
+    done = sidecar_cli(log_dir, *command)
 
     assert done.returncode == 2
     assert done.stdout == ""
@@ -382,13 +373,13 @@ def test_history_of_an_unknown_run_or_instance_fails_with_one_line(
     started = StartedCli(log_dir, gym_config_file, process_registry)
     started.proc.send_signal(signal.SIGINT)
     assert started.proc.wait(timeout=30) == 0
-    unknown = cli(log_dir, "history", "zzzz")
+    unknown = sidecar_cli(log_dir, "history", "zzzz")
     assert unknown.returncode == 1
     assert unknown.stderr == (
         f"sidecar-fsm history: run 'zzzz' is not recorded in {log_dir}; "
         f"see sidecar-fsm --log-dir {log_dir} status --all\n"
     )
-    bad_instance = cli(log_dir, "history", started.run["run_id"], "nope")
+    bad_instance = sidecar_cli(log_dir, "history", started.run["run_id"], "nope")
     assert bad_instance.returncode == 1
     assert bad_instance.stderr.startswith("sidecar-fsm history: instance 'nope' is not in run ")
     assert bad_instance.stderr.count("\n") == 1
@@ -416,7 +407,7 @@ def test_start_exits_1_naming_the_sidecar_that_died(
     (run,) = cli_json(log_dir, "status", "--run", started.run["run_id"][:6])["runs"]
     states = {inst["name"]: inst["state"] for inst in run["instances"]}
     assert states == {"judge": "failed", "policy": "stopped"}
-    human = cli(log_dir, "status", "--run", started.run["run_id"])
+    human = sidecar_cli(log_dir, "status", "--run", started.run["run_id"])
     judge_line = next(line for line in human.stdout.splitlines() if line.strip().startswith("judge"))
     assert judge_line.split()[1] == "failed"
 
@@ -474,7 +465,7 @@ def test_status_proves_identity_before_calling_a_process_alive(
         "judge": ("ready", False, "reused"),
         "critic": ("ready", False, "gone"),
     }
-    human = cli(log_dir, "status").stdout
+    human = sidecar_cli(log_dir, "status").stdout
     assert f"{impostor.pid} (reused)" in human
     assert (
         f"recorded ready but pid {impostor.pid} now belongs to another process; "
@@ -526,7 +517,7 @@ def test_an_unforeseen_filesystem_fault_is_one_line_naming_the_command_and_path(
         "sidecar:\n  enabled: true\n"
         "  instances: [{name: nvcf, upstream: 'https://api.example.com', listen: '127.0.0.1:0'}]\n"
     )
-    done = cli(tmp_path / "logs", "start", str(config))
+    done = sidecar_cli(tmp_path / "logs", "start", str(config))
     assert done.returncode in (1, 2), done.stderr
     assert done.stderr.count("\n") == 1 and "Traceback" not in done.stderr, done.stderr
     assert done.stderr.startswith("sidecar-fsm start: ") and str(a_file) in done.stderr, done.stderr
@@ -551,7 +542,7 @@ def test_an_upstream_path_is_dropped_with_one_warning_line(tmp_path: Path) -> No
             }
         )
     )
-    done = cli(tmp_path / "logs", "start", str(config))
+    done = sidecar_cli(tmp_path / "logs", "start", str(config))
     assert done.returncode == 1, done.stderr
     warning, error = done.stderr.strip().splitlines()
     assert warning.startswith(

@@ -19,7 +19,7 @@ from typing import Any
 
 import pytest
 import yaml
-from helpers import ProcessRegistry, http11_request, wait_until
+from helpers import ProcessRegistry, http11_request, sidecar_cli, wait_until
 
 from sidecar_fsm.lab import TlsH2Origin, h2_request
 from sidecar_fsm.state.dbfile import DB_DIR_NAME
@@ -27,17 +27,8 @@ from sidecar_fsm.state.dbfile import DB_DIR_NAME
 SCRIPT = Path(sys.executable).with_name("sidecar-fsm")
 
 
-def cli(log_dir: Path, *args: str, timeout: float = 60) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "sidecar_fsm", "--log-dir", str(log_dir), *args],
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-    )
-
-
 def status_json(log_dir: Path, *args: str) -> Any:
-    done = cli(log_dir, "status", "--json", *args)
+    done = sidecar_cli(log_dir, "status", "--json", *args)
     assert done.returncode in (0, 3), done.stderr
     return json.loads(done.stdout)
 
@@ -94,13 +85,13 @@ def config(tmp_path: Path, tls_origin: TlsH2Origin, sidecar_binary: Path) -> Pat
 def test_stop_from_another_shell_drains_the_run_and_says_how_each_instance_ended(
     log_dir: Path, config: Path, process_registry: ProcessRegistry
 ) -> None:
-    assert cli(log_dir, "stop").returncode == 1  # nothing recorded yet: nothing to stop
+    assert sidecar_cli(log_dir, "stop").returncode == 1  # nothing recorded yet: nothing to stop
     started = Started(log_dir, config, process_registry)
     # The hint names the log dir: it is not the default one.
     assert f"see: sidecar-fsm --log-dir {log_dir} status" in started.text()
-    assert cli(log_dir, "status").returncode == 0  # healthy
+    assert sidecar_cli(log_dir, "status").returncode == 0  # healthy
 
-    done = cli(log_dir, "stop", "--timeout", "30")
+    done = sidecar_cli(log_dir, "stop", "--timeout", "30")
     assert done.returncode == 0, done.stderr
     assert started.proc.wait(timeout=10) == 0, started.text()
     assert f"run {started.run_id} ended after" in done.stdout
@@ -109,7 +100,7 @@ def test_stop_from_another_shell_drains_the_run_and_says_how_each_instance_ended
     (run,) = status_json(log_dir)["runs"]
     assert run["outcome"] == "ended" and run["attention"] is None
     # Already ended: nothing to do, said so.
-    again = cli(log_dir, "stop", started.run_id[:6])
+    again = sidecar_cli(log_dir, "stop", started.run_id[:6])
     assert again.returncode == 0 and "already ended" in again.stdout
 
 
@@ -122,7 +113,7 @@ def test_stop_with_several_live_runs_lists_them_and_with_the_owner_gone_points_a
 ) -> None:
     first = Started(log_dir, write_config(tmp_path / "a.yaml", tls_origin, sidecar_binary), process_registry)
     second = Started(log_dir, write_config(tmp_path / "b.yaml", tls_origin, sidecar_binary), process_registry)
-    several = cli(log_dir, "stop")
+    several = sidecar_cli(log_dir, "stop")
     assert several.returncode == 2
     assert "2 live runs" in several.stderr
     assert first.run_id in several.stderr and second.run_id in several.stderr
@@ -132,26 +123,26 @@ def test_stop_with_several_live_runs_lists_them_and_with_the_owner_gone_points_a
     # Owner gone: its sidecars (exit_with_owner) drain and exit by themselves; while one still
     # runs status needs attention (3), and once none does the run reads as ended (0).
     watched = wait_until(
-        lambda: (done := cli(log_dir, "status", "--run", first.run_id)).returncode == 0 and done,
+        lambda: (done := sidecar_cli(log_dir, "status", "--run", first.run_id)).returncode == 0 and done,
         30,
         "the killed launcher's sidecars to exit with it",
     )
     assert "ended: owner gone, nothing left running" in watched.stdout, watched.stdout
-    gone = cli(log_dir, "stop", first.run_id)
+    gone = sidecar_cli(log_dir, "stop", first.run_id)
     assert gone.returncode == 1
     assert gone.stderr.strip().endswith(f"is gone; run sidecar-fsm --log-dir {log_dir} reap")
     assert len(gone.stderr.strip().splitlines()) == 1
 
-    assert cli(log_dir, "stop", second.run_id, "--timeout", "30").returncode == 0
+    assert sidecar_cli(log_dir, "stop", second.run_id, "--timeout", "30").returncode == 0
     assert second.proc.wait(timeout=10) == 0
-    assert cli(log_dir, "reap").returncode == 0
+    assert sidecar_cli(log_dir, "reap").returncode == 0
 
 
 def test_logs_follows_every_instance_until_the_run_ends(
     log_dir: Path, config: Path, process_registry: ProcessRegistry
 ) -> None:
     started = Started(log_dir, config, process_registry)
-    tail = cli(log_dir, "logs", started.run_id, "policy", "-n", "1")
+    tail = sidecar_cli(log_dir, "logs", started.run_id, "policy", "-n", "1")
     assert tail.returncode == 0 and len(tail.stdout.splitlines()) == 1
     assert not tail.stdout.startswith("policy |")  # one instance: no prefix
 
@@ -185,7 +176,7 @@ def test_prune_removes_ended_runs_and_their_files_but_never_a_live_run(
         run = Started(
             log_dir, write_config(tmp_path / f"{name}.yaml", tls_origin, sidecar_binary), process_registry
         )
-        assert cli(log_dir, "stop", run.run_id).returncode == 0
+        assert sidecar_cli(log_dir, "stop", run.run_id).returncode == 0
         run.proc.wait(timeout=10)
         ended.append(run)
     live = Started(
@@ -194,21 +185,21 @@ def test_prune_removes_ended_runs_and_their_files_but_never_a_live_run(
     ended_logs = [inst["log_path"] for run in ended for inst in run.run["instances"]]
     assert all(os.path.exists(path) for path in ended_logs)
 
-    assert "nothing to prune" in cli(log_dir, "prune").stdout  # they ended just now, not 7 days ago
-    dry = json.loads(cli(log_dir, "prune", "--older-than", "0s", "--dry-run", "--json").stdout)
+    assert "nothing to prune" in sidecar_cli(log_dir, "prune").stdout  # they ended just now, not 7 days ago
+    dry = json.loads(sidecar_cli(log_dir, "prune", "--older-than", "0s", "--dry-run", "--json").stdout)
     assert dry["dry_run"] is True
     assert sorted(run["run_id"] for run in dry["runs"]) == sorted(run.run_id for run in ended)
     assert all(os.path.exists(path) for path in ended_logs)  # a dry run removes nothing
 
-    done = cli(log_dir, "prune", "--older-than", "0s")
+    done = sidecar_cli(log_dir, "prune", "--older-than", "0s")
     assert done.returncode == 0, done.stderr
     assert len(done.stdout.splitlines()) == 2
     assert not any(os.path.exists(path) for path in ended_logs)
     runs = status_json(log_dir, "--all")["runs"]
     assert [run["run_id"] for run in runs] == [live.run_id]
     assert all(os.path.exists(inst["log_path"]) for inst in live.run["instances"])
-    assert cli(log_dir, "prune", "--older-than", "soon").returncode == 2
-    assert cli(log_dir, "stop", "--timeout", "30").returncode == 0  # the one live run
+    assert sidecar_cli(log_dir, "prune", "--older-than", "soon").returncode == 2
+    assert sidecar_cli(log_dir, "stop", "--timeout", "30").returncode == 0  # the one live run
 
 
 _CRASH_WHILE_CREATING = """
@@ -239,9 +230,9 @@ def test_a_launcher_killed_while_creating_the_database_leaves_temp_files_reap_re
     assert temps and all(name.startswith(".") and ".db." in name for name in temps), temps
     assert not list(state.glob("*.db"))  # never linked into place
 
-    dry = json.loads(cli(log_dir, "reap", "--dry-run", "--json").stdout)
+    dry = json.loads(sidecar_cli(log_dir, "reap", "--dry-run", "--json").stdout)
     assert sorted(Path(path).name for path in dry["temp_files"]) == temps
-    reaped = cli(log_dir, "reap")
+    reaped = sidecar_cli(log_dir, "reap")
     assert reaped.returncode == 0, reaped.stderr
     assert reaped.stdout.count("removed database temp file") == len(temps)
     assert [path.name for path in state.iterdir() if path.name.startswith(".") and ".db." in path.name] == []

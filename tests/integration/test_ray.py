@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from helpers import ProcessRegistry
+from helpers import ProcessRegistry, sidecar_cli
 from raycluster import LocalRayCluster, ray_env
 
 from sidecar_fsm.base import procs
@@ -52,18 +52,11 @@ def ray_cluster(process_registry: ProcessRegistry) -> Iterator[LocalRayCluster]:
         cluster.stop()
 
 
-def sidecar_cli(log_dir: Path, *args: str, timeout: float = 90) -> subprocess.CompletedProcess[str]:
+def ray_cli(log_dir: Path, *args: str, timeout: float = 90) -> subprocess.CompletedProcess[str]:
     """The CLI as a user runs it, with a HOME of its own: no other Ray's files reach it."""
     home = log_dir.parent / "home"
     home.mkdir(exist_ok=True)
-    return subprocess.run(
-        [sys.executable, "-m", "sidecar_fsm", "--log-dir", str(log_dir), *args],
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-        env=ray_env(home),
-        cwd=log_dir.parent,
-    )
+    return sidecar_cli(log_dir, *args, timeout=timeout, env=ray_env(home))
 
 
 def dead_owner() -> tuple[int, float]:
@@ -111,7 +104,7 @@ def test_reap_ray_reaps_each_hosts_database_on_its_own_node(
         crashed_b, sleeper_b = ready_run(store_b, log_dir, dead_owner(), process_registry)
         live_b, sleeper_live = ready_run(store_b, log_dir, (me.pid, me.start_time), process_registry)
 
-        plan = sidecar_cli(log_dir, "reap", "--ray", "--dry-run", "--ray-address", ray_cluster.address)
+        plan = ray_cli(log_dir, "reap", "--ray", "--dry-run", "--ray-address", ray_cluster.address)
 
         assert plan.returncode == 0, plan.stderr
         assert sleeper_a.poll() is None and sleeper_b.poll() is None
@@ -121,7 +114,7 @@ def test_reap_ray_reaps_each_hosts_database_on_its_own_node(
             assert "SIGTERM, mark failed" in block, plan.stdout
         assert "would reap 1 run" in plan.stdout and live_b[:12] not in plan.stdout
 
-        done = sidecar_cli(log_dir, "reap", "--ray", "--ray-address", ray_cluster.address, "--json")
+        done = ray_cli(log_dir, "reap", "--ray", "--ray-address", ray_cluster.address, "--json")
 
         assert done.returncode == 0, done.stderr
         document = json.loads(done.stdout)
@@ -149,7 +142,7 @@ def test_reap_ray_reaps_each_hosts_database_on_its_own_node(
         assert live is not None and live.ended_at is None
         assert {inst.state for inst in store_b.instances_of(live_b)} == {"ready"}
 
-        again = sidecar_cli(log_dir, "reap", "--ray", "--ray-address", ray_cluster.address)
+        again = ray_cli(log_dir, "reap", "--ray", "--ray-address", ray_cluster.address)
 
     assert again.returncode == 0, again.stderr
     lines = again.stdout.splitlines()
@@ -166,7 +159,7 @@ def test_reap_ray_without_a_cluster_exits_2_with_one_line(log_dir: Path) -> None
     with socket.socket() as closed:
         closed.bind(("127.0.0.1", 0))
         address = f"127.0.0.1:{closed.getsockname()[1]}"
-        done = sidecar_cli(log_dir, "reap", "--ray-address", address, timeout=60)
+        done = ray_cli(log_dir, "reap", "--ray-address", address, timeout=60)
     assert done.returncode == 2
     assert done.stdout == ""
     assert done.stderr.strip() == (
@@ -204,7 +197,7 @@ def test_status_ray_shows_every_nodes_runs_in_one_table(
         orphaned, _ = ready_run(store_b, log_dir, dead_owner(), process_registry)
 
     started = time.monotonic()
-    done = sidecar_cli(log_dir, "status", "--ray", "--ray-address", ray_cluster.address, "--json")
+    done = ray_cli(log_dir, "status", "--ray", "--ray-address", ray_cluster.address, "--json")
     took = time.monotonic() - started
 
     assert done.returncode == 3, done.stderr
@@ -217,7 +210,7 @@ def test_status_ray_shows_every_nodes_runs_in_one_table(
     assert (run_b["run_id"], run_b["owner"]["status"]) == (orphaned, "dead")
     assert run_b["attention"].startswith("owner gone with sidecars still running (policy)")
 
-    table = sidecar_cli(log_dir, "status", "--ray", "--ray-address", ray_cluster.address)
+    table = ray_cli(log_dir, "status", "--ray", "--ray-address", ray_cluster.address)
     lines = table.stdout.splitlines()
     assert lines[0] == f"status on 2 alive nodes of the Ray cluster at {ray_cluster.address}"
     assert lines[1].split()[:4] == ["NODE", "HOST", "RUN", "OWNER"]
@@ -232,7 +225,7 @@ def test_status_ray_without_a_cluster_exits_2_with_one_line(log_dir: Path) -> No
     with socket.socket() as closed:
         closed.bind(("127.0.0.1", 0))
         address = f"127.0.0.1:{closed.getsockname()[1]}"
-        done = sidecar_cli(log_dir, "status", "--ray-address", address, timeout=60)
+        done = ray_cli(log_dir, "status", "--ray-address", address, timeout=60)
     if importlib.util.find_spec("ray") is None:
         assert "the 'ray' package is not installed" in done.stderr
     else:

@@ -34,7 +34,7 @@ from typing import Any
 from urllib.parse import urlsplit
 
 import pytest
-from helpers import ProcessRegistry, http11_request, wait_until
+from helpers import ProcessRegistry, http11_request, sidecar_cli, wait_until
 from raycluster import LocalRayCluster
 
 from sidecar_fsm.base import procs
@@ -155,13 +155,7 @@ def get(base_url: str, path: str, timeout: float = 30.0) -> tuple[int, bytes]:
 
 
 def status_json(log_dir: Path, cluster: LocalRayCluster) -> tuple[int, dict[str, Any]]:
-    done = subprocess.run(
-        [sys.executable, "-m", "sidecar_fsm", "--log-dir", str(log_dir), "status", "--all", "--json"],
-        capture_output=True,
-        text=True,
-        timeout=60,
-        env=cluster.env(HOST),
-    )
+    done = sidecar_cli(log_dir, "status", "--all", "--json", env=cluster.env(HOST))
     return done.returncode, json.loads(done.stdout)
 
 
@@ -246,21 +240,9 @@ def test_a_killed_actor_leaves_no_sidecar_and_status_reads_the_run_as_ended(
     assert run["owner"]["status"] == "dead"
     assert [inst["alive"] for inst in run["instances"]] == [False]
     assert (run["ended_with_owner"], run["attention"], code) == (True, None, 0), document
-    table = subprocess.run(
-        [sys.executable, "-m", "sidecar_fsm", "--log-dir", str(log_dir), "status"],
-        capture_output=True,
-        text=True,
-        timeout=60,
-        env=ray_cluster.env(HOST),
-    )
+    table = sidecar_cli(log_dir, "status", env=ray_cluster.env(HOST))
     assert "ended: owner gone, nothing left running" in table.stdout, table.stdout
-    reaped = subprocess.run(
-        [sys.executable, "-m", "sidecar_fsm", "--log-dir", str(log_dir), "reap"],
-        capture_output=True,
-        text=True,
-        timeout=60,
-        env=ray_cluster.env(HOST),
-    )
+    reaped = sidecar_cli(log_dir, "reap", env=ray_cluster.env(HOST))
     assert reaped.returncode == 0, reaped.stderr
     with Store.open(str(log_dir), host=HOST) as store:
         closed = store.get_run(answer["run_id"])

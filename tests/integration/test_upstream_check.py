@@ -23,7 +23,7 @@ from typing import Any
 import psutil
 import pytest
 import yaml
-from helpers import ProcessRegistry, http11_request, wait_until
+from helpers import ProcessRegistry, http11_request, sidecar_cli, wait_until
 from omegaconf import DictConfig, OmegaConf
 
 from sidecar_fsm.errors import SidecarError
@@ -114,15 +114,6 @@ def children_in(log_dir: Path) -> list[psutil.Process]:
     ]
 
 
-def cli(log_dir: Path, *args: str, timeout: float = 60) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "sidecar_fsm", "--log-dir", str(log_dir), *args],
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-    )
-
-
 # --- the verdict at start --------------------------------------------------------------------
 
 
@@ -169,7 +160,7 @@ def test_each_verdict_is_printed_in_the_proxys_words_and_warn_starts_anyway(
     assert answer.status == 502 and b"connection refused" in answer.body
 
     # status: the reason in DETAIL and in --json, null where the upstream is up.
-    done = cli(log_dir, "status", "--json")
+    done = sidecar_cli(log_dir, "status", "--json")
     # SPEC: 3 (an upstream down needs attention); main's status does not judge that yet.
     assert done.returncode in (0, 3), done.stdout + done.stderr
     (run,) = json.loads(done.stdout)["runs"]
@@ -178,7 +169,7 @@ def test_each_verdict_is_printed_in_the_proxys_words_and_warn_starts_anyway(
     assert live["refused"]["upstream_up"] is False
     assert live["refused"]["upstream_error"].endswith("connect: connection refused")
     assert "x509: certificate signed by unknown authority" in live["wrongca"]["upstream_error"]
-    table = cli(log_dir, "status").stdout
+    table = sidecar_cli(log_dir, "status").stdout
     row = next(line for line in table.splitlines() if line.strip().startswith("refused "))
     assert row.rstrip().endswith(f"upstream: dial tcp 127.0.0.1:{refusing_port}: connect: connection refused")
 
@@ -313,12 +304,12 @@ def test_cli_start_with_fail_exits_1_in_one_line_with_nothing_left(
             }
         )
     )
-    done = cli(log_dir, "start", str(config))
+    done = sidecar_cli(log_dir, "start", str(config))
     assert done.returncode == 1, done.stdout + done.stderr
     errors = [line for line in done.stderr.splitlines() if "upstream_check: fail" in line]
     assert len(errors) == 1 and "'refused'" in errors[0] and "connection refused" in errors[0], done.stderr
     assert children_in(log_dir) == []
-    assert json.loads(cli(log_dir, "status", "--json").stdout)["runs"][0]["ended_at"] is not None
+    assert json.loads(sidecar_cli(log_dir, "status", "--json").stdout)["runs"][0]["ended_at"] is not None
 
 
 # --- fixed metrics addresses and the target file ---------------------------------------------
@@ -428,13 +419,13 @@ def test_the_target_file_lists_live_sidecars_and_follows_start_stop_and_reap(
     assert launcher.poll() is None, out.read_text()
     listed = json.loads(target_file(log_dir).read_text())
     assert [entry["labels"]["sidecar"] for entry in listed] == ["a", "b"]
-    runs = json.loads(cli(log_dir, "status", "--json").stdout)["runs"]
+    runs = json.loads(sidecar_cli(log_dir, "status", "--json").stdout)["runs"]
     (run,) = [run for run in runs if run["ended_at"] is None]
     for inst in run["instances"]:
         process_registry.add_pid(inst["pid"])
     launcher.kill()
     launcher.wait(10)
     assert json.loads(target_file(log_dir).read_text()) == listed
-    assert cli(log_dir, "reap").returncode == 0
+    assert sidecar_cli(log_dir, "reap").returncode == 0
     assert json.loads(target_file(log_dir).read_text()) == []
     assert not any(name.startswith(".") and "tmp" in name for name in os.listdir(target_file(log_dir).parent))

@@ -11,18 +11,18 @@ Must not validate the ``sidecar:`` block (``config`` does) or start anything.
 
 from __future__ import annotations
 
-import contextlib
 import os
 import re
-import tempfile
 from collections.abc import Sequence
-from pathlib import Path
 
 from omegaconf import DictConfig, OmegaConf, open_dict
 from omegaconf.errors import OmegaConfBaseException
 from yaml import MarkedYAMLError, YAMLError
 
+from sidecar_fsm.base.atomicfile import write_atomically
 from sidecar_fsm.errors import ConfigError
+
+__all__ = ["config_to_write", "load_config", "load_yaml", "write_atomically", "yaml_error_line"]
 
 
 def yaml_error_line(name: str, error: YAMLError) -> str:
@@ -133,23 +133,3 @@ def config_to_write(config: DictConfig, drop_keys: Sequence[str] = ()) -> str:
         for key in drop_keys:
             del written[key]
     return OmegaConf.to_yaml(written)
-
-
-def write_atomically(path: str, text: str) -> None:
-    """Write ``text`` to ``path`` via a temp file in the same directory and a rename.
-
-    A reader (the model servers being started next) sees either the old file or the whole new
-    one, never a half-written config; the fsync makes the rename durable before we report it.
-    """
-    target = Path(path)
-    fd, temp = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent)
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as handle:
-            handle.write(text)
-            handle.flush()
-            os.fsync(handle.fileno())
-        os.replace(temp, target)
-    except BaseException:
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(temp)
-        raise

@@ -16,11 +16,10 @@ import re
 import shutil
 import subprocess
 import sys
-import tempfile
 from pathlib import Path
-from typing import Any
 
 from sidecar_fsm.base import trust
+from sidecar_fsm.base.atomicfile import write_atomically
 from sidecar_fsm.errors import SidecarError
 
 # Under <cache_dir>/h2-ping-sidecar/, beside the sources-hash folders (never inside one).
@@ -56,19 +55,6 @@ def go_env() -> dict[str, str]:
         "GOFLAGS": "-buildvcs=false",
         "GOWORK": "off",
     }
-
-
-def _write_json_atomically(path: Path, data: Any) -> None:
-    """Temp file + rename: a concurrent reader sees the old file or the new one, never a mix."""
-    fd, temp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    try:
-        with os.fdopen(fd, "w") as file:
-            json.dump(data, file, indent=1, sort_keys=True)
-        os.replace(temp, path)
-    except BaseException:
-        with contextlib.suppress(OSError):
-            os.unlink(temp)
-        raise
 
 
 def go_version(go: Path, cache_dir: Path) -> str:
@@ -122,5 +108,5 @@ def go_version(go: Path, cache_dir: Path) -> str:
     memo[key] = {"mtime_ns": stat.st_mtime_ns, "size": stat.st_size, "version": version}
     with contextlib.suppress(OSError):
         trust.make_dirs(memo_path.parent)
-        _write_json_atomically(memo_path, memo)
+        write_atomically(memo_path, json.dumps(memo, indent=1, sort_keys=True))
     return version

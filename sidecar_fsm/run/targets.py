@@ -20,14 +20,13 @@ from __future__ import annotations
 import json
 import os
 import sys
-import tempfile
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
 from filelock import FileLock, Timeout
 
-from sidecar_fsm.base import procs, trust
+from sidecar_fsm.base import atomicfile, procs, trust
 from sidecar_fsm.state.store import InstanceRecord, Store
 
 __all__ = ["refresh", "target_entries", "target_file"]
@@ -73,19 +72,6 @@ def target_entries(store: Store) -> list[dict[str, Any]]:
     ]
 
 
-def _write_atomically(path: Path, text: str) -> None:
-    fd, temp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.tmp-")
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as handle:
-            handle.write(text)
-        # Writable by its owner only, readable by a Prometheus server running as its own user.
-        os.chmod(temp, 0o644)
-        os.replace(temp, path)
-    except BaseException:
-        Path(temp).unlink(missing_ok=True)
-        raise
-
-
 def refresh(store: Store) -> str | None:
     """Rewrite ``store``'s host's target file from what runs now; None, or the one-line warning
     (also printed on stderr) when it could not be.
@@ -101,8 +87,10 @@ def refresh(store: Store) -> str | None:
             os.chmod(made, trust.DIR_MODE)
         lock = path.parent / f".{path.name}.lock"
         with FileLock(str(lock), timeout=_LOCK_SECONDS, mode=trust.FILE_MODE):
+            # Under the lock every writer takes, a temp file left here is a killed writer's.
+            atomicfile.remove_stale_temps(path)
             entries = target_entries(store)
-            _write_atomically(path, json.dumps(entries, indent=2) + "\n")
+            atomicfile.write_atomically(path, json.dumps(entries, indent=2) + "\n", mode=trust.FILE_MODE)
     except (OSError, Timeout, RuntimeError) as exc:
         warning = f"WARNING: Prometheus target file {path} not rewritten: {exc}"
         print(warning, file=sys.stderr, flush=True)

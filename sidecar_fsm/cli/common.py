@@ -17,7 +17,7 @@ from typing import Any, Literal, NoReturn
 
 from sidecar_fsm.base import trust
 from sidecar_fsm.base.resources import command_hint, default_log_dir
-from sidecar_fsm.state.store import DB_DIR_NAME, RunRecord, Store, open_all_hosts
+from sidecar_fsm.state.store import DB_DIR_NAME, InstanceRecord, RunRecord, Store, open_all_hosts
 from sidecar_fsm.view import cells
 
 PROG = "sidecar-fsm"
@@ -185,3 +185,20 @@ def add_command(
     )
     command.set_defaults(func=func, accepts_json=json_option)
     return command
+
+
+def only_instance(
+    instances: Sequence[InstanceRecord], name: str | None, where: str, run_id: str
+) -> list[InstanceRecord]:
+    """``instances``, or only the one called ``name`` when given; a lookup error naming the
+    run's instances when none is."""
+    if name is None:
+        return list(instances)
+    chosen = [inst for inst in instances if inst.name == name]
+    if not chosen:
+        known = ", ".join(inst.name for inst in instances) or "none"
+        raise LookupError(
+            f"{PROG} {where}: instance '{name}' is not in run {cells.short_run_id(run_id)}; "
+            f"its instances: {known}"
+        )
+    return chosen

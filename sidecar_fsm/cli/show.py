@@ -22,9 +22,10 @@ from sidecar_fsm.cli.common import (
     every_run,
     find_run,
     log_dir_of,
+    only_instance,
     out,
 )
-from sidecar_fsm.view import cells, logs, render, status, top
+from sidecar_fsm.view import logs, render, status, top
 
 TOP_INTERVAL_SECONDS = 2.0
 # How often ``logs -f`` looks for new lines.
@@ -120,17 +121,8 @@ def cmd_history(args: argparse.Namespace) -> int:
     with all_stores(log_dir, "history") as stores:
         store, run = find_run(every_run(stores), args.run, "history", log_dir)
         observed = status.observe(store, run)
-        instances = list(observed.instances)
-        if args.instance is not None:
-            chosen = [inst for inst in instances if inst.name == args.instance]
-            if not chosen:
-                names = ", ".join(inst.name for inst in instances) or "none"
-                raise LookupError(
-                    f"{PROG} history: instance '{args.instance}' is not in run "
-                    f"{cells.short_run_id(run.run_id)}; its instances: {names}"
-                )
-            instances = chosen
-            observed = dataclasses.replace(observed, instances=chosen)
+        instances = only_instance(observed.instances, args.instance, "history", run.run_id)
+        observed = dataclasses.replace(observed, instances=instances)
         rows = [(inst.name, t) for inst in instances for t in store.history(inst.id)]
     rows.sort(key=lambda row: (row[1].at, row[1].id))
     if args.json:
@@ -147,16 +139,7 @@ def cmd_logs(args: argparse.Namespace) -> int:
         raise UsageError(f"{PROG} logs: -n '{args.lines}' must be 0 or more")
     with all_stores(log_dir, "logs") as stores:
         store, run = find_run(every_run(stores), args.run, "logs", log_dir)
-        instances = store.instances_of(run.run_id)
-        if args.instance is not None:
-            chosen = [inst for inst in instances if inst.name == args.instance]
-            if not chosen:
-                known = ", ".join(inst.name for inst in instances) or "none"
-                raise LookupError(
-                    f"{PROG} logs: instance '{args.instance}' is not in run "
-                    f"{cells.short_run_id(run.run_id)}; its instances: {known}"
-                )
-            instances = chosen
+        instances = only_instance(store.instances_of(run.run_id), args.instance, "logs", run.run_id)
         names = [inst.name for inst in instances]
         paths = [inst.log_path or "" for inst in instances]
         width = max(map(len, names)) if len(names) > 1 else 0

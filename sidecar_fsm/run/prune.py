@@ -60,21 +60,20 @@ def prune(
     """Remove this host's runs that ended more than ``older_than_seconds`` ago, and abandoned
     database temp files; the report says what went (or would go, with ``dry_run``).
 
-    Rows go first, then files: a crash in between leaves files no row names, which cost space
-    only, never a row pointing at a missing log. Idempotent; two prunes at once are safe (the
-    second finds the rows gone and deletes nothing).
+    Files go first, then the row: a prune killed in between leaves a row whose logs are gone,
+    which the next prune finds and finishes; the other order would leave files no row names,
+    which nothing would ever remove. Idempotent; two prunes at once are safe (a file already
+    gone is no error, the second finds the row gone and deletes nothing).
     """
     now = time.time() if now is None else now
     report = PruneReport(dry_run=dry_run, older_than_seconds=older_than_seconds)
     for run in store.runs_ended_before(now - older_than_seconds):
         files = _files_of(store, run)
         if not dry_run:
-            deleted = store.delete_ended_run(run.run_id)
-            if not deleted and store.get_run(run.run_id) is not None:
-                continue  # not ended after all (cannot happen: an end is never undone)
             for path in files:
                 with contextlib.suppress(FileNotFoundError):
                     os.unlink(path)
+            store.delete_ended_run(run.run_id)
         report.runs.append(PrunedRun(run, files))
     if dry_run:
         temps = tempfiles.abandoned_temp_files(log_dir, store.host)

@@ -44,7 +44,7 @@ from sidecar_fsm.config import (
     is_loopback_host,
 )
 from sidecar_fsm.errors import ConfigError, SidecarError
-from sidecar_fsm.rewrite import RewrittenUrl, rewrite_base_urls
+from sidecar_fsm.rewrite import RewrittenUrl, Undo, rewrite_base_urls, undo_writes
 from sidecar_fsm.run import binaryflags, crashpoints
 from sidecar_fsm.run.command import sidecar_command, sidecar_env
 from sidecar_fsm.run.interrupts import interrupts_deferred
@@ -232,7 +232,8 @@ def start_h2_ping_sidecar(global_config_dict: DictConfig) -> H2PingSidecarManage
        each change, warn when nothing matched.
     Raises ``ConfigError`` (a ``SidecarError``) for bad input, ``SidecarError`` otherwise. Once a
     process exists, any exception or ``KeyboardInterrupt`` stops every sidecar of this run
-    before it propagates; the config is only changed by step 3, which SIGINT cannot cut in half.
+    before it propagates; the config is only changed by step 3, which SIGINT cannot cut in half,
+    and an interrupt after it puts back what it changed.
     """
     config = h2_ping_sidecar_config_from_global_config(global_config_dict)
     if not config.enabled:
@@ -264,16 +265,18 @@ def start_h2_ping_sidecar(global_config_dict: DictConfig) -> H2PingSidecarManage
         for note in notes:
             print(note, flush=True)
     log_dir = resolve_log_dir(config, global_config_dict)
+    crashpoints.hit("binary-resolved")
 
     manager = H2PingSidecarManager(config, instances, binary, log_dir)
+    undo: list[Undo] = []
     try:
         manager.start()
         if config.rewrite_base_urls:
             # In memory and short, but a KeyboardInterrupt in the middle would leave the
-            # caller's config half rewritten with its sidecars stopped: SIGINT waits until it
-            # is done, and is then handled by the except below like any other interrupt.
+            # caller's config half rewritten: SIGINT waits until it is done, and is then
+            # handled by the except below like any other interrupt, which puts it back.
             with interrupts_deferred():
-                changes = rewrite_base_urls(global_config_dict, manager.instances_actual)
+                changes = rewrite_base_urls(global_config_dict, manager.instances_actual, undo)
             crashpoints.hit("rewritten")
             for change in changes:
                 # Base URLs may carry credentials (userinfo, ?api-key=): never print them.
@@ -286,10 +289,18 @@ def start_h2_ping_sidecar(global_config_dict: DictConfig) -> H2PingSidecarManage
                     f"({upstreams}), so nothing is routed through it",
                     flush=True,
                 )
+        crashpoints.hit("started")
+        # Returned from inside the try: an interrupt up to here is handled below; Python checks
+        # for signals after the call returns, in the caller, which owns the manager by then.
+        return manager
     except BaseException:
         # The original error is the one to report; stop() has ended the processes even if it
         # then complains that a state write failed.
-        with contextlib.suppress(Exception):
-            manager.stop()
+        try:
+            with contextlib.suppress(Exception):
+                manager.stop()
+        finally:
+            # Its sidecars are gone: the caller's config must not point at them.
+            with interrupts_deferred():
+                undo_writes(undo)
         raise
-    return manager

@@ -30,6 +30,8 @@ _FIX_HINT = "fix the url, or set sidecar.rewrite_base_urls: false"
 
 # A DictConfig key (OmegaConf allows str, int, Enum, ...) or a list index.
 Key = Any
+# One write of a rewrite, to put back: the container, the key, the raw value it replaced.
+Undo = tuple[Any, Any, Any]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -82,21 +84,27 @@ class BaseUrlPlan:
         return [RewrittenUrl(m.location, m.old, m.local_url(listens[m.instance])) for m in self._matches]
 
     def apply(
-        self, global_config_dict: DictConfig, instances: Sequence[SidecarInstanceConfig]
+        self,
+        global_config_dict: DictConfig,
+        instances: Sequence[SidecarInstanceConfig],
+        undo: list[Undo] | None = None,
     ) -> list[RewrittenUrl]:
         """Write the local URLs into the config, in place; ``instances`` carry the bound addresses.
 
         They must be the instances the plan was found for (matched by name), with any ``:0`` port
-        resolved. Every new value is computed before the first write.
+        resolved. Every new value is computed before the first write. ``undo``, when given,
+        receives each write's previous raw value, for ``undo_writes`` to put back.
         """
         changes = self.changes(instances)
         for match, change in zip(self._matches, changes, strict=True):
-            _apply(global_config_dict, match.path, change.new)
+            _apply(global_config_dict, match.path, change.new, undo)
         return changes
 
 
 def rewrite_base_urls(
-    global_config_dict: DictConfig, instances: Sequence[SidecarInstanceConfig]
+    global_config_dict: DictConfig,
+    instances: Sequence[SidecarInstanceConfig],
+    undo: list[Undo] | None = None,
 ) -> list[RewrittenUrl]:
     """Point every model ``*base_url`` aimed at an instance's upstream at that instance, in place.
 
@@ -111,9 +119,21 @@ def rewrite_base_urls(
     it) that is an alias is replaced by a resolved copy before a field inside it changes. So the
     keys values come from are never changed. Values that cannot be resolved, non-strings and
     non-https URLs are left alone. Raises ``ConfigError`` (a ``SidecarError``) naming the field
-    and value for a value that is not a parseable URL, before anything was changed.
+    and value for a value that is not a parseable URL, before anything was changed. ``undo``:
+    see ``BaseUrlPlan.apply``.
     """
-    return find_base_urls(global_config_dict, instances).apply(global_config_dict, instances)
+    return find_base_urls(global_config_dict, instances).apply(global_config_dict, instances, undo)
+
+
+def undo_writes(undo: list[Undo]) -> None:
+    """Put back, last first, every value a rewrite recorded in ``undo``; empties it.
+
+    For a start interrupted after its rewrite: its sidecars are stopped, so the caller's config
+    must not point at them.
+    """
+    while undo:
+        container, key, raw = undo.pop()
+        _assign(container, key, raw)
 
 
 def plan_base_urls(
@@ -223,17 +243,26 @@ def _get(container: Any, key: Key) -> Any:
         return _UNRESOLVED
 
 
-def _apply(root: DictConfig, path: tuple[Key, ...], new: str) -> None:
+def _apply(root: DictConfig, path: tuple[Key, ...], new: str, undo: list[Undo] | None = None) -> None:
     container: Any = root
     for key in path[:-1]:
         if OmegaConf.is_interpolation(container, key):
             # Writing through an alias would change the node it points at (another server's
             # block, a shared list): give this field its own resolved copy instead.
+            _remember(undo, container, key)
             _assign(container, key, _resolved_copy(container[key]))
         child = container[key]
         assert isinstance(child, (DictConfig, ListConfig)), path
         container = child
+    _remember(undo, container, path[-1])
     _assign(container, path[-1], new)
+
+
+def _remember(undo: list[Undo] | None, container: Any, key: Key) -> None:
+    """Record the raw value (an interpolation as written, or a leaf) that a write replaces."""
+    if undo is not None:
+        node = container._get_node(key)
+        undo.append((container, key, node._value()))
 
 
 def _assign(container: Any, key: Key, value: Any) -> None:

@@ -10,9 +10,7 @@ from __future__ import annotations
 
 import argparse
 import os
-import signal
 from pathlib import Path
-from types import FrameType
 from typing import TYPE_CHECKING, Any
 
 from omegaconf import DictConfig, open_dict
@@ -34,7 +32,7 @@ from sidecar_fsm.cli.common import (
 from sidecar_fsm.configfile import OVERRIDE_EXAMPLE, config_to_write, load_config, write_atomically
 from sidecar_fsm.errors import ConfigError, SidecarError
 from sidecar_fsm.gymexec import ExecFailed, exec_command
-from sidecar_fsm.run.foreground import catching_stop_signals, watch_until_signal
+from sidecar_fsm.run.foreground import Signals, catching_stop_signals, watch_until_signal
 from sidecar_fsm.view import render, status, upkeep_report
 
 # ``lab``'s default idle limit: long enough to type a request, short enough to watch it bite.
@@ -76,14 +74,6 @@ def cmd_demo(args: argparse.Namespace) -> int:
     return run_demo(log_dir=chosen if explicit else None, cache_dir=args.cache_dir, color=color())
 
 
-class _Interrupted(KeyboardInterrupt):
-    """SIGTERM during startup, raised as KeyboardInterrupt so the launcher cleans up first."""
-
-
-def _raise_interrupt(signum: int, frame: FrameType | None) -> None:
-    raise _Interrupted(signal.Signals(signum).name)
-
-
 def cmd_start(args: argparse.Namespace) -> int:
     # Imported here: the launcher pulls pydantic and the supervisor, which read commands never need.
     from pydantic import ValidationError
@@ -105,28 +95,33 @@ def cmd_start(args: argparse.Namespace) -> int:
         if inject_cache_dir:
             config[CACHE_DIR_KEY] = str(_cli_cache_dir(None))
 
-    # Until the foreground wait owns the signals, SIGTERM interrupts startup like Ctrl-C, so
-    # start_h2_ping_sidecar stops whatever it already spawned before the error propagates.
-    previous = signal.signal(signal.SIGTERM, _raise_interrupt)
-    try:
-        manager = start_h2_ping_sidecar(config)
-    except ValidationError as error:
-        # The schema raises pydantic's error, as NeMo Gym's does; here it is bad config: exit 2.
-        raise ConfigError(describe_error(error)) from None
-    except KeyboardInterrupt:
-        err(f"{PROG} start: interrupted before the sidecars were ready; everything started was stopped")
-        return 130
-    finally:
-        signal.signal(signal.SIGTERM, previous)
-    if manager is None:  # pragma: no cover - enabled was checked above
-        raise UsageError(f"{PROG} start: sidecar.enabled is not true in the config; set sidecar.enabled=true")
-    written = (
-        config_to_write(config, [CACHE_DIR_KEY] if inject_cache_dir else []) if args.write_config else None
-    )
-    return _run_in_foreground(manager, args.write_config, written)
+    # One handler from here to the last drain: while start_h2_ping_sidecar runs, SIGINT and
+    # SIGTERM raise there (it stops whatever it spawned before the error propagates); once it
+    # has returned they are recorded, and the foreground wait drains at once.
+    with catching_stop_signals(raise_in=start_h2_ping_sidecar.__code__) as signals:
+        try:
+            manager = start_h2_ping_sidecar(config)
+        except ValidationError as error:
+            # The schema raises pydantic's error, as NeMo Gym's does; here it is bad config: exit 2.
+            raise ConfigError(describe_error(error)) from None
+        except KeyboardInterrupt:
+            err(f"{PROG} start: interrupted before the sidecars were ready; everything started was stopped")
+            return 130
+        signals.raise_in = None
+        if manager is None:  # pragma: no cover - enabled was checked above
+            raise UsageError(
+                f"{PROG} start: sidecar.enabled is not true in the config; set sidecar.enabled=true"
+            )
+        return _run_in_foreground(manager, signals, args.write_config, inject_cache_dir, config)
 
 
-def _run_in_foreground(manager: H2PingSidecarManager, write_config: str | None, written: str | None) -> int:
+def _run_in_foreground(
+    manager: H2PingSidecarManager,
+    signals: Signals,
+    write_config: str | None,
+    inject_cache_dir: bool,
+    config: DictConfig,
+) -> int:
     """Print what started, watch the sidecars until a signal or a failure, drain; the exit code."""
     failed = False
     hurried: list[str] = []
@@ -138,32 +133,32 @@ def _run_in_foreground(manager: H2PingSidecarManager, write_config: str | None, 
             err(f"{hurried[0]} again: stopping now; the proxies end their drain, closing what is in flight")
         return bool(hurried)
 
-    with catching_stop_signals() as signals:
-        try:
-            if write_config and written is not None:
-                write_atomically(write_config, written)
-            # The route ("direct" or "via egress proxy URL", never with credentials) is what the
-            # proxy decides from the same environment, which the launcher passes through unchanged.
-            instances = [
-                (inst.name, inst.listen, f"{inst.upstream} ({egress_route(inst.upstream, os.environ)})")
-                for inst in manager.instances_actual
-            ]
-            out(render.started_lines(manager.run_id, manager.log_dir, instances))
-            if write_config:
-                out(f"wrote the rewritten config to {write_config}")
-            error = watch_until_signal(manager.check, signals)
-            if error is not None:
-                err(str(error))
-                failed = True
-            else:
-                err("\n".join(_draining_lines(manager, signals.received[0].name)))
-        except BaseException:
+    try:
+        if write_config:
+            kept = [CACHE_DIR_KEY] if inject_cache_dir else []
+            write_atomically(write_config, config_to_write(config, kept))
+        # The route ("direct" or "via egress proxy URL", never with credentials) is what the
+        # proxy decides from the same environment, which the launcher passes through unchanged.
+        instances = [
+            (inst.name, inst.listen, f"{inst.upstream} ({egress_route(inst.upstream, os.environ)})")
+            for inst in manager.instances_actual
+        ]
+        out(render.started_lines(manager.run_id, manager.log_dir, instances))
+        if write_config:
+            out(f"wrote the rewritten config to {write_config}")
+        error = watch_until_signal(manager.check, signals)
+        if error is not None:
+            err(str(error))
             failed = True
-            raise
-        finally:
-            # Drain even when writing the config or printing failed: the sidecars must not
-            # outlive this command unsupervised.
-            manager.stop(hurry)
+        else:
+            err("\n".join(_draining_lines(manager, signals.received[0].name)))
+    except BaseException:
+        failed = True
+        raise
+    finally:
+        # Drain even when writing the config or printing failed: the sidecars must not
+        # outlive this command unsupervised.
+        manager.stop(hurry)
     if hurried:
         err("stopped now (drain cut short)" if not failed else "stopped after a failure")
     else:

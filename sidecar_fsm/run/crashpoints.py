@@ -1,31 +1,42 @@
 """Crash points: every place of a start, a stop or a reap where the process may die, by name.
 
 Owns the one list of points (``POINTS``) and ``hit(point)``, which the lifecycle modules call
-right after each commit, spawn or signal whose aftermath a crash could leave half done. A point
-is inert unless a test enables it. TEST ONLY: the environment variable
-``SIDECAR_FSM_CRASH_AT=<point>[:<n>]`` (read once, at the first ``hit``) makes the n-th hit of
-that point (default the first) SIGKILL this process, so the test can check that ``status``
-tells the truth and ``reap`` leaves nothing behind from exactly there. SIGKILL, not an
-exception: a real crash runs no ``finally`` and no ``atexit``. Must not decide or record
-anything; a test (``test_crash_points``) fails when a commit, spawn or signal site of the
-lifecycle modules is not followed by a point, or a point is listed but never hit.
+right after each commit, spawn or signal whose aftermath a crash could leave half done, and
+between the other steps of a start. A point is inert unless a test enables it. TEST ONLY: the
+environment variable ``SIDECAR_FSM_CRASH_AT=<point>[:<n>][@SIGNAL]`` (read once, at the first
+``hit``) makes the n-th hit of that point (default the first) send SIGNAL to this process
+(default SIGKILL), so a test can check that ``status`` tells the truth and ``reap`` leaves
+nothing behind from exactly there (SIGKILL: a real crash runs no ``finally`` and no ``atexit``),
+or that a Ctrl-C there (``@SIGINT``, ``@SIGTERM``) ends the start within a second and leaves
+nothing. A signal other than SIGKILL is announced on stderr with the CLOCK_MONOTONIC time it was
+sent, so the test can measure how long its answer took. Must not decide or record anything; a
+test (``test_crash_points``) fails when a commit, spawn or signal site of the lifecycle modules
+is not followed by a point, or a point is listed but never hit.
 """
 
 from __future__ import annotations
 
 import os
 import signal
+import sys
+import time
 
 ENV_VAR = "SIDECAR_FSM_CRASH_AT"
 
 # Point -> where it sits. Grouped as a start, a supervision, a stop and a reap go.
 POINTS: dict[str, str] = {
+    "binary-resolved": "the config is valid and the binary found (or built); nothing recorded or started",
+    "store-opened": "the state database is open (migrated), no run recorded",
+    "logs-created": "the run's logs exist, the run not yet recorded",
     "run-recorded": "the run and its instances are on record (configured), no process yet",
     "launched": "a process was started (start or restart), its pid not yet on record",
     "spawn-recorded": "an instance's build+spawn with its pid committed, before the next launch",
     "launch-failed-recorded": "a process could not be started and its build is on record",
     "ready-recorded": "the run's ready transitions committed, before the addresses are used",
+    "targets-written": "the Prometheus target file names the ready proxies",
+    "upstreams-checked": "every proxy's first upstream check is in (or upstream_check is off)",
     "rewritten": "the caller's config was rewritten with the bound addresses",
+    "started": "start_h2_ping_sidecar printed what it changed, about to return the manager",
     "restart-recorded": "a restarted process's pid is committed, before it is awaited",
     "fail-recorded": "an instance's failure committed",
     "stop-recorded": "an instance without a process committed as stopped",
@@ -41,23 +52,29 @@ POINTS: dict[str, str] = {
     "stop-requested": "sidecar-fsm stop sent SIGTERM to a run's owner, before awaiting the run's end",
 }
 
-_enabled: tuple[str, int] | None = None
+# The signals a point may send: a crash, a Ctrl-C, a process manager's stop.
+SIGNALS = ("SIGKILL", "SIGINT", "SIGTERM")
+
+_enabled: tuple[str, int, signal.Signals] | None = None
 _read = False
 _hits: dict[str, int] = {}
 
 
-def _parse(value: str) -> tuple[str, int] | None:
-    point, _, nth = value.partition(":")
+def _parse(value: str) -> tuple[str, int, signal.Signals] | None:
+    where, _, name = value.partition("@")
+    point, _, nth = where.partition(":")
     if point not in POINTS:
         # A typo would make the test silently pass without crashing anywhere.
         raise ValueError(f"{ENV_VAR}: '{value}' is not a crash point; points are {sorted(POINTS)}")
     if nth and not (nth.isdigit() and int(nth) > 0):
         raise ValueError(f"{ENV_VAR}: '{value}' must end in ':N' with N >= 1, or name the point alone")
-    return point, int(nth or 1)
+    if name and name not in SIGNALS:
+        raise ValueError(f"{ENV_VAR}: '{value}': '@{name}' is not one of {', '.join(SIGNALS)}")
+    return point, int(nth or 1), signal.Signals[name or "SIGKILL"]
 
 
 def hit(point: str) -> None:
-    """Pass ``point``; SIGKILL this process when it is the enabled one's n-th hit. Test only."""
+    """Pass ``point``; signal this process when it is the enabled one's n-th hit. Test only."""
     global _enabled, _read
     if not _read:
         value = os.environ.get(ENV_VAR)
@@ -68,5 +85,10 @@ def hit(point: str) -> None:
     if _enabled is None or _enabled[0] != point:
         return
     _hits[point] = _hits.get(point, 0) + 1
-    if _hits[point] == _enabled[1]:
-        os.kill(os.getpid(), signal.SIGKILL)
+    if _hits[point] != _enabled[1]:
+        return
+    sig = _enabled[2]
+    if sig != signal.SIGKILL:
+        sys.stderr.write(f"{ENV_VAR}: {sig.name} at {point} t={time.monotonic():.6f}\n")
+        sys.stderr.flush()
+    os.kill(os.getpid(), sig)

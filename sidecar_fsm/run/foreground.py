@@ -1,9 +1,10 @@
 """Running a started set of sidecars in the foreground until a signal or a failure.
 
-Owns the wait of ``sidecar-fsm start``: call ``check()`` every interval, and wake at once when
-SIGINT or SIGTERM arrives. A self-pipe does the waking: the handler only records the signal and
-writes a byte, so nothing runs inside a handler that could interleave badly with ``check()``
-(which writes the database), and a Ctrl-C is answered at once, not after the interval.
+Owns the signals of ``sidecar-fsm start`` from its first spawn to its last drain, and its wait:
+call ``check()`` every interval, and wake at once when SIGINT or SIGTERM arrives. A self-pipe
+does the waking: once the start has returned, the handler only records the signal and writes a
+byte, so nothing runs inside a handler that could interleave badly with ``check()`` (which
+writes the database), and a Ctrl-C is answered at once, not after the interval.
 
 Must not stop the sidecars (the caller's ``stop()`` does, in its ``finally``), print, or decide
 exit codes.
@@ -17,7 +18,7 @@ import select
 import signal
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
-from types import FrameType
+from types import CodeType, FrameType
 
 from sidecar_fsm.errors import SidecarError
 
@@ -30,9 +31,15 @@ STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM)
 
 @dataclass
 class Signals:
-    """The stop signals received while :func:`catching_stop_signals` is active, oldest first."""
+    """The stop signals received while :func:`catching_stop_signals` is active, oldest first.
+
+    ``raise_in``: while it is set, a signal that arrives while that code object is running
+    (anywhere up the stack) is also raised there as ``KeyboardInterrupt`` (see
+    :func:`catching_stop_signals`).
+    """
 
     received: list[signal.Signals] = field(default_factory=list)
+    raise_in: CodeType | None = None
     _wake_fd: int = -1
     _read_fd: int = -1
 
@@ -44,19 +51,37 @@ class Signals:
             os.read(self._read_fd, 64)
 
 
+class Interrupted(KeyboardInterrupt):
+    """A stop signal raised where ``Signals.raise_in`` runs; its text is the signal's name."""
+
+
 @contextlib.contextmanager
-def catching_stop_signals() -> Iterator[Signals]:
+def catching_stop_signals(raise_in: CodeType | None = None) -> Iterator[Signals]:
     """SIGINT and SIGTERM recorded in a :class:`Signals` instead of raising; handlers restored
-    on exit. Main thread only (Python delivers signals there)."""
+    on exit. Main thread only (Python delivers signals there).
+
+    ``raise_in`` (e.g. ``start_h2_ping_sidecar.__code__``): a signal that arrives while that
+    function runs is recorded and raised there as :class:`Interrupted`, so it cleans up as for
+    Ctrl-C; one that arrives after it returned is only recorded, even before its caller has
+    stored the result (the manager of running sidecars), so nothing it returns is lost. One
+    handler from start to end: no moment between two handlers when a signal meets the default
+    disposition.
+
+    A SIGINT ignored when this begins (a script's background job, ``nohup``) stays ignored, as
+    POSIX shells and Python intend; SIGTERM is always caught.
+    """
     read_fd, write_fd = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
-    signals = Signals(_wake_fd=write_fd, _read_fd=read_fd)
+    signals = Signals(raise_in=raise_in, _wake_fd=write_fd, _read_fd=read_fd)
 
     def on_signal(signum: int, frame: FrameType | None) -> None:
         signals.received.append(signal.Signals(signum))
         with contextlib.suppress(BlockingIOError):
             os.write(write_fd, b"!")
+        if signals.raise_in is not None and _running(frame, signals.raise_in):
+            raise Interrupted(signal.Signals(signum).name)
 
-    previous = {sig: signal.signal(sig, on_signal) for sig in STOP_SIGNALS}
+    caught = [sig for sig in STOP_SIGNALS if not _ignored_from_the_start(sig)]
+    previous = {sig: signal.signal(sig, on_signal) for sig in caught}
     try:
         yield signals
     finally:
@@ -64,6 +89,19 @@ def catching_stop_signals() -> Iterator[Signals]:
             signal.signal(sig, handler)
         os.close(read_fd)
         os.close(write_fd)
+
+
+def _ignored_from_the_start(sig: signal.Signals) -> bool:
+    return sig == signal.SIGINT and signal.getsignal(sig) == signal.SIG_IGN
+
+
+def _running(frame: FrameType | None, code: CodeType) -> bool:
+    """True if ``code`` runs in ``frame`` or any frame that called it."""
+    while frame is not None:
+        if frame.f_code is code:
+            return True
+        frame = frame.f_back
+    return False
 
 
 def watch_until_signal(

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import signal
+import sys
 import threading
 from collections.abc import Iterator
 from typing import Any
@@ -43,5 +44,8 @@ def interrupts_deferred() -> Iterator[None]:
     finally:
         for restored, handler in held.items():
             signal.signal(restored, handler)
+        # With the frame it runs in (this one, called from the body's ``with``), as Python
+        # would pass it: a handler may judge by it where the program is (the CLI's start does).
+        here = sys._getframe()
         for arrived in pending:
-            held[arrived](arrived, None)
+            held[arrived](arrived, here)

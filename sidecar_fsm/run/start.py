@@ -34,7 +34,7 @@ from sidecar_fsm.run.stop import kill, stop
 from sidecar_fsm.state import storagefault
 from sidecar_fsm.state.fsm import Firing, InstanceMachine, fire_together
 from sidecar_fsm.state.sharedstore import owner_identity, shared_store
-from sidecar_fsm.state.store import NewInstance
+from sidecar_fsm.state.store import InstanceRecord, NewInstance
 
 
 def start(run: SidecarRun) -> list[str]:
@@ -51,6 +51,7 @@ def start(run: SidecarRun) -> list[str]:
         if run.store is None:
             run.store = shared_store(run.log_dir)
         run.record = storagefault.RecordWatch.of(run.store.path)
+        crashpoints.hit("store-opened")
         env = sidecar_env(run.config)
         if not (os.path.isfile(run.binary) and os.access(run.binary, os.X_OK)):
             _fail_all(
@@ -61,10 +62,12 @@ def start(run: SidecarRun) -> list[str]:
         if errors:
             raise SidecarError("\n".join(errors))
         run.upstream_verdicts = [f"{run.host}: {line}" for line in _check_upstreams(run)]
+        crashpoints.hit("upstreams-checked")
     except BaseException:
         # The original error is the one worth reporting; a state write failing during this
         # cleanup has already ended the processes (stop() guarantees it) and is dropped.
         with contextlib.suppress(Exception):
+            _adopt_if_recorded(run)
             stop(run)
         raise
     return [
@@ -101,19 +104,29 @@ def _check_upstreams(run: SidecarRun) -> list[str]:
 
 def _spawn_all(run: SidecarRun, env: dict[str, str]) -> None:
     """Open every log, record the run, then launch and record each child in turn."""
-    logs = create_logs(run.log_dir, [run.path(instance, ".log") for instance in run.instances])
+    paths = [run.path(instance, ".log") for instance in run.instances]
+    logs: list[int] = []
     try:
+        # Made and kept in one step a Ctrl-C cannot cut (descriptors open and files nothing
+        # names otherwise); the step is a few opens.
+        with interrupts_deferred():
+            logs = create_logs(run.log_dir, paths)
         # The run with its instances is recorded before any process exists, so a crash
         # leaves the run on record; each instance's `build` and `spawn` (one commit)
         # right after its own launch, so a launcher killed between two launches leaves
         # every running sidecar recorded with its pid, for `reap`. `build` is recorded
         # with `spawn` because the binary was resolved (or built) before the run.
         try:
+            crashpoints.hit("logs-created")
             _open_run(run)
         except BaseException:
-            # Nothing names these logs yet (the run row is what would), so nothing
-            # would ever remove them: a start that cannot record its run leaves no file.
-            remove_files([run.path(instance, ".log") for instance in run.instances])
+            # Nothing names these logs unless the run row was committed (an interrupt can
+            # land after the commit, before the run knows it): a start that did not record
+            # its run leaves no file.
+            with contextlib.suppress(Exception):
+                _adopt_if_recorded(run)
+            if not run.run_created:
+                remove_files(paths)
             raise
         for child, log in zip(run.children, logs, strict=True):
             with interrupts_deferred():
@@ -167,13 +180,35 @@ def _open_run(run: SidecarRun) -> None:
             ],
         )
     crashpoints.hit("run-recorded")
-    run.run_created = True
+    _adopt(run, records)
+
+
+def _adopt(run: SidecarRun, records: list[InstanceRecord]) -> None:
+    """Make ``records`` (this run's committed instances, in order) the run's children."""
+    assert run.store is not None
+    children = []
     for index, (instance, record) in enumerate(zip(run.instances, records, strict=True)):
         assert record.log_path is not None and record.ready_path is not None
-        machine = InstanceMachine(store, record.id)
-        run.children.append(
+        machine = InstanceMachine(run.store, record.id)
+        children.append(
             Child(index, instance, machine, record.log_path, record.ready_path, listen=instance.listen)
         )
+    # Children first: a run marked created always has them (stop() settles each).
+    run.children = children
+    run.run_created = True
+
+
+def _adopt_if_recorded(run: SidecarRun) -> None:
+    """After an interrupt: adopt the run if its row was committed but the run does not know it.
+
+    A KeyboardInterrupt can land between the COMMIT of ``_open_run`` and the lines that take
+    its result; without this, ``stop()`` would see no run and leave it live on record.
+    """
+    if run.run_created or run.store is None:
+        return
+    records = run.store.instances_of(run.run_id)
+    if records:
+        _adopt(run, sorted(records, key=lambda record: record.id))
 
 
 def _build_firing(run: SidecarRun, child: Child) -> Firing:
@@ -272,6 +307,7 @@ def await_ready(run: SidecarRun, children: list[Child]) -> list[str]:
     crashpoints.hit("ready-recorded")
     if bound and run.store is not None:
         targets.refresh(run.store)
+        crashpoints.hit("targets-written")
     errors: list[str] = []
     for child in children:
         if child.name in bound:

@@ -40,7 +40,7 @@ import sqlite_utils
 
 from sidecar_fsm.base.urls import redact_url
 from sidecar_fsm.errors import SidecarError
-from sidecar_fsm.state import dbfile
+from sidecar_fsm.state import dbfile, storagefault
 from sidecar_fsm.state.dbfile import DB_DIR_NAME, database_path  # re-exported: callers and tests
 from sidecar_fsm.state.hostname import host_name
 from sidecar_fsm.state.records import InstanceRecord, NewInstance, RunRecord, TransitionRecord, run_record
@@ -70,6 +70,32 @@ RUN_OUTCOMES = frozenset({"ended", "failed", "reaped"})
 
 # A URL inside free text (an error, a log line): everything up to whitespace or a quote.
 _URL_IN_TEXT = re.compile(r"[A-Za-z][A-Za-z0-9+.-]*://[^\s\"'<>]+")
+
+
+# How long one attempt at the write lock blocks inside SQLite. Its busy handler sleeps in C,
+# where Python cannot run a signal handler: a Ctrl-C during a wait for another process's lock
+# would otherwise be answered only when the wait ends (up to the busy timeout, a minute).
+_LOCK_SLICE_SECONDS = 0.05
+
+
+def _begin_immediate(conn: sqlite3.Connection, wait_seconds: float) -> None:
+    """``BEGIN IMMEDIATE``, waiting up to ``wait_seconds`` for the write lock in short slices,
+    so that Python runs signal handlers (a ``KeyboardInterrupt``) between them."""
+    deadline = time.monotonic() + wait_seconds
+    conn.execute(f"PRAGMA busy_timeout = {int(_LOCK_SLICE_SECONDS * 1000)}")
+    try:
+        while True:
+            try:
+                conn.execute("BEGIN IMMEDIATE")
+                return
+            except sqlite3.OperationalError as exc:
+                # Python 3.10 has no error code: "database is locked" is SQLITE_BUSY's text.
+                code = getattr(exc, "sqlite_errorcode", None)
+                busy = (code & 0xFF) == storagefault.SQLITE_BUSY if code is not None else "locked" in str(exc)
+                if not busy or time.monotonic() >= deadline:
+                    raise
+    finally:
+        conn.execute(f"PRAGMA busy_timeout = {int(dbfile.BUSY_TIMEOUT_SECONDS * 1000)}")
 
 
 class Store:
@@ -163,13 +189,7 @@ class Store:
             conn = self._db.conn
             waited = dbfile.BUSY_TIMEOUT_SECONDS if wait_seconds is None else wait_seconds
             try:
-                if wait_seconds is not None:
-                    conn.execute(f"PRAGMA busy_timeout = {int(wait_seconds * 1000)}")
-                try:
-                    conn.execute("BEGIN IMMEDIATE")
-                finally:
-                    if wait_seconds is not None:
-                        conn.execute(f"PRAGMA busy_timeout = {int(dbfile.BUSY_TIMEOUT_SECONDS * 1000)}")
+                _begin_immediate(conn, waited)
             except sqlite3.Error as exc:
                 self._raise_failed(exc, "could not start a write", waited)
             self._nesting = 1

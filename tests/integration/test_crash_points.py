@@ -83,13 +83,19 @@ SLACK = 0.3
 # points after the test kills a proxy; ``reap`` points crash the first reaper of a launcher the
 # test SIGKILLed once ready, one proxy SIGSTOPped so that the reaper has a process to end.
 CASES: list[tuple[str, str, str]] = [
+    ("two", "binary-resolved", "start"),
+    ("two", "store-opened", "start"),
+    ("two", "logs-created", "start"),
     ("two", "run-recorded", "start"),
     ("two", "launched:1", "start"),
     ("two", "launched:2", "start"),
     ("two", "spawn-recorded:1", "start"),
     ("two", "spawn-recorded:2", "start"),
     ("two", "ready-recorded", "start"),
+    ("two", "targets-written", "start"),
+    ("two", "upstreams-checked", "start"),
     ("two", "rewritten", "start"),
+    ("two", "started", "start"),
     ("two", "drain-recorded:1", "stop"),
     ("two", "sigterm-sent:1", "stop"),
     ("two", "sigterm-sent:2", "stop"),
@@ -106,6 +112,9 @@ CASES: list[tuple[str, str, str]] = [
     ("two", "reap-failed-recorded", "reap"),
     ("two", "reap-run-ended", "reap"),
 ]
+
+# Points before the run is on record: a crash there leaves no run and no process.
+BEFORE_THE_RUN = frozenset({"binary-resolved", "store-opened", "logs-created"})
 
 # Points of commands other than a launcher's, each crashed in its own test.
 TESTED_ELSEWHERE = {
@@ -404,6 +413,11 @@ def test_crash_at_point_then_reap_leaves_nothing(
             timeout=60,
         )
         assert reaper.returncode == -signal.SIGKILL, f"the reaper did not die at {point}"
+
+    if point in BEFORE_THE_RUN:
+        assert _records(log_dir) == []
+        assert _processes_of(log_dir) == []
+        return
 
     # status tells what is true now: the owner is gone, and an instance is alive exactly when a
     # process of it runs (recorded or not). With exit_with_owner the orphans are exiting on

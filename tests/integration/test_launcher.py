@@ -803,12 +803,12 @@ def test_keyboard_interrupt_after_the_proxy_is_ready(
     calls: list[int] = []
     real = launcher.rewrite_base_urls
 
-    def interrupt_the_second(config: DictConfig, instances: Any) -> Any:
+    def interrupt_the_second(config: DictConfig, instances: Any, *undo: Any) -> Any:
         # The first call is the dry run on a copy, before any process; the second one runs
         # once the proxy is ready.
         calls.append(1)
         if len(calls) == 1:
-            return real(config, instances)
+            return real(config, instances, *undo)
         raise KeyboardInterrupt
 
     monkeypatch.setattr(launcher, "rewrite_base_urls", interrupt_the_second)

@@ -1,0 +1,186 @@
+"""Ctrl-C (and, to the CLI, SIGTERM) at every named step of a start: out within 1 s, nothing left.
+
+Each case is a real launcher process (``start_h2_ping_sidecar`` or ``sidecar-fsm start``) with the
+real proxy, two instances in front of the lab's origin and a model base_url to rewrite; the crash
+point of ``crashpoints.POINTS`` sends the signal to its own process at exactly that step. Then:
+``KeyboardInterrupt`` out of the API (exit 130 from the CLI) within 1 s of the signal, no process
+left, no run or instance live in the database, the caller's config as it was. The machinery is
+``bench/interrupt_hunt.py``'s, which also runs hundreds of random-moment starts on a loaded
+machine. A process started with SIGINT ignored (``nohup``, a script's background job) keeps
+ignoring it while starting and supervising; SIGTERM still stops it.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+from helpers import ProcessRegistry, wait_until
+
+from sidecar_fsm.lab import TlsH2Origin
+from sidecar_fsm.run import crashpoints
+
+# bench/ is not installed with the package: the repo root makes it importable however pytest runs.
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+from bench import interrupt_hunt  # noqa: E402
+
+# Every point a start of this config passes, in order (``:n`` the n-th hit). The failure-path
+# points of a start are hit only by a start that fails anyway (below: a port clash).
+START_POINTS = [
+    "binary-resolved",
+    "store-opened",
+    "logs-created",
+    "run-recorded",
+    "launched:1",
+    "spawn-recorded:1",
+    "launched:2",
+    "spawn-recorded:2",
+    "ready-recorded",
+    "targets-written",
+    "upstreams-checked",
+    "rewritten",
+    "started",
+]
+# Points of a stop, a supervision or a reap: a start never passes them (stop-recorded only when
+# a start is cut before a launch, which the cases above do too).
+NOT_A_START = {
+    "launch-failed-recorded": "a binary that cannot be executed: the API refuses it before the start",
+    "restart-recorded": "supervision",
+    "drain-recorded": "stop",
+    "sigterm-sent": "stop",
+    "sigkill-sent": "stop",
+    "stopped-recorded": "stop",
+    "stop-recorded": "stop",
+    "run-ended": "stop",
+    "reap-drain-recorded": "reap",
+    "reap-ended": "reap",
+    "reap-failed-recorded": "reap",
+    "reap-run-ended": "reap",
+    "stop-requested": "sidecar-fsm stop",
+}
+
+
+def test_every_point_of_a_start_is_interrupted_here() -> None:
+    named = {point.partition(":")[0] for point in START_POINTS} | {"fail-recorded"}
+    assert sorted(named | set(NOT_A_START)) == sorted(crashpoints.POINTS)
+
+
+def _config(sidecar_binary: Path, tls_origin: TlsH2Origin, log_dir: Path) -> dict[str, Any]:
+    return interrupt_hunt.start_config(sidecar_binary, tls_origin.url, tls_origin.ca_file, log_dir)
+
+
+def _assert_answered(result: interrupt_hunt.Start) -> None:
+    assert result.outcome == "interrupted", result.describe()
+    assert result.answer_seconds is not None and result.answer_seconds <= 1.0, result.describe()
+    assert result.left == [], result.describe()
+    assert result.unchanged is True, result.describe()
+    if result.kind == "cli":
+        assert result.code == 130, result.describe()
+
+
+@pytest.mark.parametrize("point", START_POINTS)
+def test_ctrl_c_at_each_point_of_an_api_start(
+    point: str,
+    sidecar_binary: Path,
+    tls_origin: TlsH2Origin,
+    log_dir: Path,
+    process_registry: ProcessRegistry,
+) -> None:
+    config = _config(sidecar_binary, tls_origin, log_dir)
+    result = interrupt_hunt.run_start(
+        "api", signal.SIGINT, config, log_dir, point=point, track=process_registry.add
+    )
+    _assert_answered(result)
+
+
+# The CLI's two stop signals take turns over the points: each point once, each signal at half.
+@pytest.mark.parametrize(
+    ("point", "sig"),
+    [(point, (signal.SIGTERM, signal.SIGINT)[index % 2]) for index, point in enumerate(START_POINTS)],
+    ids=[f"{point}-{('SIGTERM', 'SIGINT')[index % 2]}" for index, point in enumerate(START_POINTS)],
+)
+def test_a_signal_at_each_point_of_a_cli_start_exits_130(
+    point: str,
+    sig: signal.Signals,
+    sidecar_binary: Path,
+    tls_origin: TlsH2Origin,
+    log_dir: Path,
+    process_registry: ProcessRegistry,
+) -> None:
+    config = _config(sidecar_binary, tls_origin, log_dir)
+    result = interrupt_hunt.run_start("cli", sig, config, log_dir, point=point, track=process_registry.add)
+    _assert_answered(result)
+
+
+@pytest.mark.parametrize("kind", ["api", "cli"])
+def test_ctrl_c_while_a_failing_start_records_its_failure(
+    kind: str,
+    sidecar_binary: Path,
+    tls_origin: TlsH2Origin,
+    log_dir: Path,
+    process_registry: ProcessRegistry,
+) -> None:
+    """The second instance cannot bind its port: SIGINT as its failure is committed."""
+    config = _config(sidecar_binary, tls_origin, log_dir)
+    with socket.socket() as holder:
+        holder.bind(("127.0.0.1", 0))
+        holder.listen()
+        config["sidecar"]["instances"][1]["listen"] = f"127.0.0.1:{holder.getsockname()[1]}"
+        result = interrupt_hunt.run_start(
+            kind, signal.SIGINT, config, log_dir, point="fail-recorded", track=process_registry.add
+        )
+    _assert_answered(result)
+
+
+def _ignoring_sigint() -> None:
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+
+
+def test_a_start_begun_with_sigint_ignored_keeps_ignoring_it_and_sigterm_stops_it(
+    sidecar_binary: Path,
+    tls_origin: TlsH2Origin,
+    log_dir: Path,
+    tmp_path: Path,
+    process_registry: ProcessRegistry,
+) -> None:
+    """As ``nohup`` or a script's ``&`` starts it: a SIGINT while starting (sent at a point of the
+    start by the start itself) and one while supervising change nothing; SIGTERM drains it."""
+    config_file = tmp_path / "gym.yaml"
+    config_file.write_text(yaml.safe_dump(_config(sidecar_binary, tls_origin, log_dir)))
+    env = {**os.environ, crashpoints.ENV_VAR: "spawn-recorded:1@SIGINT"}
+    start = subprocess.Popen(
+        [sys.executable, "-m", "sidecar_fsm", "start", str(config_file)],
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        preexec_fn=_ignoring_sigint,
+    )
+    process_registry.add(start)
+    assert start.stdout is not None
+    seen: list[str] = []
+
+    def supervising() -> bool:
+        line = start.stdout.readline() if start.stdout else ""
+        seen.append(line)
+        return "supervising" in line or (line == "" and start.poll() is not None)
+
+    wait_until(supervising, 60, lambda: f"the start to supervise; saw {seen}")
+    assert start.poll() is None, start.communicate()
+    start.send_signal(signal.SIGINT)
+    start.send_signal(signal.SIGTERM)
+    _, err = start.communicate(timeout=60)
+    assert "SIGINT at spawn-recorded" in err  # the start's own SIGINT was sent, and ignored
+    assert start.returncode == 0, err
+    # The first stop signal it took is the SIGTERM: the SIGINT sent before it changed nothing
+    # (caught, it would have been the one to start the drain, and SIGTERM its "again").
+    assert "SIGTERM: draining the sidecars" in err, err
+    assert "SIGINT: draining" not in err and "again" not in err, err
+    assert interrupt_hunt.leftovers(log_dir) == []

@@ -5,7 +5,9 @@ Usage: ``.venv/bin/python bench/interrupt_hunt.py [--starts 300] [--busy 3] [--s
 lab's TLS HTTP/2 origin as upstream, the model base_url rewritten) and its own log dir. In turn:
 ``start_h2_ping_sidecar`` sent SIGINT, ``sidecar-fsm start`` sent SIGINT, ``sidecar-fsm start``
 sent SIGTERM, each at a random moment of its start (uniform over the start's own measured
-duration), with ``--busy`` CPU-bound loops running the whole time. For each start: the
+duration; for the CLI from the start's first step, ``binary-resolved``, which the process
+announces with ``SIDECAR_FSM_CRASH_AT=binary-resolved@MARK``: before it the CLI only loads and
+checks the config), with ``--busy`` CPU-bound loops running the whole time. For each start: the
 interrupt must come out (``KeyboardInterrupt`` from the API, exit 130 from the CLI) within 1 s
 of the signal, no process of it may be left, no run of it live in the database, and the
 caller's config must be what it was. A signal that lands after the start returned is ``late``
@@ -82,6 +84,8 @@ except KeyboardInterrupt:
 """
 
 _SIGNAL_LINE = re.compile(rf"{crashpoints.ENV_VAR}: (SIG[A-Z]+) at (\S+) t=([0-9.]+)")
+# The first step of a start, where the random moments of the CLI's start begin.
+CLI_BEGINS = "binary-resolved"
 
 
 @dataclass
@@ -181,8 +185,10 @@ def run_start(
     """One start of ``kind``, interrupted by ``sig`` at crash point ``point`` (sent by the point
     itself) or ``delay`` seconds after it began (sent from here); its verdict."""
     env = {k: v for k, v in os.environ.items() if k != crashpoints.ENV_VAR}
-    if point is not None:
-        env[crashpoints.ENV_VAR] = f"{point}@{sig.name}"
+    if point is not None:  # a point, or a whole SIDECAR_FSM_CRASH_AT value ("a@SIGINT,b@SIGINT")
+        env[crashpoints.ENV_VAR] = point if "@" in point else f"{point}@{sig.name}"
+    elif kind == "cli":
+        env[crashpoints.ENV_VAR] = f"{CLI_BEGINS}@MARK"
     if kind == "api":
         argv = [sys.executable, "-c", API_DRIVER, json.dumps(config)]
     else:
@@ -198,9 +204,10 @@ def run_start(
     try:
         sent_at = None
         if delay is not None:
-            assert process.stdout is not None
-            if kind == "api" and process.stdout.readline().strip() != "GO":
-                return Start(kind, sig.name, where, "no GO", process.wait(10), None, None)
+            assert process.stdout is not None and process.stderr is not None
+            stream, begun = (process.stdout, "GO") if kind == "api" else (process.stderr, f"at {CLI_BEGINS}")
+            if begun not in stream.readline():
+                return Start(kind, sig.name, where, f"no {begun!r}", process.wait(10), None, None)
             time.sleep(delay)
             sent_at = time.monotonic()
             process.send_signal(sig)
@@ -246,7 +253,7 @@ def _verdict(
         return Start(kind, sig.name, where, "interrupted", code, answer, True, left, err)
     if code == 0 and f"{sig.name}: draining" in err:
         return Start(kind, sig.name, where, "late", code, None, None, left, err)
-    if code == -sig and "Traceback" not in err:
+    if code == -sig:  # died of it before any handler of ours: nothing was started
         return Start(kind, sig.name, where, "early", code, None, None, left, err)
     return Start(kind, sig.name, where, f"unexpected exit {code}", code, answer, None, left, err)
 
@@ -274,10 +281,15 @@ def _median_start_seconds(kind: str, config_of: Callable[[Path], dict[str, Any]]
             config_file.write_text(yaml.safe_dump(config))
             process = subprocess.Popen(
                 [sys.executable, "-m", "sidecar_fsm", "start", str(config_file)],
+                env={**os.environ, crashpoints.ENV_VAR: f"{CLI_BEGINS}@MARK"},
                 stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
                 text=True,
                 start_new_session=True,
             )
+            assert process.stderr is not None
+            process.stderr.readline()  # the mark
+            begin = time.monotonic()
             done = "supervising"
         try:
             assert process.stdout is not None

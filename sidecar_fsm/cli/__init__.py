@@ -16,18 +16,19 @@ its group's ``register``.
 from __future__ import annotations
 
 import contextlib
+import gc
 import os
 import signal
 import sys
 import warnings
 from collections.abc import Sequence
-from typing import TextIO
+from typing import NoReturn, TextIO
 
 from sidecar_fsm.cli import launch, query, show, upkeep
 from sidecar_fsm.cli.common import PROG, Parser, UsageError, err, global_options, os_reason
 from sidecar_fsm.errors import ConfigError, ConfigWarning, SchemaTooNewError, SidecarError
 
-__all__ = ["build_parser", "main"]
+__all__ = ["build_parser", "main", "run"]
 
 
 def build_parser() -> Parser:
@@ -71,6 +72,16 @@ def main(argv: Sequence[str] | None = None) -> int:
             return _run(argv)
         except BrokenPipeError:
             return _closed_pipe()
+
+
+def run() -> NoReturn:
+    """The ``sidecar-fsm`` script and ``python -m sidecar_fsm``: ``main()``, then exit at once."""
+    code = main()
+    # Python's last garbage collection walks every object of the ~600 modules a command
+    # imports: 0.3-0.7 s on a loaded 2-core machine, which a Ctrl-C or SIGTERM would wait for
+    # after everything was stopped. Frozen objects are not walked (exit in about 0.03 s).
+    gc.freeze()
+    sys.exit(code)
 
 
 def _closed_pipe() -> int:
@@ -125,4 +136,4 @@ def _one_line(error: BaseException) -> str:
 
 
 if __name__ == "__main__":  # pragma: no cover
-    sys.exit(main())
+    run()

@@ -3,15 +3,17 @@
 Owns the one list of points (``POINTS``) and ``hit(point)``, which the lifecycle modules call
 right after each commit, spawn or signal whose aftermath a crash could leave half done, and
 between the other steps of a start. A point is inert unless a test enables it. TEST ONLY: the
-environment variable ``SIDECAR_FSM_CRASH_AT=<point>[:<n>][@SIGNAL]`` (read once, at the first
-``hit``) makes the n-th hit of that point (default the first) send SIGNAL to this process
-(default SIGKILL), so a test can check that ``status`` tells the truth and ``reap`` leaves
-nothing behind from exactly there (SIGKILL: a real crash runs no ``finally`` and no ``atexit``),
-or that a Ctrl-C there (``@SIGINT``, ``@SIGTERM``) ends the start within a second and leaves
-nothing. A signal other than SIGKILL is announced on stderr with the CLOCK_MONOTONIC time it was
-sent, so the test can measure how long its answer took. Must not decide or record anything; a
-test (``test_crash_points``) fails when a commit, spawn or signal site of the lifecycle modules
-is not followed by a point, or a point is listed but never hit.
+environment variable ``SIDECAR_FSM_CRASH_AT=<point>[:<n>][@SIGNAL][,...]`` (read once, at the
+first ``hit``) makes the n-th hit of that point (default the first) send SIGNAL to this process
+(default SIGKILL; several points: a Ctrl-C, then another during the cleanup it caused). So a
+test can check that ``status`` tells the truth and ``reap`` leaves nothing behind from exactly
+there (SIGKILL: a real crash runs no ``finally`` and no ``atexit``), or that a Ctrl-C there
+(``@SIGINT``, ``@SIGTERM``) ends the start within a second and leaves nothing. A signal other
+than SIGKILL is announced on stderr with the CLOCK_MONOTONIC time it was sent, so the test can
+measure how long its answer took; ``@MARK`` only announces the point (a benchmark's signal from
+outside then aims at what follows). Must not decide or record anything; a test
+(``test_crash_points``) fails when a commit, spawn or signal site of the lifecycle modules is
+not followed by a point, or a point is listed but never hit.
 """
 
 from __future__ import annotations
@@ -52,15 +54,17 @@ POINTS: dict[str, str] = {
     "stop-requested": "sidecar-fsm stop sent SIGTERM to a run's owner, before awaiting the run's end",
 }
 
-# The signals a point may send: a crash, a Ctrl-C, a process manager's stop.
-SIGNALS = ("SIGKILL", "SIGINT", "SIGTERM")
+# The signals a point may send: a crash, a Ctrl-C, a process manager's stop; or only a mark.
+SIGNALS = ("SIGKILL", "SIGINT", "SIGTERM", "MARK")
 
-_enabled: tuple[str, int, signal.Signals] | None = None
+_Enabled = tuple[str, int, "signal.Signals | None"]
+
+_enabled: list[_Enabled] = []
 _read = False
 _hits: dict[str, int] = {}
 
 
-def _parse(value: str) -> tuple[str, int, signal.Signals] | None:
+def _parse(value: str) -> _Enabled:
     where, _, name = value.partition("@")
     point, _, nth = where.partition(":")
     if point not in POINTS:
@@ -70,25 +74,27 @@ def _parse(value: str) -> tuple[str, int, signal.Signals] | None:
         raise ValueError(f"{ENV_VAR}: '{value}' must end in ':N' with N >= 1, or name the point alone")
     if name and name not in SIGNALS:
         raise ValueError(f"{ENV_VAR}: '{value}': '@{name}' is not one of {', '.join(SIGNALS)}")
-    return point, int(nth or 1), signal.Signals[name or "SIGKILL"]
+    return point, int(nth or 1), None if name == "MARK" else signal.Signals[name or "SIGKILL"]
 
 
 def hit(point: str) -> None:
-    """Pass ``point``; signal this process when it is the enabled one's n-th hit. Test only."""
+    """Pass ``point``; signal this process when it is an enabled one's n-th hit. Test only."""
     global _enabled, _read
     if not _read:
         value = os.environ.get(ENV_VAR)
-        _enabled = _parse(value) if value else None
+        _enabled = [_parse(one) for one in value.split(",")] if value else []
         _read = True
     if point not in POINTS:
         raise ValueError(f"crashpoints.hit: '{point}' is not in POINTS; add it there")
-    if _enabled is None or _enabled[0] != point:
+    if not _enabled:
         return
     _hits[point] = _hits.get(point, 0) + 1
-    if _hits[point] != _enabled[1]:
-        return
-    sig = _enabled[2]
-    if sig != signal.SIGKILL:
-        sys.stderr.write(f"{ENV_VAR}: {sig.name} at {point} t={time.monotonic():.6f}\n")
-        sys.stderr.flush()
-    os.kill(os.getpid(), sig)
+    for enabled, nth, sig in _enabled:
+        if enabled != point or _hits[point] != nth:
+            continue
+        if sig != signal.SIGKILL:
+            name = sig.name if sig else "MARK"
+            sys.stderr.write(f"{ENV_VAR}: {name} at {point} t={time.monotonic():.6f}\n")
+            sys.stderr.flush()
+        if sig is not None:
+            os.kill(os.getpid(), sig)

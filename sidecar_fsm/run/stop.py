@@ -17,6 +17,7 @@ from sidecar_fsm.base import procs
 from sidecar_fsm.errors import SidecarError
 from sidecar_fsm.run import crashpoints, targets
 from sidecar_fsm.run.children import Child, SidecarRun
+from sidecar_fsm.run.interrupts import interrupts_deferred
 from sidecar_fsm.run.messages import log_tail
 from sidecar_fsm.run.runfiles import remove_ready_files
 
@@ -42,22 +43,33 @@ def stop(run: SidecarRun, hurry: Callable[[], bool] | None = None) -> None:
     problems: list[BaseException] = []
     interrupted: BaseException | None = None
     lost = _record_lost(run)
+    draining: list[Child] = []
+    # Only the wait for the drains may be cut by a Ctrl-C (a second one, often: the first
+    # began this stop); held anywhere else, it would leave drains begun but not signalled,
+    # or processes ended but not recorded, in a run already closed. Each held step is short.
     try:
-        draining = _begin_drains(run, problems)
-        # Every drain is on record before the first signal, then the signals go out back to
-        # back: a woken sidecar may take our CPU, and interleaving would make N sidecars
-        # drain one after another instead of together.
-        for child in draining:
-            if child.identity is not None:
-                procs.signal_if_ours(child.identity, signal.SIGTERM)
-                crashpoints.hit("sigterm-sent")
-        interrupted = _await_drains(run, draining, hurry)
-        _record_drained(run, draining, interrupted, problems)
+        try:
+            with interrupts_deferred():
+                draining = _begin_drains(run, problems)
+                # Every drain is on record before the first signal, then the signals go out
+                # back to back: a woken sidecar may take our CPU, and interleaving would make
+                # N sidecars drain one after another instead of together.
+                for child in draining:
+                    if child.identity is not None:
+                        procs.signal_if_ours(child.identity, signal.SIGTERM)
+                        crashpoints.hit("sigterm-sent")
+        except KeyboardInterrupt as exc:  # held until the signals were out: no waiting
+            interrupted = exc
+        if interrupted is None:
+            interrupted = _await_drains(run, draining, hurry)
+        with interrupts_deferred():
+            _record_drained(run, draining, interrupted, problems)
     finally:
-        remove_ready_files([child.ready_path for child in run.children])
-        _end_run(run, problems)
-        if run.store is not None and run.run_created:
-            targets.refresh(run.store)
+        with interrupts_deferred():
+            remove_ready_files([child.ready_path for child in run.children])
+            _end_run(run, problems)
+            if run.store is not None and run.run_created:
+                targets.refresh(run.store)
     if interrupted is not None:
         raise interrupted
     if lost is not None:

@@ -139,6 +139,25 @@ def test_ctrl_c_while_a_failing_start_records_its_failure(
     _assert_answered(result)
 
 
+@pytest.mark.parametrize(
+    "second", ["drain-recorded:1", "drain-recorded:2", "sigterm-sent:1", "stopped-recorded:1", "run-ended"]
+)
+def test_a_second_ctrl_c_while_the_interrupted_start_stops_its_sidecars(
+    second: str,
+    sidecar_binary: Path,
+    tls_origin: TlsH2Origin,
+    log_dir: Path,
+    process_registry: ProcessRegistry,
+) -> None:
+    """Ctrl-C twice, as impatient users do: the second lands in the cleanup the first began."""
+    config = _config(sidecar_binary, tls_origin, log_dir)
+    points = f"ready-recorded@SIGINT,{second}@SIGINT"
+    result = interrupt_hunt.run_start(
+        "api", signal.SIGINT, config, log_dir, point=points, track=process_registry.add
+    )
+    _assert_answered(result)
+
+
 def _ignoring_sigint() -> None:
     signal.signal(signal.SIGINT, signal.SIG_IGN)
 

@@ -53,7 +53,7 @@ func run(args []string, getenv func(string) string, stdout, stderr io.Writer) in
 			fmt.Fprintf(stderr, "-metrics-listen %q: %v; choose a free address or port 0\n", cfg.MetricsListen, unwrapOpError(err))
 			return 2
 		}
-		defer serveMetrics(mln).Close()
+		defer serveMetrics(mln, cfg.Pprof).Close()
 		metricsAddr = mln.Addr().String()
 	}
 	logger := log.New(stderr, "h2-ping-sidecar: ", log.LstdFlags|log.Lmicroseconds)

@@ -292,11 +292,14 @@ func (w *countingWriter) Write(p []byte) (int, error) {
 // writer, so wrapping loses no Flush.
 func (w *countingWriter) Unwrap() http.ResponseWriter { return w.ResponseWriter }
 
-// serveMetrics answers GET /metrics on ln until it is closed; the returned server is
-// closed at exit. It keeps answering during a drain, which is when an operator watches
-// the requests in flight go down.
-func serveMetrics(ln net.Listener) *http.Server {
+// serveMetrics answers GET /metrics (and with profiles, pprof.go's) on ln until it is
+// closed; the returned server is closed at exit. It keeps answering during a drain, which
+// is when an operator watches the requests in flight go down.
+func serveMetrics(ln net.Listener, profiles bool) *http.Server {
 	mux := http.NewServeMux()
+	if profiles {
+		servePprof(mux)
+	}
 	mux.HandleFunc("GET /metrics", func(w http.ResponseWriter, r *http.Request) {
 		w.Header().Set("Content-Type", "text/plain; version=0.0.4; charset=utf-8")
 		b := stats.appendText(make([]byte, 0, 8192), time.Now())

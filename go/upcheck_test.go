@@ -41,7 +41,7 @@ func TestAskingForTheVerdictStartsTheCheckAtOnce(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	srv := serveMetrics(ln)
+	srv := serveMetrics(ln, false)
 	t.Cleanup(func() { srv.Close() })
 
 	select {

@@ -1,7 +1,7 @@
 """Soak: the real proxy under mixed traffic and recurring faults for a long time; nothing lost, nothing leaks.
 
 Usage: ``.venv/bin/python bench/soak.py [--minutes 30 | --seconds S] [--fault-every S]
-[--workers N] [--no-readme]``. One proxy (the build cache's binary, ``-max-conn-age 30s``,
+[--workers N] [--profiles DIR] [--no-readme]``. One proxy (the build cache's binary, ``-max-conn-age 30s``,
 ``-ping-interval 1s -ping-timeout 2s``) in front of the lab: a ``FaultRelay`` that drops
 connections idle for 5 s, and behind it the lab's TLS HTTP/2 origin, which sends a graceful
 GOAWAY on every connection every 20 s. Every ``--fault-every`` seconds (default: 180, or a
@@ -16,9 +16,13 @@ Every completed 200 must be byte-exact (``mismatched`` must be 0); a 502 is allo
 a fault is on or within its detection time after (``ping_interval + ping_timeout`` plus slack);
 a request that does not end by its own deadline is ``stuck`` (must be 0). Every 5 s (2 s in
 runs under 5 minutes) the proxy's RSS, descriptors, threads, goroutines (when its /metrics has
-``go_goroutines``) and upstream connections are sampled; at minute 5 (or the middle of a
+``go_goroutines``) and upstream connections are sampled; at minute 10 (or the middle of a
 shorter run) and at the end, traffic pauses until nothing is in flight and a quiet sample is taken: the
-end's must be within 10 % of minute 5's (counts: 10 % or 1, whichever is more). Writes
+end's must be within 10 % of minute 10's (counts: 10 % or 1, whichever is more). With
+``--profiles DIR`` the proxy runs with ``-pprof`` and each quiet sample also saves its heap
+profile (live objects, after a GC) as ``DIR/heap-reference.pb.gz`` and ``DIR/heap-end.pb.gz``;
+the report then carries ``go tool pprof -top -diff_base`` of the two (what the end holds that
+the reference did not). Writes
 ``bench/results/soak.md``, ``bench/results/soak.svg`` (the samples over time, drawn here, no
 plotting library) and the README section. Exit status 0 only if every check passed.
 
@@ -219,7 +223,30 @@ class Lab:
     metrics: str
 
 
-def start_lab(work: Path, binary: Path | None = None) -> Lab:
+def save_heap(metrics_address: str, path: Path) -> None:
+    """The proxy's heap profile of live objects (``-pprof``: a GC first) into ``path``."""
+    url = f"http://{metrics_address}/debug/pprof/heap?gc=1"
+    with urllib.request.urlopen(url, timeout=30) as response:
+        path.write_bytes(response.read())
+
+
+def heap_diff(reference: Path, end: Path, lines: int = 15) -> str:
+    """``go tool pprof -top -diff_base``: what the end's heap holds beyond the reference's."""
+    go = buildcache.find_go()
+    if go is None:
+        return "go tool pprof: no go found"
+    done = subprocess.run(
+        [str(go), "tool", "pprof", "-top", "-sample_index=inuse_space", f"-diff_base={reference}", str(end)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    if done.returncode != 0:
+        return f"go tool pprof failed ({done.returncode}): {done.stderr.strip()[-500:]}"
+    return "\n".join(done.stdout.strip().splitlines()[: lines + 6])
+
+
+def start_lab(work: Path, binary: Path | None = None, pprof: bool = False) -> Lab:
     binary = binary or buildcache.ensure_binary(buildcache.user_cache_dir())
     origin = TlsH2Origin().start()
     relay = FaultRelay("127.0.0.1", origin.port, idle=RELAY_IDLE).start()
@@ -228,6 +255,7 @@ def start_lab(work: Path, binary: Path | None = None) -> Lab:
     argv += ["-ca-file", str(origin.ca_file), "-ready-file", str(ready), "-metrics-listen", "127.0.0.1:0"]
     argv += ["-ping-interval", f"{PING_INTERVAL:g}s", "-ping-timeout", f"{PING_TIMEOUT:g}s"]
     argv += ["-max-conn-age", "30s", "-exit-with-pid", str(os.getpid())]
+    argv += ["-pprof"] if pprof else []
     with open(work / "proxy.log", "wb") as log:
         proxy = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=log, stderr=log)
     deadline = time.monotonic() + 30
@@ -242,8 +270,8 @@ def start_lab(work: Path, binary: Path | None = None) -> Lab:
 async def run(args: argparse.Namespace, lab: Lab) -> dict[str, Any]:
     duration = args.seconds if args.seconds else args.minutes * 60.0
     fault_every = args.fault_every or min(180.0, duration / 4)
-    # Minute 5; a short run's reference is its middle, once the Go heap has warmed up.
-    reference_at = min(300.0, duration / 2)
+    # Minute 10; a short run's reference is its middle, once the Go heap has warmed up.
+    reference_at = min(600.0, duration / 2)
     sample_every = 5.0 if duration >= 300 else 2.0
     tally, samples, quiet = Tally(), [], {}
     traffic = asyncio.Event()
@@ -269,6 +297,8 @@ async def run(args: argparse.Namespace, lab: Lab) -> dict[str, Any]:
         # Connections retired by age or GOAWAY close once their last stream ends.
         await asyncio.sleep(1.0)
         quiet[name] = await asyncio.to_thread(sample, lab.proxy.pid, lab.metrics, time.monotonic() - start)
+        if args.profiles is not None:
+            await asyncio.to_thread(save_heap, lab.metrics, args.profiles / f"heap-{name}.pb.gz")
         if name != "end":
             traffic.set()
 
@@ -395,11 +425,16 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--no-readme", action="store_true", help="print only; write no results")
     parser.add_argument("--json", type=Path, help="also write the whole result here")
     parser.add_argument("--binary", type=Path, help="the proxy (default: the build cache's)")
+    parser.add_argument(
+        "--profiles", type=Path, help="run the proxy with -pprof; save and compare heap profiles here"
+    )
     args = parser.parse_args(argv)
+    if args.profiles is not None:
+        args.profiles.mkdir(parents=True, exist_ok=True)
     command = "python bench/soak.py " + " ".join(argv if argv is not None else sys.argv[1:])
     with tempfile.TemporaryDirectory(prefix="soak-") as tmp:
         work = Path(tmp)
-        lab = start_lab(work, args.binary)
+        lab = start_lab(work, args.binary, pprof=args.profiles is not None)
         try:
             result = asyncio.run(run(args, lab))
         finally:
@@ -414,6 +449,10 @@ def main(argv: list[str] | None = None) -> int:
             lab.origin.stop()
     rows = checks(result)
     summary = report(result, command.strip(), "soak.svg")
+    if args.profiles is not None and {"reference", "end"} <= result["quiet"].keys():
+        diff = heap_diff(args.profiles / "heap-reference.pb.gz", args.profiles / "heap-end.pb.gz")
+        result["heap_diff"] = diff
+        summary += f"\n\nHeap at the end minus the reference (live objects after a GC):\n\n```\n{diff}\n```"
     print(summary)
     if args.json is not None:
         args.json.write_text(json.dumps(result, indent=1))

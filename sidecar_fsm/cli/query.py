@@ -74,6 +74,9 @@ def _ctrl_c_cancels() -> Iterator[threading.Event]:
     raises KeyboardInterrupt itself (exit 130). Outside the main thread nothing is installed.
     """
     cancel = threading.Event()
+    if signal.getsignal(signal.SIGINT) == signal.SIG_IGN:  # nohup, a script's `&`: it stays so
+        yield cancel
+        return
     try:
         previous = signal.signal(signal.SIGINT, lambda _signum, _frame: cancel.set())
     except ValueError:  # not the main thread: signals are not ours to handle

@@ -17,15 +17,20 @@ import signal
 import socket
 import subprocess
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
 import pytest
 import yaml
 from helpers import ProcessRegistry, wait_until
+from omegaconf import OmegaConf
+from querycluster import open_files
 
 from sidecar_fsm.lab import TlsH2Origin
+from sidecar_fsm.launcher import H2PingSidecarManager, start_h2_ping_sidecar
 from sidecar_fsm.run import crashpoints
+from sidecar_fsm.state.dbfile import database_files
 
 # bench/ is not installed with the package: the repo root makes it importable however pytest runs.
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
@@ -203,3 +208,57 @@ def test_a_start_begun_with_sigint_ignored_keeps_ignoring_it_and_sigterm_stops_i
     assert "SIGTERM: draining the sidecars" in err, err
     assert "SIGINT: draining" not in err and "again" not in err, err
     assert interrupt_hunt.leftovers(log_dir) == []
+
+
+# Each reader's exit once it has the signal: top ends its display and exits 0 on either; logs -f
+# ends on Ctrl-C (0 in its loop, 130 "interrupted" just before it) and dies of SIGTERM; a query is
+# cancelled by Ctrl-C (130) and dies of SIGTERM.
+READERS = {
+    ("top", signal.SIGINT): {0},
+    ("top", signal.SIGTERM): {0},
+    ("logs", signal.SIGINT): {0, 130},
+    ("logs", signal.SIGTERM): {-signal.SIGTERM},
+    ("query", signal.SIGINT): {130},
+    ("query", signal.SIGTERM): {-signal.SIGTERM},
+}
+FOREVER = "WITH RECURSIVE c(x) AS (SELECT 1 UNION ALL SELECT x + 1 FROM c) SELECT count(*) FROM c"
+
+
+def test_top_logs_and_query_end_within_a_second_of_sigint_or_sigterm(
+    sidecar_binary: Path,
+    tls_origin: TlsH2Origin,
+    log_dir: Path,
+    process_registry: ProcessRegistry,
+    managers: list[H2PingSidecarManager],
+) -> None:
+    manager = start_h2_ping_sidecar(OmegaConf.create(_config(sidecar_binary, tls_origin, log_dir)))
+    assert manager is not None
+    managers.append(manager)
+    (database,) = database_files(log_dir)
+    argv = {
+        "top": ["top", "--interval", "0.2"],
+        "logs": ["logs", "-f", str(manager.run_id)],
+        "query": ["query", FOREVER, "--timeout", "60"],
+    }
+    took = {}
+    for (command, sig), codes in READERS.items():
+        reader = subprocess.Popen(
+            [sys.executable, "-m", "sidecar_fsm", "--log-dir", str(log_dir), *argv[command]],
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+        )
+        process_registry.add(reader)
+        assert reader.stdout is not None
+        if command == "query":  # it prints nothing until it is done: wait until it reads
+            reading = lambda pid=reader.pid: any(str(database) in f.path for f in open_files(pid))  # noqa: E731
+            wait_until(reading, 30, "the query")
+        else:  # a frame of top, the proxies' first log lines
+            assert reader.stdout.readline(), reader.communicate()
+        sent = time.monotonic()
+        reader.send_signal(sig)
+        _, err = reader.communicate(timeout=30)
+        took[(command, sig.name)] = time.monotonic() - sent
+        assert reader.returncode in codes, (command, sig.name, err)
+        assert b"Traceback" not in err, err
+    assert max(took.values()) <= 1.0, took

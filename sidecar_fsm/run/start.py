@@ -7,9 +7,11 @@ Owns ``start`` (the ``NodeSidecars.start()`` of ``supervise``) and the steps a r
 
 Once a process exists, any exception or ``KeyboardInterrupt`` out of ``start`` stops every
 child first. The few lines between creating a process and recording it run with SIGINT held
-(``interrupts_deferred``), since an interrupt there would leak a child nothing knows. SIGKILL
-cannot be held: a launcher killed there leaves a process no row names yet, which ``reap`` still
-finds and proves ours (``procs.find_ours``: the binary and this run's ready path in its argv).
+(``interrupts_deferred``), since an interrupt there would leak a child nothing knows, and so
+does creating the logs; an interrupt that lands after the run's commit but before the run has
+taken it in still closes the run (``_adopt_if_recorded``). SIGKILL cannot be held: a launcher
+killed there leaves a process no row names yet, which ``reap`` still finds and proves ours
+(``procs.find_ours``: the binary and this run's ready path in its argv).
 Never sets a state, never writes SQL outside ``store`` and never signals except through
 ``stop.kill``; every commit and spawn is followed by ``crashpoints.hit``.
 """

@@ -37,6 +37,7 @@ import tempfile
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
@@ -395,7 +396,8 @@ def main(argv: list[str] | None = None) -> int:
     command = f"python bench/interrupt_hunt.py --starts {args.starts} --busy {args.busy} --seed {args.seed}"
     report = "\n".join(
         [
-            f"`{command}` ({took:.0f} s, {os.cpu_count()} cores, {args.busy} busy loops, load {load}):",
+            f"`{command}` ({datetime.now(timezone.utc):%Y-%m-%d %H:%M} UTC, {took:.0f} s, "
+            f"{os.cpu_count()} cores, {args.busy} busy loops, load {load}):",
             "",
             markdown_table(HEADER, rows),
             "",

@@ -27,6 +27,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from datetime import datetime, timezone
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
@@ -160,7 +161,8 @@ def main(argv: list[str] | None = None) -> int:
     )
     report = "\n".join(
         [
-            f"`{command}` ({os.cpu_count()} cores, {args.busy} busy loops, load average "
+            f"`{command}` ({datetime.now(timezone.utc):%Y-%m-%d %H:%M} UTC, {os.cpu_count()} cores, "
+            f"{args.busy} busy loops, load average "
             f"{result['load']}): {'pass' if passed else 'FAIL'}.",
             "",
             markdown_table(header, [row]),

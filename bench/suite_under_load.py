@@ -45,12 +45,12 @@ def failed_tests(junit: Path) -> list[str]:
     for case in ElementTree.parse(junit).getroot().iter("testcase"):
         if case.find("failure") is not None or case.find("error") is not None:
             module = case.get("classname", "").replace(".", "/")
-            failed.append(f"{module}.py::{case.get('name')}")
+            failed.append(f"{module}.py::{case.get('name')}" if module else str(case.get("name")))
     return failed
 
 
 def one_run(index: int, pytest_args: list[str], work: Path) -> list[str]:
-    """Run the command once; the table row: run, result, duration, load, failing tests."""
+    """Run the command once; the table row: run, result, duration, load, summary, failing tests."""
     junit = work / f"run-{index}.xml"
     argv = [sys.executable, "-m", "pytest", *pytest_args, f"--junitxml={junit}", "-p", "no:cacheprovider"]
     began = time.monotonic()
@@ -69,12 +69,14 @@ def one_run(index: int, pytest_args: list[str], work: Path) -> list[str]:
     took = time.monotonic() - began
     failed = failed_tests(junit)
     print(f"run {index}: exit {code} in {took:.0f} s; {tail[0]}", file=sys.stderr, flush=True)
+    named = ", ".join(failed[:8]) + (f" (+{len(failed) - 8} more)" if len(failed) > 8 else "")
     return [
         str(index),
         "pass" if code == 0 else f"FAIL (exit {code})",
         f"{took:.0f}",
         load_average(),
-        ", ".join(failed[:8]) + (f" (+{len(failed) - 8} more)" if len(failed) > 8 else "") or tail[0],
+        tail[0].strip("= "),
+        named or ("none" if code == 0 else "see the run's output"),
     ]
 
 
@@ -89,7 +91,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--busy", type=int, default=3, help="CPU-bound loops running meanwhile")
     parser.add_argument("--no-readme", action="store_true")
     args = parser.parse_args(args_in)
-    header = ["run", "result", "duration (s)", "load at the end", "failing tests"]
+    header = ["run", "result", "duration (s)", "load at the end", "pytest's summary", "failing tests"]
     started = datetime.now(timezone.utc)
     with tempfile.TemporaryDirectory(prefix="suite-under-load-") as tmp, busy_loops(args.busy):
         rows = [one_run(index + 1, pytest_args, Path(tmp)) for index in range(args.runs)]

@@ -82,6 +82,11 @@ def _global_get(global_config_dict: Any, key: str) -> Any:
         return None
 
 
+def _say(line: str) -> None:
+    """A line of a running run (a restart), as ``start()`` prints its own."""
+    print(f"h2-ping-sidecar {line}", flush=True)
+
+
 def _progress(message: str) -> None:
     print(f"h2-ping-sidecar: {message}", flush=True)
 
@@ -177,6 +182,7 @@ class H2PingSidecarManager:
         )
         self._sidecars = sidecars
         self.run_id = sidecars.run_id
+        sidecars.notify = _say
         # NodeSidecars.start() stops its children before any exception leaves it.
         for line in [*sidecars.start(), *sidecars.upstream_verdicts]:
             print(f"h2-ping-sidecar {line}", flush=True)

@@ -7,12 +7,18 @@ lab, ``start`` and the README's walkthrough are ``tests/integration/test_first_r
 
 from __future__ import annotations
 
+import json
 import os
+import re
 from pathlib import Path
 
 import pytest
 
-from sidecar_fsm.cli import main
+from sidecar_fsm.cli import build_parser, main
+from sidecar_fsm.run import messages
+from sidecar_fsm.state import query
+from sidecar_fsm.state.store import InstanceRecord, RunRecord, Store
+from sidecar_fsm.view import cells, upkeep_report
 
 # -- reap and prune never say "nothing to do" for a log dir that is not there ------------------
 
@@ -102,3 +108,138 @@ def test_a_dash_value_of_another_option_is_still_an_option(
     """Only ``--older-than`` takes a value that starts with a dash; ``--dry-run`` stays a flag."""
     assert main(["--log-dir", str(tmp_path), "prune", "--older-than", "--dry-run"]) == 2
     assert "--older-than: expected one argument" in capsys.readouterr().err
+
+
+# -- query: refusals in the user's words, and the schema lists the views ------------------------
+
+
+@pytest.mark.parametrize(
+    ("sql", "says"),
+    [
+        ("DROP VIEW run_summary", "'DROP VIEW run_summary' would change the schema: writes are refused"),
+        (
+            "CREATE TEMP TABLE notes (x)",
+            "'CREATE TEMP TABLE notes (x)' would change the schema: writes are refused",
+        ),
+        (
+            "CREATE VIEW mine AS SELECT 1",
+            "'CREATE VIEW mine AS SELECT 1' would change the schema: writes are refused",
+        ),
+        ("DELETE FROM h0.runs", "'DELETE FROM h0.runs' would delete from 'runs': writes are refused"),
+    ],
+)
+def test_a_refused_query_says_writes_are_refused_never_an_internal_table(
+    sql: str, says: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    Store.open(tmp_path, host="node-a").close()
+    assert main(["--log-dir", str(tmp_path), "query", sql]) == 2
+    out, err = capsys.readouterr()
+    assert out == ""
+    assert err == f"sidecar-fsm query: {says}; query runs one read-only SELECT (or WITH)\n"
+    assert "sqlite_" not in err
+
+
+def test_sqlite_master_lists_the_views_and_they_still_read_every_host(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    for host in ("node-a", "node-b"):
+        with Store.open(tmp_path, host=host) as store:
+            store.create_run("run-" + host, owner_pid=os.getpid(), owner_start_time=None, config_summary={})
+    assert main(["--log-dir", str(tmp_path), "query", "SELECT type, name FROM sqlite_master", "--json"]) == 0
+    listed = json.loads(capsys.readouterr().out)["rows"]
+    assert [(row["type"], row["name"]) for row in listed] == [("view", view) for view in query.VIEWS]
+    result = query.run_query(tmp_path, "SELECT host, run_id FROM run_summary ORDER BY host")
+    assert result.rows == [("node-a", "run-node-a"), ("node-b", "run-node-b")]
+
+
+# -- the global --json help names every command that takes it --------------------------------------
+
+
+def test_the_global_json_help_names_every_command_that_takes_it() -> None:
+    parser = build_parser()
+    (json_help,) = re.findall(r"--json\s+machine-readable output \(([^)]*)\)", parser.format_help())
+    named = [name.strip() for name in json_help.split(",")]
+    commands = next(action for action in parser._actions if action.dest == "command").choices
+    assert isinstance(commands, dict)
+    taking = [name for name, command in commands.items() if "--json" in command.format_help()]
+    assert named == taking
+    assert {"status", "history", "reap", "prune", "query"} <= set(named)
+
+
+# -- an exit by signal reads as the signal's name; stop says how long it waited ------------------
+
+
+def _run(**overrides: object) -> RunRecord:
+    fields: dict[str, object] = {
+        "run_id": "4c1e9a3f2b10",
+        "host": "vm",
+        "owner_pid": 41022,
+        "owner_start_time": None,
+        "started_at": 1_800_000_000.0,
+        "ended_at": 1_800_000_600.0,
+        "outcome": "ended",
+        "config_summary": {},
+    }
+    return RunRecord(**{**fields, **overrides})  # type: ignore[arg-type]
+
+
+def _instance(**overrides: object) -> InstanceRecord:
+    fields: dict[str, object] = {
+        "id": 1,
+        "run_id": "4c1e9a3f2b10",
+        "name": "policy",
+        "listen": "127.0.0.1:1250",
+        "upstream": "https://api.example.com",
+        "state": "failed",
+        "state_since": 1_800_000_600.0,
+        "pid": None,
+        "pid_start_time": None,
+        "binary": None,
+        "log_path": None,
+        "ready_path": None,
+        "exit_code": -9,
+        "error": "h2-ping-sidecar 'policy' (run 4c1e9a3f2b10): exited with code 137 (killed by SIGKILL)",
+        "restart_count": 2,
+    }
+    return InstanceRecord(**{**fields, **overrides})  # type: ignore[arg-type]
+
+
+def test_a_signal_reads_as_its_name_in_status_detail_and_in_the_stop_report() -> None:
+    killed = _instance()
+    assert cells.instance_detail(killed).startswith("killed by SIGKILL: h2-ping-sidecar 'policy'")
+    assert cells.instance_detail(killed).endswith("; 2 restarts")
+    assert cells.instance_detail(_instance(exit_code=1, error=None, restart_count=0)) == "exit 1"
+    head, _, row, clean = upkeep_report.stopped_lines(
+        _run(),
+        [killed, _instance(name="judge", state="stopped", exit_code=0, error=None, restart_count=0)],
+        2.04,
+    )
+    assert head == "run 4c1e9a3f2b10 ended; stop waited 2.0s for it to close"
+    assert row.split()[:3] == ["policy", "failed", "SIGKILL"]
+    assert clean.split()[:4] == ["judge", "stopped", "0", "exit"]
+    assert "-9" not in "\n".join([head, row, cells.instance_detail(killed)])
+
+
+@pytest.mark.parametrize(
+    ("code", "before_ready", "says"),
+    [
+        (-9, False, "exited with code 137 (killed by SIGKILL) unexpectedly"),
+        (-15, True, "exited with code 143 (killed by SIGTERM) before it was ready"),
+        (2, False, "exited with code 2 unexpectedly"),
+    ],
+)
+def test_the_failure_line_names_the_signal_and_keeps_the_words_the_reason_reads(
+    code: int, before_ready: bool, says: str, tmp_path: Path
+) -> None:
+    line = messages.exit_message("h2-ping-sidecar 'p'", code, before_ready, str(tmp_path / "none.log"), None)
+    assert line == f"h2-ping-sidecar 'p': {says}; see {tmp_path / 'none.log'}"
+
+
+def test_ctrl_c_again_is_offered_only_after_a_ctrl_c() -> None:
+    busy = [("nvcf", None)]
+    assert upkeep_report.draining_lines(busy, 60.0, "SIGINT")[1].endswith("; Ctrl-C again to stop now")
+    by_term = upkeep_report.draining_lines(busy, 60.0, "SIGTERM")
+    assert by_term == [
+        "SIGTERM: draining the sidecars",
+        "draining nvcf: requests in flight unknown, up to 60s; a second signal stops it now",
+    ]

@@ -88,12 +88,20 @@ def cmd_start(args: argparse.Namespace) -> int:
     # Imported here: the launcher pulls pydantic and the supervisor, which read commands never need.
     from pydantic import ValidationError
 
-    from sidecar_fsm.config import describe_error
+    from sidecar_fsm.config import describe_error, h2_ping_sidecar_config_from_global_config, misspelled_block
     from sidecar_fsm.launcher import start_h2_ping_sidecar
 
     config = load_config(args.configs, f"{PROG} start")
     chosen, explicit = log_dir_of(args)
     sidecar_block = config.get("sidecar")
+    misspelled = misspelled_block(config)
+    if misspelled is not None:
+        raise UsageError(f"{PROG} start: '{misspelled}': top-level key not read; did you mean 'sidecar'?")
+    if isinstance(sidecar_block, DictConfig) and not sidecar_block.get("enabled", False):
+        try:  # a misspelled key inside the block ("enabeld") is the likelier mistake: name it
+            h2_ping_sidecar_config_from_global_config(config)
+        except ValidationError as error:
+            raise ConfigError(describe_error(error)) from None
     if not isinstance(sidecar_block, DictConfig) or not sidecar_block.get("enabled", False):
         raise UsageError(f"{PROG} start: sidecar.enabled is not true in the config; set sidecar.enabled=true")
     if args.write_config and not Path(args.write_config).resolve().parent.is_dir():

@@ -13,8 +13,11 @@ import re
 from pathlib import Path
 
 import pytest
+from omegaconf import OmegaConf
 
 from sidecar_fsm.cli import build_parser, main
+from sidecar_fsm.config import h2_ping_sidecar_config_from_global_config
+from sidecar_fsm.errors import ConfigWarning
 from sidecar_fsm.run import messages
 from sidecar_fsm.state import query
 from sidecar_fsm.state.store import InstanceRecord, RunRecord, Store
@@ -243,3 +246,36 @@ def test_ctrl_c_again_is_offered_only_after_a_ctrl_c() -> None:
         "SIGTERM: draining the sidecars",
         "draining nvcf: requests in flight unknown, up to 60s; a second signal stops it now",
     ]
+
+
+# -- a misspelled sidecar block is named, never silently disabled ---------------------------------
+
+
+@pytest.mark.parametrize("key", ["sidcar", "Sidecar", "side_car", "sidecars"])
+def test_a_misspelled_top_level_block_asks_did_you_mean_sidecar(
+    key: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    config = tmp_path / "gym.yaml"
+    config.write_text(f"{key}:\n  enabled: true\n")
+    assert main(["--log-dir", str(tmp_path), "start", str(config)]) == 2
+    assert capsys.readouterr().err == (
+        f"sidecar-fsm start: '{key}': top-level key not read; did you mean 'sidecar'?\n"
+    )
+    with pytest.warns(ConfigWarning, match=rf"^'{key}': top-level key not read; did you mean 'sidecar'\?"):
+        assert not h2_ping_sidecar_config_from_global_config(
+            OmegaConf.create({key: {"enabled": True}})
+        ).enabled
+
+
+def test_an_unrelated_top_level_key_is_not_taken_for_the_block(recwarn: pytest.WarningsRecorder) -> None:
+    assert not h2_ping_sidecar_config_from_global_config({"policy_model": {}, "scheduler": {}}).enabled
+    assert not recwarn.list
+
+
+def test_a_misspelled_key_inside_a_disabled_looking_block_is_named(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    config = tmp_path / "gym.yaml"
+    config.write_text("sidecar:\n  enabeld: true\n")
+    assert main(["--log-dir", str(tmp_path), "start", str(config)]) == 2
+    assert capsys.readouterr().err == "sidecar.enabeld: unknown key; did you mean 'enabled'?\n"

@@ -7,12 +7,21 @@ console, and the README's "First run" walkthrough run exactly as the README prin
 
 from __future__ import annotations
 
+import os
+import re
+import shlex
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import pytest
-from helpers import http11_request
+from helpers import ProcessRegistry, http11_request, wait_until
 
 from sidecar_fsm.lab import TlsH2Origin
 from sidecar_fsm.launcher import H2PingSidecarManager, start_h2_ping_sidecar
@@ -132,3 +141,123 @@ def test_a_listen_off_loopback_keeps_the_host_written_in_the_rewritten_url(
     servers = config["policy_model"]["responses_api_models"]
     assert servers["openai_model"]["base_url"] == f"http://0.0.0.0:{bound}"
     assert http11_request("127.0.0.1", bound, "/echo").status == 200
+
+
+# -- the README's "First run", exactly as it prints it ---------------------------------------------
+
+README = Path(__file__).resolve().parents[2] / "README.md"
+VENV_BIN = Path(sys.executable).parent
+# What changes from one lab to the next: its folders (temp names) and its ports.
+_VARYING = [
+    (re.compile(r"/tmp/sidecar-fsm-(lab|origin)-[\w]+"), r"<\1 dir>"),
+    (re.compile(r":\d{4,5}\b"), ":<port>"),
+]
+
+
+def first_run_section() -> tuple[list[str], list[str]]:
+    """The README's "First run": the console block (``$ command`` then its output) and the
+    commands of its ``sh`` blocks, in order."""
+    text = README.read_text()
+    section = text.split("\n## First run\n", 1)[1].split("\n## ", 1)[0]
+    (console,) = re.findall(r"```console\n(.*?)```", section, flags=re.DOTALL)
+    commands = [
+        line
+        for block in re.findall(r"```sh\n(.*?)```", section, flags=re.DOTALL)
+        for line in block.splitlines()
+        if line.strip()
+    ]
+    return console.splitlines(), commands
+
+
+def varying_parts_out(line: str) -> str:
+    for pattern, placeholder in _VARYING:
+        line = pattern.sub(placeholder, line)
+    return line
+
+
+class Background:
+    """A command of the walkthrough that runs until it is told to stop; output in a file."""
+
+    def __init__(self, argv: list[str], env: dict[str, str], path: Path, registry: ProcessRegistry) -> None:
+        self.path = path
+        with open(path, "wb") as out:
+            self.proc = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT, env=env)
+        registry.add(self.proc)
+
+    def text(self) -> str:
+        return self.path.read_text(errors="replace")
+
+    def wait_for(self, words: str, timeout: float) -> str:
+        wait_until(lambda: words in self.text() or self.proc.poll() is not None, timeout, repr(words))
+        assert words in self.text(), self.text()
+        return self.text()
+
+
+def test_the_readme_first_run_works_exactly_as_printed(
+    tmp_path: Path, log_dir: Path, cache_dir: Path, sidecar_binary: Path, process_registry: ProcessRegistry
+) -> None:
+    console, commands = first_run_section()
+    assert [varying_parts_out(command).split()[:2] for command in commands] == [
+        ["sidecar-fsm", "start"],
+        ["curl", "-sS"],
+        ["sidecar-fsm", "status"],
+        ["sidecar-fsm", "top"],
+        ["sidecar-fsm", "stop"],
+        ["sidecar-fsm", "history"],
+    ]
+    with socket.socket() as probe:  # the example config's fixed listen, which curl is sent to
+        if probe.connect_ex(("127.0.0.1", 1250)) == 0:
+            pytest.fail("127.0.0.1:1250 is taken on this machine; the README's walkthrough needs it")
+    # The user's commands as typed; only where state and the build cache live are the test's own
+    # (the cache holds the session's binary: the walkthrough does not build it again).
+    xdg = tmp_path / "xdg"
+    shutil.copytree(cache_dir, xdg / "sidecar-fsm", copy_function=os.link)
+    env = {**os.environ, "PATH": f"{VENV_BIN}:{os.environ['PATH']}", "SIDECAR_FSM_LOG_DIR": str(log_dir)}
+    env["XDG_CACHE_HOME"] = str(xdg)
+
+    assert console[0] == "$ sidecar-fsm lab --idle 5"
+    lab = Background(shlex.split(console[0][2:]), env, tmp_path / "lab.out", process_registry)
+    printed = lab.wait_for("serving until Ctrl-C", 30).splitlines()
+    assert [varying_parts_out(line) for line in printed] == [varying_parts_out(line) for line in console[1:]]
+    start_line, curl_line = (line.strip() for line in printed if line.startswith("  "))
+    assert varying_parts_out(start_line) == varying_parts_out(commands[0])
+    assert curl_line == commands[1]
+
+    start = Background(shlex.split(start_line), env, tmp_path / "start.out", process_registry)
+    said = start.wait_for("supervising;", 60)
+    assert "base_url: https://localhost:" in said and "-> http://127.0.0.1:1250/v1" in said
+    assert "WARNING" not in said
+    run_id = re.search(r"^run (\w+): 1 sidecar\(s\) ready", said, re.M)
+    assert run_id is not None, said
+
+    began = time.monotonic()
+    answer = subprocess.run(shlex.split(curl_line), capture_output=True, text=True, timeout=60, env=env)
+    assert answer.returncode == 0, answer.stderr
+    assert answer.stdout.startswith("slow: first byte after 10s") and time.monotonic() - began >= 10
+
+    status = subprocess.run(shlex.split(commands[2]), capture_output=True, text=True, timeout=30, env=env)
+    assert status.returncode == 0, status.stdout + status.stderr
+    assert re.search(
+        r"^  nvcf\s+ready\s+\d+\s+127\.0\.0\.1:1250 → https://localhost:\d+ ", status.stdout, re.M
+    )
+
+    top = Background(shlex.split(commands[3]), env, tmp_path / "top.out", process_registry)
+    top.wait_for("nvcf", 30)
+    top.proc.send_signal(signal.SIGINT)
+    assert top.proc.wait(timeout=10) == 0, top.text()
+
+    stop = subprocess.run(shlex.split(commands[4]), capture_output=True, text=True, timeout=90, env=env)
+    assert stop.returncode == 0, stop.stdout + stop.stderr
+    assert start.proc.wait(timeout=30) == 0, start.text()
+
+    history_argv = [run_id.group(1) if word == "RUN" else word for word in shlex.split(commands[5])]
+    history = subprocess.run(history_argv, capture_output=True, text=True, timeout=30, env=env)
+    assert history.returncode == 0, history.stderr
+    assert [line.split()[4:6] for line in history.stdout.splitlines() if " nvcf " in line][-2:] == [
+        ["ready", "draining"],
+        ["draining", "stopped"],
+    ], history.stdout
+
+    lab.proc.send_signal(signal.SIGINT)
+    assert lab.proc.wait(timeout=10) == 0
+    assert not any(Path(word).exists() for word in shlex.split(start_line) if word.endswith("gym.yaml"))

@@ -17,6 +17,7 @@ from omegaconf import OmegaConf
 
 from sidecar_fsm.cli import build_parser, main
 from sidecar_fsm.config import h2_ping_sidecar_config_from_global_config
+from sidecar_fsm.configfile import EXAMPLE_CONFIG, EXAMPLE_MODEL_BASE_URL
 from sidecar_fsm.errors import ConfigWarning
 from sidecar_fsm.run import messages
 from sidecar_fsm.state import query
@@ -279,3 +280,11 @@ def test_a_misspelled_key_inside_a_disabled_looking_block_is_named(
     config.write_text("sidecar:\n  enabeld: true\n")
     assert main(["--log-dir", str(tmp_path), "start", str(config)]) == 2
     assert capsys.readouterr().err == "sidecar.enabeld: unknown key; did you mean 'enabled'?\n"
+
+
+def test_the_config_lab_writes_is_the_readmes_example_word_for_word() -> None:
+    readme = (Path(__file__).resolve().parents[2] / "README.md").read_text()
+    block = re.search(r"```yaml\n(.*?)```", readme, flags=re.DOTALL)
+    assert block is not None
+    assert block.group(1) == EXAMPLE_CONFIG
+    assert OmegaConf.select(OmegaConf.create(EXAMPLE_CONFIG), EXAMPLE_MODEL_BASE_URL).startswith("https://")

@@ -7,6 +7,7 @@ console, and the README's "First run" walkthrough run exactly as the README prin
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import shlex
@@ -21,7 +22,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from helpers import ProcessRegistry, http11_request, wait_until
+import yaml
+from helpers import ProcessRegistry, http11_request, sidecar_cli, wait_until
 
 from sidecar_fsm.lab import TlsH2Origin
 from sidecar_fsm.launcher import H2PingSidecarManager, start_h2_ping_sidecar
@@ -261,3 +263,72 @@ def test_the_readme_first_run_works_exactly_as_printed(
     lab.proc.send_signal(signal.SIGINT)
     assert lab.proc.wait(timeout=10) == 0
     assert not any(Path(word).exists() for word in shlex.split(start_line) if word.endswith("gym.yaml"))
+
+
+# -- SIGTERM and `sidecar-fsm stop` always work, however start was launched ------------------------
+
+
+def sigint_ignored(argv: list[str]) -> list[str]:
+    """``argv`` as a script's background job (or ``nohup`` under a non-interactive shell) runs
+    it: with SIGINT ignored, which the exec'd program inherits."""
+    return ["sh", "-c", 'trap "" INT; exec "$@"', "sh", *argv]
+
+
+def start_config(path: Path, binary: Path, ca_file: Path, upstream: str, **sidecar: Any) -> Path:
+    block = {
+        "enabled": True,
+        "binary": str(binary),
+        "ca_file": str(ca_file),
+        "shutdown_grace": "5s",
+        "instances": [{"name": "policy", "upstream": upstream, "listen": "127.0.0.1:0"}],
+        **sidecar,
+    }
+    path.write_text(yaml.safe_dump({"sidecar": block}))
+    return path
+
+
+def test_stop_ends_a_start_launched_with_sigint_ignored(
+    tmp_path: Path,
+    log_dir: Path,
+    tls_origin: TlsH2Origin,
+    sidecar_binary: Path,
+    process_registry: ProcessRegistry,
+) -> None:
+    config = start_config(tmp_path / "gym.yaml", sidecar_binary, tls_origin.ca_file, tls_origin.url)
+    argv = [str(VENV_BIN / "sidecar-fsm"), "--log-dir", str(log_dir), "start", str(config)]
+    start = Background(sigint_ignored(argv), dict(os.environ), tmp_path / "start.out", process_registry)
+    start.wait_for("supervising;", 60)
+    stopped = sidecar_cli(log_dir, "stop", "--timeout", "30")
+    assert stopped.returncode == 0, stopped.stdout + stopped.stderr
+    assert start.proc.wait(timeout=30) == 0, start.text()
+    assert "SIGTERM: draining the sidecars" in start.text()
+
+
+def test_sigterm_while_starting_stops_what_was_started_with_sigint_ignored(
+    tmp_path: Path,
+    log_dir: Path,
+    tls_origin: TlsH2Origin,
+    sidecar_binary: Path,
+    process_registry: ProcessRegistry,
+) -> None:
+    """The start waits on its upstream check (an upstream that takes the connection and never
+    answers): SIGTERM then ends it at once, 130, nothing left running."""
+    with socket.socket() as silent:
+        silent.bind(("127.0.0.1", 0))
+        silent.listen(8)
+        upstream = f"https://localhost:{silent.getsockname()[1]}"
+        config = start_config(
+            tmp_path / "gym.yaml", sidecar_binary, tls_origin.ca_file, upstream, upstream_check_seconds=60
+        )
+        argv = [str(VENV_BIN / "sidecar-fsm"), "--log-dir", str(log_dir), "start", str(config)]
+        start = Background(sigint_ignored(argv), dict(os.environ), tmp_path / "start.out", process_registry)
+        silent.settimeout(60)
+        checking, _ = silent.accept()  # the proxy is ready and its upstream check has dialled
+        with checking:
+            start.proc.send_signal(signal.SIGTERM)
+            assert start.proc.wait(timeout=30) == 130, start.text()
+    assert "interrupted before the sidecars were ready; everything started was stopped" in start.text()
+    runs = json.loads(sidecar_cli(log_dir, "status", "--all", "--json").stdout)["runs"]
+    ((run,),) = [runs]
+    assert run["ended_at"] is not None, run
+    assert [(inst["state"], inst["alive"]) for inst in run["instances"]] == [("stopped", None)], run

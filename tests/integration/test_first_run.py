@@ -27,6 +27,7 @@ from helpers import ProcessRegistry, http11_request, sidecar_cli, wait_until
 
 from sidecar_fsm.lab import TlsH2Origin
 from sidecar_fsm.launcher import H2PingSidecarManager, start_h2_ping_sidecar
+from sidecar_fsm.state.hostname import host_name
 
 
 def gym_dict(origin: TlsH2Origin, log_dir: Path, binary: Path, *instances: dict[str, str]) -> dict[str, Any]:
@@ -332,3 +333,50 @@ def test_sigterm_while_starting_stops_what_was_started_with_sigint_ignored(
     ((run,),) = [runs]
     assert run["ended_at"] is not None, run
     assert [(inst["state"], inst["alive"]) for inst in run["instances"]] == [("stopped", None)], run
+
+
+# -- a restart is said on start's console; a signal reads by its name everywhere --------------------
+
+
+def test_restarts_are_said_on_the_console_and_a_signal_reads_by_its_name_everywhere(
+    tmp_path: Path,
+    log_dir: Path,
+    tls_origin: TlsH2Origin,
+    sidecar_binary: Path,
+    process_registry: ProcessRegistry,
+) -> None:
+    config = start_config(
+        tmp_path / "gym.yaml",
+        sidecar_binary,
+        tls_origin.ca_file,
+        tls_origin.url,
+        restart={"max_restarts": 1, "backoff": "100ms"},
+    )
+    argv = [str(VENV_BIN / "sidecar-fsm"), "--log-dir", str(log_dir), "start", str(config)]
+    start = Background(argv, dict(os.environ), tmp_path / "start.out", process_registry)
+    start.wait_for("supervising;", 60)
+
+    def instance() -> dict[str, Any]:
+        (run,) = json.loads(sidecar_cli(log_dir, "status", "--json").stdout)["runs"]
+        (inst,) = run["instances"]
+        return {**inst, "run_id": run["run_id"]}
+
+    first = instance()
+    listen = first["listen"]
+    os.kill(first["pid"], signal.SIGKILL)
+    said = start.wait_for("restarting", 30)
+    line = f"h2-ping-sidecar {host_name()}: policy killed by SIGKILL; restarting (attempt 1 of 1) on {listen}"
+    assert line in said.splitlines(), said
+    again = wait_until(lambda: (i := instance())["pid"] != first["pid"] and i["state"] == "ready" and i, 30)
+
+    os.kill(again["pid"], signal.SIGKILL)  # the policy is spent: this one fails the run
+    assert start.proc.wait(timeout=30) == 1, start.text()
+    never = re.compile(r"(code|exit) -\d")  # Python's returncode for a signal, never shown
+    assert not never.search(start.text()), start.text()
+    shown = sidecar_cli(log_dir, "status", "--run", first["run_id"])
+    (row,) = [line for line in shown.stdout.splitlines() if line.lstrip().startswith("policy")]
+    assert "killed by SIGKILL: h2-ping-sidecar 'policy'" in row and not never.search(row), shown.stdout
+    history = sidecar_cli(log_dir, "history", first["run_id"]).stdout
+    assert re.search(r"\srestart\s+killed by SIGKILL; attempt 1 of 1, pid \d+ on ", history), history
+    assert "exited with code 137 (killed by SIGKILL) unexpectedly" in history
+    assert not never.search(history), history

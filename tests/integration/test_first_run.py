@@ -15,7 +15,6 @@ import shutil
 import signal
 import socket
 import subprocess
-import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -23,7 +22,7 @@ from typing import Any
 
 import pytest
 import yaml
-from helpers import ProcessRegistry, http11_request, sidecar_cli, wait_until
+from helpers import SIDECAR_FSM, ProcessRegistry, http11_request, sidecar_cli, wait_until
 
 from sidecar_fsm.lab import TlsH2Origin
 from sidecar_fsm.launcher import H2PingSidecarManager, start_h2_ping_sidecar
@@ -149,7 +148,6 @@ def test_a_listen_off_loopback_keeps_the_host_written_in_the_rewritten_url(
 # -- the README's "First run", exactly as it prints it ---------------------------------------------
 
 README = Path(__file__).resolve().parents[2] / "README.md"
-VENV_BIN = Path(sys.executable).parent
 # What changes from one lab to the next: its folders (temp names) and its ports.
 _VARYING = [
     (re.compile(r"/tmp/sidecar-fsm-(lab|origin)-[\w]+"), r"<\1 dir>"),
@@ -215,7 +213,11 @@ def test_the_readme_first_run_works_exactly_as_printed(
     # (the cache holds the session's binary: the walkthrough does not build it again).
     xdg = tmp_path / "xdg"
     shutil.copytree(cache_dir, xdg / "sidecar-fsm", copy_function=os.link)
-    env = {**os.environ, "PATH": f"{VENV_BIN}:{os.environ['PATH']}", "SIDECAR_FSM_LOG_DIR": str(log_dir)}
+    env = {
+        **os.environ,
+        "PATH": f"{SIDECAR_FSM.parent}:{os.environ['PATH']}",
+        "SIDECAR_FSM_LOG_DIR": str(log_dir),
+    }
     env["XDG_CACHE_HOME"] = str(xdg)
 
     assert console[0] == "$ sidecar-fsm lab --idle 5"
@@ -296,7 +298,7 @@ def test_stop_ends_a_start_launched_with_sigint_ignored(
     process_registry: ProcessRegistry,
 ) -> None:
     config = start_config(tmp_path / "gym.yaml", sidecar_binary, tls_origin.ca_file, tls_origin.url)
-    argv = [str(VENV_BIN / "sidecar-fsm"), "--log-dir", str(log_dir), "start", str(config)]
+    argv = [str(SIDECAR_FSM), "--log-dir", str(log_dir), "start", str(config)]
     start = Background(sigint_ignored(argv), dict(os.environ), tmp_path / "start.out", process_registry)
     start.wait_for("supervising;", 60)
     stopped = sidecar_cli(log_dir, "stop", "--timeout", "30")
@@ -321,7 +323,7 @@ def test_sigterm_while_starting_stops_what_was_started_with_sigint_ignored(
         config = start_config(
             tmp_path / "gym.yaml", sidecar_binary, tls_origin.ca_file, upstream, upstream_check_seconds=60
         )
-        argv = [str(VENV_BIN / "sidecar-fsm"), "--log-dir", str(log_dir), "start", str(config)]
+        argv = [str(SIDECAR_FSM), "--log-dir", str(log_dir), "start", str(config)]
         start = Background(sigint_ignored(argv), dict(os.environ), tmp_path / "start.out", process_registry)
         silent.settimeout(60)
         checking, _ = silent.accept()  # the proxy is ready and its upstream check has dialled
@@ -352,7 +354,7 @@ def test_restarts_are_said_on_the_console_and_a_signal_reads_by_its_name_everywh
         tls_origin.url,
         restart={"max_restarts": 1, "backoff": "100ms"},
     )
-    argv = [str(VENV_BIN / "sidecar-fsm"), "--log-dir", str(log_dir), "start", str(config)]
+    argv = [str(SIDECAR_FSM), "--log-dir", str(log_dir), "start", str(config)]
     start = Background(argv, dict(os.environ), tmp_path / "start.out", process_registry)
     start.wait_for("supervising;", 60)
 

@@ -207,7 +207,8 @@ def register(sub: Any) -> None:
         "--older-than",
         metavar="DURATION",
         default="7d",
-        help=f"only runs that ended longer ago than this (default 7d = {DEFAULT_OLDER_THAN_SECONDS:g}s)",
+        help=f"only runs that ended longer ago than this, with a unit: 90m, 36h, 7d (default 7d = "
+        f"{DEFAULT_OLDER_THAN_SECONDS:g}s)",
     )
     prune.add_argument("--dry-run", action="store_true", help="print what would go, remove nothing")
 

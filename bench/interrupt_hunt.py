@@ -62,11 +62,12 @@ START_DEADLINE_SECONDS = 60.0
 # The API's caller: prints GO right before the call, then the outcome as one JSON line. A start
 # that returned waits for the signal (a late one) and stops its manager.
 API_DRIVER = r"""
-import json, sys, time
+import copy, json, sys, time
 from omegaconf import OmegaConf
 from sidecar_fsm.launcher import start_h2_ping_sidecar
-config = OmegaConf.create(json.loads(sys.argv[1]))
-before = OmegaConf.to_container(config)
+plain = sys.argv[2:] == ["plain"]  # a plain dict, as a Gym user may pass, else a DictConfig
+config = json.loads(sys.argv[1]) if plain else OmegaConf.create(json.loads(sys.argv[1]))
+before = copy.deepcopy(config) if plain else OmegaConf.to_container(config)
 manager = None
 try:
     print("GO", flush=True)
@@ -79,7 +80,7 @@ except KeyboardInterrupt:
     if manager is not None:
         manager.stop()
         sys.exit(0)
-    unchanged = OmegaConf.to_container(config) == before
+    unchanged = (config if plain else OmegaConf.to_container(config)) == before
     print(json.dumps({"outcome": "interrupted", "at": at, "unchanged": unchanged}), flush=True)
     sys.exit(130)
 """
@@ -182,16 +183,18 @@ def run_start(
     point: str | None = None,
     delay: float | None = None,
     track: Callable[[subprocess.Popen[str]], None] | None = None,
+    plain: bool = False,
 ) -> Start:
     """One start of ``kind``, interrupted by ``sig`` at crash point ``point`` (sent by the point
-    itself) or ``delay`` seconds after it began (sent from here); its verdict."""
+    itself) or ``delay`` seconds after it began (sent from here); its verdict. ``plain``: the
+    API is given a plain dict rather than a DictConfig."""
     env = {k: v for k, v in os.environ.items() if k != crashpoints.ENV_VAR}
     if point is not None:  # a point, or a whole SIDECAR_FSM_CRASH_AT value ("a@SIGINT,b@SIGINT")
         env[crashpoints.ENV_VAR] = point if "@" in point else f"{point}@{sig.name}"
     elif kind == "cli":
         env[crashpoints.ENV_VAR] = f"{CLI_BEGINS}@MARK"
     if kind == "api":
-        argv = [sys.executable, "-c", API_DRIVER, json.dumps(config)]
+        argv = [sys.executable, "-c", API_DRIVER, json.dumps(config), *(["plain"] if plain else [])]
     else:
         config_file = log_dir.parent / f"{log_dir.name}.yaml"
         config_file.write_text(yaml.safe_dump(config))

@@ -105,6 +105,21 @@ def test_ctrl_c_at_each_point_of_an_api_start(
     _assert_answered(result)
 
 
+@pytest.mark.parametrize("point", ["rewritten", "started"])
+def test_ctrl_c_after_the_rewrite_of_a_plain_dict_puts_it_back(
+    point: str,
+    sidecar_binary: Path,
+    tls_origin: TlsH2Origin,
+    log_dir: Path,
+    process_registry: ProcessRegistry,
+) -> None:
+    config = _config(sidecar_binary, tls_origin, log_dir)
+    result = interrupt_hunt.run_start(
+        "api", signal.SIGINT, config, log_dir, point=point, track=process_registry.add, plain=True
+    )
+    _assert_answered(result)
+
+
 # The CLI's two stop signals take turns over the points: each point once, each signal at half.
 @pytest.mark.parametrize(
     ("point", "sig"),

@@ -375,7 +375,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--starts", type=int, default=300)
     parser.add_argument("--busy", type=int, default=3, help="CPU-bound loops running meanwhile")
     parser.add_argument("--seed", type=int, default=31)
-    parser.add_argument("--no-readme", action="store_true")
+    parser.add_argument("--no-readme", action="store_true", help="print only; write no results")
     args = parser.parse_args(argv)
 
     from bench.harness.binaries import sidecar_binary
@@ -408,8 +408,8 @@ def main(argv: list[str] | None = None) -> int:
             *[f"\n```\n{r.describe()}\n```" for r in failed[:5]],
         ]
     )
-    results_path("interrupt_hunt").write_text(f"# Interrupt hunt\n\n{report}\n")
     if not args.no_readme:
+        results_path("interrupt_hunt").write_text(f"# Interrupt hunt\n\n{report}\n")
         update_readme("interrupt_hunt", report)
     return 1 if failed else 0
 

@@ -129,7 +129,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--ping-interval", default="1s")
     parser.add_argument("--ping-timeout", default="2s")
     parser.add_argument("--relay-idle", type=float, default=5.0, help="the relay's idle limit (s)")
-    parser.add_argument("--no-readme", action="store_true")
+    parser.add_argument("--no-readme", action="store_true", help="print only; write no results")
     args = parser.parse_args(argv)
     raise_nofile()
     with tempfile.TemporaryDirectory(prefix="starvation-") as tmp:
@@ -172,8 +172,8 @@ def main(argv: list[str] | None = None) -> int:
         ]
     )
     details = json.dumps(result, indent=1)
-    results_path("starvation").write_text(f"# Starvation\n\n{report}\n\n```json\n{details}\n```\n")
     if not args.no_readme:
+        results_path("starvation").write_text(f"# Starvation\n\n{report}\n\n```json\n{details}\n```\n")
         update_readme("starvation", report)
     return 0 if passed else 1
 

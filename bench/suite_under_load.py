@@ -6,9 +6,9 @@ Usage: ``.venv/bin/python bench/suite_under_load.py [--runs 3] [--busy 3] [--no-
 pytest, from the repo root), plus ``PYTEST_ARGS`` when given (a few files, to try the script:
 ``-- tests/integration/test_ready.py``), plus a JUnit XML report per run in a temp dir, which
 is where the failing tests' names come from. ``--busy`` CPU-bound loops start before the first
-run and are stopped after the last, whatever happened. Writes ``bench/results/suite_under_load.md``
-and, for the whole suite only (no ``PYTEST_ARGS``), the README section. Exit status 0 only if
-every run passed.
+run and are stopped after the last, whatever happened. Writes
+``bench/results/suite_under_load.md`` and, for the whole suite only (no ``PYTEST_ARGS``), the
+README section (``--no-readme``: neither). Exit status 0 only if every run passed.
 
 Must not change the suite's own settings (its ``pyproject.toml`` options apply as they are) or
 leave a process behind.
@@ -89,7 +89,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--runs", type=int, default=3)
     parser.add_argument("--busy", type=int, default=3, help="CPU-bound loops running meanwhile")
-    parser.add_argument("--no-readme", action="store_true")
+    parser.add_argument("--no-readme", action="store_true", help="print only; write no results")
     args = parser.parse_args(args_in)
     header = ["run", "result", "duration (s)", "load at the end", "pytest's summary", "failing tests"]
     started = datetime.now(timezone.utc)
@@ -104,9 +104,10 @@ def main(argv: list[str] | None = None) -> int:
         f"`{command}` ({started:%Y-%m-%d %H:%M} UTC, {os.cpu_count()} cores, {args.busy} busy loops):\n\n"
         + markdown_table(header, rows)
     )
-    results_path("suite_under_load").write_text(f"# The suite under load\n\n{report}\n")
-    if not args.no_readme and not pytest_args:
-        update_readme("suite_under_load", report)
+    if not args.no_readme:
+        results_path("suite_under_load").write_text(f"# The suite under load\n\n{report}\n")
+        if not pytest_args:  # the README's figures are the whole suite's
+            update_readme("suite_under_load", report)
     return 0 if all(row[1] == "pass" for row in rows) else 1
 
 

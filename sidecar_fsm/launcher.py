@@ -165,6 +165,12 @@ class H2PingSidecarManager:
             return list(self.instances)
         return self._sidecars.instances_actual
 
+    @property
+    def routes(self) -> dict[str, str | None]:
+        """Each instance's upstream route as its proxy said it ("direct", "via egress proxy URL");
+        None for a binary that does not say (NeMo Gym's); empty before ``start()``."""
+        return {} if self._sidecars is None else self._sidecars.routes
+
     def start(self) -> None:
         """Start every instance as a new run and await them together; on any failure nothing is left running.
 

@@ -51,6 +51,9 @@ class Child:
     error: str | None = None
     # The proxy's /metrics address from its ready file; None without metrics or before ready.
     metrics: str | None = None
+    # The upstream's route as the proxy's ready file says ("direct", "via egress proxy URL");
+    # None before ready and for a binary whose ready file does not say (NeMo Gym's).
+    route: str | None = None
 
     @property
     def name(self) -> str:
@@ -113,6 +116,11 @@ class SidecarRun:
         if not self.children:
             return list(self.instances)
         return [child.instance.model_copy(update={"listen": child.listen}) for child in self.children]
+
+    @property
+    def routes(self) -> dict[str, str | None]:
+        """Each instance's upstream route as its proxy said it once ready (``Child.route``)."""
+        return {child.name: child.route for child in self.children}
 
     def path(self, instance: SidecarInstanceConfig, suffix: str) -> str:
         return run_file(self.log_dir, instance.name, self.host, self.run_id, suffix)

@@ -343,6 +343,8 @@ def test_the_launcher_starts_gyms_binary(
         with Store.open(log_dir) as store:
             (record,) = store.instances_of(manager.run_id)
         assert (record.state, record.listen, record.metrics) == ("ready", f"127.0.0.1:{port}", None)
+        # Its ready file says no route, so `start` prints none (ours say "direct" or "via ...").
+        assert manager.routes == {"lab": None}
     finally:
         manager.stop()
     assert list(log_dir.glob("*.ready")) == []

@@ -264,8 +264,8 @@ def start_h2_ping_sidecar(global_config_dict: DictConfig) -> H2PingSidecarManage
     binary = resolve_binary(config, global_config_dict)
     if config.binary:
         # A user-named binary may be NeMo Gym's, which lacks some of our flags: refuse what it
-        # cannot honour now, with nothing started; the build cache's binary is built from our
-        # go/ and has every flag, so it is not asked (that costs a process start).
+        # cannot honour now, with nothing started. Ours (the build cache's, or a copy of it:
+        # binaryflags knows it by its stamp) has every flag and is not asked.
         _, notes = binaryflags.check(binary, config, instances)
         for note in notes:
             print(note, flush=True)

@@ -70,7 +70,7 @@ class SidecarRun:
     ``store`` and ``run_id`` may be given by a caller that already holds them (tests, the CLI);
     otherwise the start opens this process's ``shared_store(log_dir)``. ``flags``, what a
     user-named binary accepts (``binaryflags.check``), trims every command to them; None passes
-    the whole command (the build cache's binary knows every flag).
+    the whole command (our own binary knows every flag).
     """
 
     def __init__(

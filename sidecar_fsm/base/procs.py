@@ -40,7 +40,7 @@ _START_TIME_TOLERANCE = 0.005
 _KILL_WAIT_SECONDS = 5.0
 
 TerminateOutcome = Literal["exited", "killed", "not-ours", "gone"]
-PidStatus = Literal["alive", "dead", "reused"]
+PidStatus = Literal["alive", "dead", "reused", "unproven"]
 
 
 # How far a process's start time may read before the moment its run was recorded and still be
@@ -137,18 +137,18 @@ def is_ours(record: ProcessIdentity) -> bool:
 
 
 def pid_status(pid: int, start_time: float | None, exe: str | None = None) -> PidStatus:
-    """What became of a recorded process: ``alive`` (still it), ``dead`` or ``reused``.
+    """What became of a recorded process: ``alive`` (still it), ``dead``, ``reused`` or ``unproven``.
 
     Read-only. A run can stay open in the database for days after its launcher was SIGKILLed,
     long enough for the kernel to give the pid to an unrelated process; the recorded start time
-    (and executable, when given) tells them apart. Without a recorded start time the pid cannot
-    be proven reused, so a live process there counts as alive: the safe answer, since it keeps
-    reap away from a run that may still be owned.
+    (and executable, when given) tells them apart. Without a recorded start time a live process
+    at the pid is ``unproven``: neither ours (it must never be signalled) nor another's (what
+    it belongs to must not be treated as gone either).
     """
     if identity_of(pid) is None:
         return "dead"
     if start_time is None:
-        return "alive"
+        return "unproven"
     return "alive" if is_ours(ProcessIdentity(pid=pid, start_time=start_time, exe=exe)) else "reused"
 
 

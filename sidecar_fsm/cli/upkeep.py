@@ -98,8 +98,7 @@ def cmd_stop(args: argparse.Namespace) -> int:
         short = short_run_id(run.run_id)
         observed = status.observe(store, run)
         if observed.owner != "alive" or not remotestop.ask_owner_to_stop(run):
-            hint = status.reap_hint(observed)
-            err(f"{PROG} stop: run {short}: its owner (pid {run.owner_pid}) is gone; {hint}")
+            err(f"{PROG} stop: run {short}: {status.owner_refusal(observed)}")
             return 1
         wait = timeout if timeout is not None else recorded_grace_seconds(run) + remotestop.WAIT_SLACK_SECONDS
         err(f"stopping run {short}: SIGTERM sent to its owner (pid {run.owner_pid}); waiting up to {wait:g}s")

@@ -42,6 +42,7 @@ from sidecar_fsm.base.urls import redact_url
 from sidecar_fsm.errors import SidecarError
 from sidecar_fsm.state import dbfile
 from sidecar_fsm.state.dbfile import DB_DIR_NAME, database_path  # re-exported: callers and tests
+from sidecar_fsm.state.fsm import SERVING_METRICS, TERMINAL
 from sidecar_fsm.state.hostname import host_name
 from sidecar_fsm.state.records import InstanceRecord, NewInstance, RunRecord, TransitionRecord, run_record
 from sidecar_fsm.state.schema import Migration, load_migrations, schema_version  # know them as store's
@@ -319,7 +320,7 @@ class Store:
                 inserted = table.insert(row).last_rowid
                 assert inserted is not None  # an INSERT that did not raise made its row
                 ids.append(inserted)
-            sql = f"SELECT * FROM instances WHERE id IN ({', '.join('?' for _ in ids)})"
+            sql = f"SELECT * FROM instances WHERE id IN ({_marks(ids)})"
             by_id = {row["id"]: row for row in db.query(sql, ids)}
         return [InstanceRecord(**by_id[instance_id]) for instance_id in ids]
 
@@ -428,27 +429,29 @@ class Store:
         wanted = sorted(set(states))
         if not wanted:
             return []
-        marks = ", ".join("?" for _ in wanted)
-        rows = self._rows(f"SELECT * FROM instances WHERE state IN ({marks}) ORDER BY id", wanted)
+        rows = self._rows(f"SELECT * FROM instances WHERE state IN ({_marks(wanted)}) ORDER BY id", wanted)
         return [InstanceRecord(**row) for row in rows]
 
     def metrics_targets(self) -> list[InstanceRecord]:
         """Instances serving ``/metrics`` as recorded: ready or draining, with a metrics address,
         in a run not ended; in creation order. Whether each process still runs is the caller's
         question (``procs``): a launcher killed with -9 leaves its rows saying ready."""
+        serving = sorted(SERVING_METRICS)
         rows = self._rows(
             "SELECT instances.* FROM instances JOIN runs ON runs.run_id = instances.run_id "
-            "WHERE runs.ended_at IS NULL AND instances.state IN ('ready', 'draining') "
-            "AND instances.metrics IS NOT NULL ORDER BY instances.id"
+            f"WHERE runs.ended_at IS NULL AND instances.state IN ({_marks(serving)}) "
+            "AND instances.metrics IS NOT NULL ORDER BY instances.id",
+            serving,
         )
         return [InstanceRecord(**row) for row in rows]
 
     def live_instance_on_listen(self, listen: str) -> InstanceRecord | None:
         """The newest non-terminal instance recorded on ``listen`` (host:port), if any."""
+        terminal = sorted(TERMINAL)
         rows = self._rows(
-            "SELECT * FROM instances WHERE listen = ? AND state NOT IN ('stopped', 'failed') "
+            f"SELECT * FROM instances WHERE listen = ? AND state NOT IN ({_marks(terminal)}) "
             "ORDER BY id DESC LIMIT 1",
-            [listen],
+            [listen, *terminal],
         )
         return InstanceRecord(**rows[0]) if rows else None
 
@@ -472,6 +475,11 @@ def open_all_hosts(log_dir: str | Path) -> list[Store]:
 
 
 # -- rows and redaction ------------------------------------------------------------------------
+
+
+def _marks(values: Sequence[Any]) -> str:
+    """``?, ?, ?``: one placeholder per value, so a state group is bound, never spelled in SQL."""
+    return ", ".join("?" for _ in values)
 
 
 def _first(db: sqlite_utils.Database, sql: str, params: list[Any]) -> dict[str, Any] | None:

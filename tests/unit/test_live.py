@@ -127,9 +127,9 @@ def status_with(scrapes: dict[int, Scrape]) -> view_status.RunStatus:
             instance_record(3, "nometrics", None),
         ],
         processes={
-            1: view_status.PROCESS_RUNNING,
-            2: view_status.PROCESS_RUNNING,
-            3: view_status.PROCESS_RUNNING,
+            1: view_status.Process.RUNNING,
+            2: view_status.Process.RUNNING,
+            3: view_status.Process.RUNNING,
         },
         live=scrapes,
     )

@@ -19,7 +19,7 @@ from sidecar_fsm.state.fsm import TERMINAL
 from sidecar_fsm.state.records import InstanceRecord, RunRecord
 from sidecar_fsm.state.store import Store
 
-__all__ = ["RunObservation", "ended_with_owner", "observe", "unrecorded_sidecars"]
+__all__ = ["RunObservation", "ended_with_owner", "found_ours", "observe"]
 
 
 @dataclass(frozen=True)
@@ -27,10 +27,12 @@ class RunObservation:
     """One run as it is now: the record, the verdict on its owner, its instances.
 
     ``processes`` maps the id of each instance with a recorded process (``WITH_PROCESS`` and a
-    pid) to the verdict on that pid; ``unrecorded`` maps an instance id to the live processes
-    proven ours (``procs.find_ours``) that its row does not name: a launcher killed between a
-    spawn and its commit. Such an instance is running. ``log_dir`` is where the run was read
-    from, so every hint can name it.
+    pid) to the verdict on that pid from its record alone. For a run whose owner is gone,
+    ``procs.find_ours`` also proves processes ours by the run's claim (executable, ready path in
+    argv, started after the run): ``claimed`` holds one at the recorded pid that the record
+    alone could not prove (no start time recorded), ``unrecorded`` the ones at pids no row names
+    (a launcher killed between a spawn and its commit). Either makes the instance running.
+    ``log_dir`` is where the run was read from, so every hint can name it.
     """
 
     run: RunRecord
@@ -38,11 +40,13 @@ class RunObservation:
     instances: Sequence[InstanceRecord]
     processes: Mapping[int, Process] = field(default_factory=dict)
     unrecorded: Mapping[int, Sequence[procs.ProcessIdentity]] = field(default_factory=dict)
+    claimed: Mapping[int, procs.ProcessIdentity] = field(default_factory=dict)
     log_dir: str | None = None
 
     def process_of(self, inst: InstanceRecord) -> Process | None:
-        """``RUNNING`` when an unrecorded process of ``inst`` runs, else the recorded pid's verdict."""
-        if self.unrecorded.get(inst.id):
+        """``RUNNING`` when a process of ``inst`` is proven ours by the run's claim, else the
+        recorded pid's verdict (None: no process recorded)."""
+        if self.unrecorded.get(inst.id) or inst.id in self.claimed:
             return Process.RUNNING
         return self.processes.get(inst.id)
 
@@ -53,8 +57,10 @@ class RunObservation:
         """The processes of ``inst`` proven ours that still run: its recorded one when it runs,
         then the unrecorded ones. What ``reap`` ends, and nothing else."""
         ends = list(self.unrecorded.get(inst.id, ()))
-        recorded = instance_identity(inst)
-        if self.processes.get(inst.id) == Process.RUNNING and recorded is not None:
+        recorded = self.claimed.get(inst.id)
+        if recorded is None and self.processes.get(inst.id) == Process.RUNNING:
+            recorded = instance_identity(inst)
+        if recorded is not None:
             ends.insert(0, recorded)
         return ends
 
@@ -79,16 +85,13 @@ def ended_with_owner(observed: RunObservation) -> bool:
     )
 
 
-def unrecorded_sidecars(
-    run: RunRecord, instances: Sequence[InstanceRecord], processes: Mapping[int, Process]
-) -> dict[int, list[procs.ProcessIdentity]]:
-    """Per instance, its live processes proven ours that its row does not name.
+def found_ours(run: RunRecord, instances: Sequence[InstanceRecord]) -> dict[int, list[procs.ProcessIdentity]]:
+    """Per instance not yet terminal, the live processes its run's claim proves ours.
 
     A launcher killed between a spawn and the commit of its pid leaves a sidecar behind a
     ``configured`` row (or, mid-restart, behind the pid it replaced). One scan of the process
     table for the whole run, so only asked for a run whose owner is gone: a live launcher
-    records its pids itself. A process at the recorded pid counts as unrecorded only when the
-    recorded verdict is not ``RUNNING`` (then it is another process of ours under that number).
+    records its pids itself.
     """
     claims = {
         inst.id: procs.Claim(inst.binary, inst.ready_path, run.started_at)
@@ -96,30 +99,33 @@ def unrecorded_sidecars(
         if inst.state not in TERMINAL and inst.binary and inst.ready_path
     }
     found = procs.find_ours(list(claims.values()))
-    by_id = {inst.id: inst for inst in instances}
-    out: dict[int, list[procs.ProcessIdentity]] = {}
-    for inst_id, claim in claims.items():
-        recorded = by_id[inst_id].pid if processes.get(inst_id) == Process.RUNNING else None
-        identities = [identity for identity in found[claim.ready_path] if identity.pid != recorded]
-        if identities:
-            out[inst_id] = identities
-    return out
+    return {inst_id: found[claim.ready_path] for inst_id, claim in claims.items() if found[claim.ready_path]}
 
 
 def observe(store: Store, run: RunRecord) -> RunObservation:
     """``run`` judged against the machine now: its owner, each recorded process and, for a
-    run whose owner is gone, the sidecars no row names. Read-only."""
+    run whose owner is gone, the processes its claim proves ours. Read-only."""
     instances = store.instances_of(run.run_id)
     processes = {inst.id: p for inst in instances if (p := process_of(run.host, inst)) is not None}
     owner = owner_of(run)
     unrecorded: dict[int, list[procs.ProcessIdentity]] = {}
+    claimed: dict[int, procs.ProcessIdentity] = {}
     if owner in OWNER_GONE and run.ended_at is None:
-        unrecorded = unrecorded_sidecars(run, instances, processes)
+        by_id = {inst.id: inst for inst in instances}
+        for inst_id, identities in found_ours(run, instances).items():
+            pid = by_id[inst_id].pid
+            others = [identity for identity in identities if identity.pid != pid]
+            if others:
+                unrecorded[inst_id] = others
+            at_pid = [identity for identity in identities if identity.pid == pid]
+            if at_pid and processes.get(inst_id) != Process.RUNNING:
+                claimed[inst_id] = at_pid[0]
     return RunObservation(
         run=run,
         owner=owner,
         instances=instances,
         processes=processes,
         unrecorded=unrecorded,
+        claimed=claimed,
         log_dir=str(store.path.parent.parent),
     )

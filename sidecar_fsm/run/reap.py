@@ -137,7 +137,7 @@ def plan_instance(observed: RunObservation, inst: InstanceRecord, self_draining:
     Any state may have a process: a launcher killed between a spawn and its commit leaves one
     behind a ``configured`` row (or a ``ready`` row naming the process a restart replaced).
     """
-    process = observed.processes.get(inst.id)
+    process = observed.process_of(inst)
     ends = observed.to_end(inst)
     draining = self_draining or inst.state == "draining"
     if ends:

@@ -118,11 +118,13 @@ def needs_attention(status: RunStatus) -> str | None:
 
     What makes ``status`` exit 3, as ``systemctl status`` does for a unit that is not running
     as it should: an owner gone (its sidecars, still running or not, are nobody's until
-    ``reap``) or not provable, an instance that is not running (failed, stopped, or recorded
+    ``reap``), an instance that is not running (failed, stopped, or recorded
     live with its process gone, reused or not provably ours), a ready proxy whose ``/metrics``
     does not answer (stopped, wedged), an upstream a proxy reports down. An instance still
     starting (configured, building, spawned) is not a problem yet. Under a gone owner, the
-    sidecars named running are exactly those ``reap`` ends (``RunObservation.to_end``).
+    sidecars named running are exactly those ``reap`` ends (``RunObservation.to_end``). An
+    owner that cannot be proven (no start time recorded) may still own the run: it is judged as
+    a live one, as ``reap`` does (the table says ``unproven``; ``stop`` will not signal it).
     """
     if status.run.ended_at is not None or ended_with_owner(status):
         return None
@@ -131,9 +133,6 @@ def needs_attention(status: RunStatus) -> str | None:
         if running:
             return f"owner gone with sidecars still running ({', '.join(running)}); {reap_hint(status)}"
         return f"owner gone; {reap_hint(status)}"
-    if status.owner == Owner.UNPROVEN:
-        owner = status.run.owner_pid
-        return f"owner pid {owner} cannot be proven ours ({_UNPROVEN_WHY}); stop and reap leave it alone"
     for inst in status.instances:
         process = status.process_of(inst)
         if inst.state in TERMINAL:
@@ -171,6 +170,8 @@ def with_live(statuses: Sequence[RunStatus]) -> list[RunStatus]:
         (index, inst.id): inst
         for index, status in enumerate(statuses)
         for inst in status.instances
+        # The record's own verdict, not one a claim search proved: the target file has no
+        # search, and both must name the same proxies.
         if metrics_claimed(inst, status.processes.get(inst.id))
     }
     proven = {key: str(inst.metrics) for key, inst in wanted.items() if metrics_proven(inst)}

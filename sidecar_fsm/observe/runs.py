@@ -121,11 +121,5 @@ def observe(store: Store, run: RunRecord) -> RunObservation:
             if at_pid and processes.get(inst_id) != Process.RUNNING:
                 claimed[inst_id] = at_pid[0]
     return RunObservation(
-        run=run,
-        owner=owner,
-        instances=instances,
-        processes=processes,
-        unrecorded=unrecorded,
-        claimed=claimed,
-        log_dir=str(store.path.parent.parent),
+        run, owner, instances, processes, unrecorded, claimed, str(store.path.parent.parent)
     )

@@ -18,18 +18,6 @@ from sidecar_fsm.state.fsm import SERVING_METRICS, WITH_PROCESS
 from sidecar_fsm.state.hostname import host_name
 from sidecar_fsm.state.records import InstanceRecord, RunRecord
 
-__all__ = [
-    "OWNER_GONE",
-    "Owner",
-    "Process",
-    "instance_identity",
-    "metrics_claimed",
-    "metrics_proven",
-    "owner_identity",
-    "owner_of",
-    "process_of",
-]
-
 
 class _Verdict(str, Enum):
     """A verdict that reads as its value in text, JSON and comparisons (``StrEnum`` is 3.11+)."""

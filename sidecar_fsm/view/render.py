@@ -15,6 +15,8 @@ from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
 from sidecar_fsm.base.resources import command_hint
+from sidecar_fsm.observe.runs import ended_with_owner
+from sidecar_fsm.observe.verdicts import OWNER_GONE, Owner, Process
 from sidecar_fsm.view.cells import (
     OWNER_STYLES,
     STATE_STYLES,
@@ -32,11 +34,7 @@ from sidecar_fsm.view.cells import (
     table,
 )
 from sidecar_fsm.view.status import (
-    OWNER_GONE,
-    Owner,
-    Process,
     RunStatus,
-    ended_with_owner,
     needs_attention,
     process_alive,
     process_note,

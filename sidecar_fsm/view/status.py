@@ -28,21 +28,6 @@ from sidecar_fsm.view.live import Scrape, scrape_all
 if TYPE_CHECKING:
     from sidecar_fsm.state.store import InstanceRecord, RunRecord, Store
 
-__all__ = [
-    "OWNER_GONE",
-    "Owner",
-    "Process",
-    "RunStatus",
-    "ended_with_owner",
-    "needs_attention",
-    "observe",
-    "process_alive",
-    "process_note",
-    "reap_hint",
-    "runs_to_show",
-    "with_live",
-]
-
 # What a record lacks when its process cannot be proven ours.
 _UNPROVEN_WHY = "no start time recorded"
 

@@ -14,6 +14,7 @@ from __future__ import annotations
 import json
 import os
 import signal
+import socket
 import subprocess
 import uuid
 from collections.abc import Iterator
@@ -110,10 +111,12 @@ class Lab:
         assert identity is not None
         return proc.pid, identity.start_time, info
 
-    def run(self, store: Store, situation: str, owner: tuple[int, float | None]) -> str:
+    def run(
+        self, store: Store, situation: str, owner: tuple[int, float | None], metrics: str | None = None
+    ) -> str:
         """One run of ``situation``; each instance recorded ready, its pid as ``SITUATIONS`` says:
         a live proxy, a proxy that exited, an unrelated process (an impostor), either recorded
-        with no start time, or another host's pid."""
+        with no start time, or another host's pid. ``metrics`` replaces the recorded address."""
         run_id = uuid.uuid4().hex
         store.create_run(run_id, owner[0], owner[1], {"shutdown_grace": "5s"})
         for name, (kind, _) in SITUATIONS[situation][1].items():
@@ -135,21 +138,21 @@ class Lab:
                 proc.terminate()
                 assert procs.wait_exit(proc, 10) is not None
             machine.fire("spawn", pid=pid, pid_start_time=None if kind.endswith("no start time") else start)
-            machine.fire("ready", listen=info["listen"], metrics=info.get("metrics"))
+            machine.fire("ready", listen=info["listen"], metrics=metrics or info.get("metrics"))
         return run_id
 
 
 @pytest.fixture
-def situations(
-    log_dir: Path,
-    cache_dir: Path,
-    sidecar_binary: Path,
-    tls_origin: TlsH2Origin,
-    process_registry: ProcessRegistry,
-) -> Iterator[tuple[dict[str, str], Lab]]:
+def lab(
+    log_dir: Path, sidecar_binary: Path, tls_origin: TlsH2Origin, process_registry: ProcessRegistry
+) -> Lab:
+    return Lab(log_dir, sidecar_binary, tls_origin, process_registry)
+
+
+@pytest.fixture
+def situations(lab: Lab, log_dir: Path, cache_dir: Path) -> Iterator[dict[str, str]]:
     """Every situation in ``log_dir``: situation -> run id. The launcher's run starts last, so
     its start rewrites the target file with every situation on record, as a real start does."""
-    lab = Lab(log_dir, sidecar_binary, tls_origin, process_registry)
     runs: dict[str, str] = {}
     with Store.open(log_dir) as store:
         for situation, (owner, _) in SITUATIONS.items():
@@ -164,10 +167,10 @@ def situations(
     with Store.open(log_dir, host=OTHER_HOST) as other:
         runs["another host's run"] = lab.run(other, "another host's run", (4242, 1.0))
     with ExitStack() as stack:
-        manager = stack.enter_context(sidecars(log_dir, cache_dir, tls_origin, tls_origin.url, ["policy"]))
+        manager = stack.enter_context(sidecars(log_dir, cache_dir, lab.origin, lab.origin.url, ["policy"]))
         runs["owner alive"] = str(manager.run_id)
         assert set(runs) == set(SITUATIONS)
-        yield runs, lab
+        yield runs
 
 
 def status_document(log_dir: Path) -> dict[str, Any]:
@@ -222,10 +225,9 @@ def metrics_of(shown: dict[str, Any], situations: set[str]) -> set[str]:
 
 
 def test_status_reap_and_the_target_file_agree_on_what_runs_in_every_named_situation(
-    log_dir: Path, situations: tuple[dict[str, str], Lab]
+    log_dir: Path, lab: Lab, situations: dict[str, str]
 ) -> None:
-    runs, lab = situations
-    situation_of = {run_id: situation for situation, run_id in runs.items()}
+    situation_of = {run_id: situation for situation, run_id in situations.items()}
     status = settled_status(log_dir)
     plan = reap_document(log_dir, "--dry-run")
 
@@ -272,16 +274,9 @@ def test_status_reap_and_the_target_file_agree_on_what_runs_in_every_named_situa
     assert scraped(after) == target_file(log_dir) == metrics_of(shown, SERVING - REAPED)
 
 
-def test_a_start_drops_the_targets_a_killed_launcher_left(
-    log_dir: Path,
-    cache_dir: Path,
-    sidecar_binary: Path,
-    tls_origin: TlsH2Origin,
-    process_registry: ProcessRegistry,
-) -> None:
+def test_a_start_drops_the_targets_a_killed_launcher_left(log_dir: Path, cache_dir: Path, lab: Lab) -> None:
     """A launcher killed with -9 leaves its sidecars' entries in the target file; once those
     sidecars are gone, the next start on the host lists only what runs (no reap needed)."""
-    lab = Lab(log_dir, sidecar_binary, tls_origin, process_registry)
     situation = "owner dead with sidecars running"
     with Store.open(log_dir) as store:
         run_id = lab.run(store, situation, lab.killed_owner())
@@ -294,10 +289,49 @@ def test_a_start_drops_the_targets_a_killed_launcher_left(
     proc.terminate()
     assert procs.wait_exit(proc, 10) is not None
     assert target_file(log_dir) == {left.metrics}
-    with sidecars(log_dir, cache_dir, tls_origin, tls_origin.url, ["policy"]) as manager:
+    with sidecars(log_dir, cache_dir, lab.origin, lab.origin.url, ["policy"]) as manager:
         with Store.open(log_dir) as store:
             (mine,) = store.instances_of(str(manager.run_id))
         assert mine.metrics and target_file(log_dir) == {mine.metrics}
     assert target_file(log_dir) == set()
     # The dead run still awaits its reap; the file did not wait for it.
     assert [run["run_id"] for run in reap_document(log_dir, "--dry-run")["runs"]] == [run_id]
+
+
+def test_a_metrics_address_the_proxy_does_not_listen_on_is_neither_scraped_nor_listed(
+    log_dir: Path, lab: Lab
+) -> None:
+    """The recorded address is words a ready file gave: a port another process holds is not the
+    proxy's figures, for ``status`` nor for Prometheus (the file listed it without that proof)."""
+    me = procs.identity_of(os.getpid())
+    assert me is not None
+    with socket.socket() as held:
+        held.bind(("127.0.0.1", 0))
+        held.listen()
+        foreign = f"127.0.0.1:{held.getsockname()[1]}"
+        with Store.open(log_dir) as store:
+            lab.run(store, "owner alive", (me.pid, me.start_time), metrics=foreign)
+            assert targets.refresh(store) is None
+        status = status_document(log_dir)
+        (run,) = status["runs"]
+        (inst,) = run["instances"]
+        assert (run["owner"]["status"], inst["process"], inst["metrics"]) == ("alive", "running", foreign)
+        assert inst["live"]["problem"] == f"not scraped: pid {inst['pid']} does not listen on {foreign}"
+        assert scraped(status) == target_file(log_dir) == set()
+
+
+def test_stop_does_not_signal_an_owner_it_cannot_prove_and_says_so(log_dir: Path, lab: Lab) -> None:
+    """status shows the owner ``unproven`` (not gone: reap leaves the run alone), and stop
+    agrees: it signals nothing and says why, instead of calling a live owner gone."""
+    situation = "owner with no start time recorded"
+    owner = lab.sleeper()
+    with Store.open(log_dir) as store:
+        run_id = lab.run(store, situation, (owner.pid, None))
+    (run,) = status_document(log_dir)["runs"]
+    assert (run["owner"]["status"], run["attention"]) == ("unproven", None)
+    done = sidecar_cli(log_dir, "stop", run_id)
+    assert done.returncode == 1
+    why = "cannot be proven to be the run's (no start time recorded); not signalled"
+    assert done.stderr.strip().endswith(f"its owner (pid {owner.pid}) {why}")
+    assert lab.impostors[0].poll() is None and lab.proxies[(situation, "policy")].poll() is None
+    assert reap_document(log_dir, "--dry-run")["runs"] == []

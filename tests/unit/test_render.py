@@ -8,6 +8,7 @@ import re
 import pytest
 
 from sidecar_fsm.base import procs
+from sidecar_fsm.observe.verdicts import Process
 from sidecar_fsm.run.reap import InstanceReap, ReapReport, RunReap
 from sidecar_fsm.state.store import InstanceRecord, RunRecord, TransitionRecord
 from sidecar_fsm.view import cells, reap_report, render
@@ -265,11 +266,11 @@ def observed(owner: str, process: str, **run: object) -> view_status.RunStatus:
 
 # (owner, what runs at policy's pid) -> PID cell, DETAIL, json alive
 OBSERVED = [
-    ("alive", view_status.Process.RUNNING, "41030", "-", True),
-    ("dead", view_status.Process.RUNNING, "41030", "-", True),
+    ("alive", Process.RUNNING, "41030", "-", True),
+    ("dead", Process.RUNNING, "41030", "-", True),
     (
         "dead",
-        view_status.Process.GONE,
+        Process.GONE,
         "41030 (gone)",
         "recorded ready but pid 41030 has exited; nothing left running: "
         "run sidecar-fsm reap to close the record",
@@ -277,7 +278,7 @@ OBSERVED = [
     ),
     (
         "reused",
-        view_status.Process.REUSED,
+        Process.REUSED,
         "41030 (reused)",
         "recorded ready but pid 41030 now belongs to another process; nothing left running: "
         "run sidecar-fsm reap to close the record",
@@ -285,12 +286,12 @@ OBSERVED = [
     ),
     (
         "alive",
-        view_status.Process.GONE,
+        Process.GONE,
         "41030 (gone)",
         "recorded ready but pid 41030 has exited; its launcher (pid 41022) has not recorded it yet",
         False,
     ),
-    ("other host", view_status.Process.OTHER_HOST, "41030", "-", None),
+    ("other host", Process.OTHER_HOST, "41030", "-", None),
 ]
 
 
@@ -328,7 +329,7 @@ def test_status_names_a_running_process_no_record_names() -> None:
 
 
 def test_history_header_says_whether_owner_and_processes_live() -> None:
-    status = observed("dead", view_status.Process.GONE)
+    status = observed("dead", Process.GONE)
     rows = [("policy", TransitionRecord(1, 1, "spawned", "ready", "ready", NOW, None))]
     lines = render.history_lines(status.run, rows, status=status)
     assert lines[0].startswith(
@@ -345,7 +346,7 @@ def test_history_header_says_whether_owner_and_processes_live() -> None:
         {"name": "policy", "state": "ready", "pid": 41030, "alive": False, "process": "gone"},
         {"name": "judge", "state": "failed", "pid": None, "alive": None, "process": None},
     ]
-    ended = observed("dead", view_status.Process.GONE, ended_at=NOW, outcome="ended")
+    ended = observed("dead", Process.GONE, ended_at=NOW, outcome="ended")
     assert "owner pid 41022 (dead), started" in render.history_lines(ended.run, rows, status=ended)[0]
 
 

@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any
 
 from omegaconf import DictConfig, open_dict
 
-from sidecar_fsm.base.buildcache import CACHE_DIR_KEY, ensure_binary, user_cache_dir
+from sidecar_fsm.base.buildcache import CACHE_DIR_KEY, choose_binary, user_cache_dir
 from sidecar_fsm.base.egress import egress_route
 from sidecar_fsm.cli.common import (
     PROG,
@@ -58,13 +58,15 @@ def _cli_cache_dir(configured: Any) -> Path:
 def cmd_build(args: argparse.Namespace) -> int:
     cache_dir = _cli_cache_dir(args.cache_dir)
     try:
-        binary = ensure_binary(cache_dir, progress=err)
+        choice = choose_binary(cache_dir, progress=err)
     except OSError as error:
         raise UsageError(
             f"{PROG} build: cache dir '{cache_dir}' cannot be used ({os_reason(error)}); "
             "give a --cache-dir you can write"
         ) from error
-    out(str(binary))
+    # Which binary and why on stderr; stdout stays the bare path, for $(sidecar-fsm build).
+    err(f"{PROG} build: {choice.why}")
+    out(str(choice.path))
     return 0
 
 

@@ -17,7 +17,7 @@ from typing import IO, Any
 import pytest
 from omegaconf import OmegaConf
 
-from sidecar_fsm.base import buildcache
+from sidecar_fsm.base import buildcache, gobuild
 from sidecar_fsm.errors import SidecarError
 
 FAKE_GO = r"""#!/bin/sh
@@ -128,8 +128,8 @@ def test_sources_hash_is_remembered_until_a_file_changes(src: Path, monkeypatch:
         reads.append(os.path.basename(path))
         return open(path, mode)  # noqa: SIM115 - the caller closes it
 
-    # A module global shadows the builtin for buildcache only.
-    monkeypatch.setattr(buildcache, "open", counting_open, raising=False)
+    # A module global shadows the builtin for gobuild (which reads the sources) only.
+    monkeypatch.setattr(gobuild, "open", counting_open, raising=False)
     first = buildcache.sources_hash(src)
     assert sorted(reads) == ["go.mod", "main.go"]
     reads.clear()

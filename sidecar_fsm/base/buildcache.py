@@ -482,6 +482,9 @@ def choose_binary(
     if packaged is not None:
         _check_packaged(packaged)
         return BinaryChoice(packaged, packaged_note, True)
+    # Before anything is written (the Go version memo) or built: the cache's folders that exist
+    # down to this sources' folder (the check stops at the first one missing).
+    trust.check_binary(CACHE_DIR_KEY, Path(cache_dir) / SIDECAR_BINARY_NAME / sources, cache_dir)
     go = find_go()
     if go is None:
         prebuilt = newest_prebuilt(cache_dir, sources)
@@ -490,8 +493,7 @@ def choose_binary(
         trust.check_binary(CACHE_DIR_KEY, prebuilt, cache_dir)
         return BinaryChoice(prebuilt, f"from the build cache, no Go to build with; {packaged_note}", False)
     path = binary_path(cache_dir, sources, go_version(go, cache_dir))
-    # Before any build: the folders that exist down to the binary (the check stops at the first
-    # one missing, which the build makes ours).
+    # And down to the binary itself, before any build (what is missing, the build makes ours).
     trust.check_binary(CACHE_DIR_KEY, path, cache_dir)
     if _is_executable_file(path):
         _clean_after_killed_build(path)

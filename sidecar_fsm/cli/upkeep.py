@@ -24,19 +24,19 @@ from sidecar_fsm.cli.common import (
     log_dir_of,
     out,
 )
-from sidecar_fsm.run import remotestop
-from sidecar_fsm.run.cluster import DEFAULT_ADDRESS, ClusterUnavailableError, reap_cluster
-from sidecar_fsm.run.prune import DEFAULT_OLDER_THAN_SECONDS, parse_age, prune_here
-from sidecar_fsm.run.reap import reap_here, recorded_grace_seconds
-from sidecar_fsm.state.hostname import host_name
-from sidecar_fsm.view import reap_report, status, upkeep_report
 from sidecar_fsm.view.cells import short_run_id
+
+# The run layer and the views are imported inside each cmd_ function: ``--help`` never loads
+# them (cli/common says why).
 
 
 def cmd_reap(args: argparse.Namespace) -> int:
     log_dir, _ = log_dir_of(args)
     if args.ray or args.ray_address:
         return _reap_ray(args, log_dir)
+    from sidecar_fsm.run.reap import reap_here
+    from sidecar_fsm.view import reap_report
+
     # Only this host's database: a reap can signal only processes on its own host.
     report = reap_here(log_dir, dry_run=args.dry_run)
     out(reap_report.reap_json(report) if args.json else reap_report.reap_lines(report, color=color()))
@@ -45,6 +45,9 @@ def cmd_reap(args: argparse.Namespace) -> int:
 
 def _reap_ray(args: argparse.Namespace, log_dir: str) -> int:
     """``reap --ray``: the reap on every alive node of the Ray cluster; 1 if any node failed."""
+    from sidecar_fsm.run.cluster import DEFAULT_ADDRESS, ClusterUnavailableError, reap_cluster
+    from sidecar_fsm.view import reap_report
+
     try:
         result = reap_cluster(log_dir, address=args.ray_address or DEFAULT_ADDRESS, dry_run=args.dry_run)
     except ClusterUnavailableError as error:
@@ -70,6 +73,11 @@ def _seconds(text: str, where: str) -> float:
 
 
 def cmd_stop(args: argparse.Namespace) -> int:
+    from sidecar_fsm.run import remotestop
+    from sidecar_fsm.run.reap import recorded_grace_seconds
+    from sidecar_fsm.state.hostname import host_name
+    from sidecar_fsm.view import status, upkeep_report
+
     log_dir, _ = log_dir_of(args)
     here = host_name()
     timeout = _seconds(args.timeout, "stop --timeout") if args.timeout is not None else None
@@ -122,6 +130,9 @@ def cmd_stop(args: argparse.Namespace) -> int:
 
 
 def cmd_prune(args: argparse.Namespace) -> int:
+    from sidecar_fsm.run.prune import parse_age, prune_here
+    from sidecar_fsm.view import upkeep_report
+
     log_dir, _ = log_dir_of(args)
     older = parse_age(args.older_than)
     if older is None:
@@ -162,7 +173,7 @@ def register(sub: Any) -> None:
         "--older-than",
         metavar="DURATION",
         default="7d",
-        help=f"only runs that ended longer ago than this (default 7d = {DEFAULT_OLDER_THAN_SECONDS:g}s)",
+        help="only runs that ended longer ago than this, with its unit: 90m, 36h, 7d (default 7d)",
     )
     prune.add_argument("--dry-run", action="store_true", help="print what would go, remove nothing")
 

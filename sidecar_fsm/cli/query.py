@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import csv
 import io
 import math
 import os
@@ -130,6 +129,8 @@ def _json(result: query.QueryResult) -> str:
 
 
 def _csv(result: query.QueryResult) -> str:
+    import csv  # only --csv needs it
+
     buffer = io.StringIO()
     writer = csv.writer(buffer)
     writer.writerow(result.columns)

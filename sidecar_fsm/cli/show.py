@@ -8,7 +8,6 @@ writes a row or signals a process.
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import math
 import time
 from typing import Any
@@ -123,6 +122,8 @@ def cmd_top(args: argparse.Namespace) -> int:
 
 
 def cmd_history(args: argparse.Namespace) -> int:
+    import dataclasses  # with inspect, a fifth of what --help would load
+
     from sidecar_fsm.view import render, status
 
     log_dir, _ = log_dir_of(args)

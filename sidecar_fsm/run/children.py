@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import subprocess
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -101,6 +102,9 @@ class SidecarRun:
         self.record: storagefault.RecordWatch | None = None
         # Set when a transition could not be recorded: the rest of the stop records nothing.
         self.unrecordable: SidecarError | None = None
+        # Where a line the operator must see while the run goes on (a restart) is said; the
+        # launcher prints it. Called in the thread that drives the run, never in a handler.
+        self.notify: Callable[[str], None] = _say_nothing
 
     @property
     def running(self) -> bool:
@@ -169,6 +173,10 @@ class SidecarRun:
             crashpoints.hit(point)
         except Exception as exc:
             problems.append(exc)
+
+
+def _say_nothing(line: str) -> None:
+    """``SidecarRun.notify`` of a run nobody listens to (a test driving ``NodeSidecars``)."""
 
 
 def process_facts(child: Child) -> dict[str, Any]:

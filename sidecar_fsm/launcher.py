@@ -173,6 +173,12 @@ class H2PingSidecarManager:
             return list(self.instances)
         return self._sidecars.instances_actual
 
+    @property
+    def routes(self) -> dict[str, str | None]:
+        """Each instance's upstream route as its proxy said it ("direct", "via egress proxy URL");
+        None for a binary that does not say (NeMo Gym's); empty before ``start()``."""
+        return {} if self._sidecars is None else self._sidecars.routes
+
     def start(self) -> None:
         """Start every instance as a new run and await them together; on any failure nothing is left running.
 
@@ -310,8 +316,8 @@ def start_h2_ping_sidecar(global_config_dict: DictConfig | dict[str, Any]) -> H2
     binary = resolve_binary(config, global_config_dict)
     if config.binary:
         # A user-named binary may be NeMo Gym's, which lacks some of our flags: refuse what it
-        # cannot honour now, with nothing started; the build cache's binary is built from our
-        # go/ and has every flag, so it is not asked (that costs a process start).
+        # cannot honour now, with nothing started. Ours (the build cache's, or a copy of it:
+        # binaryflags knows it by its stamp) has every flag and is not asked.
         _, notes = binaryflags.check(binary, config, instances)
         for note in notes:
             print(note, flush=True)

@@ -21,14 +21,14 @@ _IGNORED_DIR_PREFIXES = (".", "_")
 HASH_LENGTH = 16
 
 
-def source_files(source_dir: str | os.PathLike[str]) -> list[tuple[str, str, os.stat_result]]:
-    """(relative posix name, path, stat) of every build input, sorted by name.
+def source_files(source_dir: str | os.PathLike[str]) -> list[tuple[str, str]]:
+    """(relative posix name, path) of every build input, sorted by name.
 
     Non-test ``*.go``, ``go.mod`` and ``go.sum``; folders the go tool ignores (``testdata``,
     ``.x``, ``_x``) are skipped. Plain strings and ``os.scandir`` rather than pathlib: this runs
-    on every start, and the pathlib objects cost more than the stats themselves.
+    on every start.
     """
-    found: list[tuple[str, str, os.stat_result]] = []
+    found: list[tuple[str, str]] = []
     pending = [("", os.fspath(source_dir))]
     while pending:
         prefix, directory = pending.pop()
@@ -41,13 +41,12 @@ def source_files(source_dir: str | os.PathLike[str]) -> list[tuple[str, str, os.
                     continue
                 is_go = name.endswith(".go") and not name.endswith("_test.go")
                 if is_go or name in ("go.mod", "go.sum"):
-                    # Follows symlinks, like the read that hashes the content.
-                    found.append((prefix + name, entry.path, entry.stat()))
+                    found.append((prefix + name, entry.path))
     found.sort(key=lambda item: item[0])
     return found
 
 
-def digest_of(files: list[tuple[str, str, os.stat_result]]) -> str | None:
+def digest_of(files: list[tuple[str, str]]) -> str | None:
     """The ``HASH_LENGTH``-hex-digit digest of ``files`` (from :func:`source_files`); None if empty.
 
     Names and contents both count (a renamed file can change the build: ``_linux.go``), each
@@ -56,7 +55,7 @@ def digest_of(files: list[tuple[str, str, os.stat_result]]) -> str | None:
     if not files:
         return None
     digest = hashlib.sha256()
-    for relative, path, _ in files:
+    for relative, path in files:
         with open(path, "rb") as file:
             content = file.read()
         encoded = relative.encode()

@@ -143,7 +143,6 @@ def cmd_start(args: argparse.Namespace) -> int:
 
 def _run_in_foreground(manager: H2PingSidecarManager, write_config: str | None, written: str | None) -> int:
     """Print what started, watch the sidecars until a signal or a failure, drain; the exit code."""
-    from sidecar_fsm.base.egress import egress_route
     from sidecar_fsm.configfile import write_atomically
     from sidecar_fsm.run.foreground import catching_stop_signals, watch_until_signal
     from sidecar_fsm.view import render
@@ -162,10 +161,11 @@ def _run_in_foreground(manager: H2PingSidecarManager, write_config: str | None, 
         try:
             if write_config and written is not None:
                 write_atomically(write_config, written)
-            # The route ("direct" or "via egress proxy URL", never with credentials) is what the
-            # proxy decides from the same environment, which the launcher passes through unchanged.
+            # The route ("direct" or "via egress proxy URL", never with credentials) is the
+            # proxy's own word, from its ready file; a binary that gives none (Gym's) gets none.
+            routes = manager.routes
             instances = [
-                (inst.name, inst.listen, f"{inst.upstream} ({egress_route(inst.upstream, os.environ)})")
+                (inst.name, inst.listen, _with_route(inst.upstream, routes.get(inst.name)))
                 for inst in manager.instances_actual
             ]
             out(render.started_lines(manager.run_id, manager.log_dir, instances))
@@ -189,6 +189,10 @@ def _run_in_foreground(manager: H2PingSidecarManager, write_config: str | None, 
     else:
         err("stopped" if not failed else "stopped after a failure")
     return 1 if failed else 0
+
+
+def _with_route(upstream: str, route: str | None) -> str:
+    return upstream if route is None else f"{upstream} ({route})"
 
 
 def cmd_lab(args: argparse.Namespace) -> int:

@@ -367,12 +367,8 @@ class Store:
             columns[key] = _redact_text(value) if key == "error" else value
         # Column names come from FACT_COLUMNS only (checked above), never from the caller's text.
         assignments = ", ".join(f"{name} = ?" for name in columns)
-        # The hot path talks to the connection directly: sqlite-utils' execute() re-parses each
-        # statement's first keyword, and everything between BEGIN and COMMIT delays every other
-        # writer on the host.
         with self._write() as db:
-            conn = db.conn
-            cursor = conn.execute(
+            cursor = db.execute(
                 f"UPDATE instances SET {assignments} WHERE id = ? AND state = ?",
                 [*columns.values(), instance_id, source],
             )
@@ -384,10 +380,10 @@ class Store:
                     f"instance {instance_id}: state is '{found['state']}', not '{source}'; another "
                     f"process moved it, reload it before firing '{event}'"
                 )
-            conn.execute(
+            db.execute(
                 "INSERT INTO transitions (instance_id, source, dest, event, at, detail) "
                 "VALUES (?, ?, ?, ?, ?, ?)",
-                (instance_id, source, dest, event, now, detail),
+                [instance_id, source, dest, event, now, detail],
             )
 
     # -- reads -------------------------------------------------------------------------------

@@ -34,9 +34,7 @@ from collections.abc import Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 from types import TracebackType
-from typing import Any, Literal, NoReturn
-
-import sqlite_utils
+from typing import TYPE_CHECKING, Any, Literal, NoReturn
 
 from sidecar_fsm.base.urls import redact_url
 from sidecar_fsm.errors import SidecarError
@@ -46,6 +44,9 @@ from sidecar_fsm.state.fsm import SERVING_METRICS, TERMINAL
 from sidecar_fsm.state.hostname import host_name
 from sidecar_fsm.state.records import InstanceRecord, NewInstance, RunRecord, TransitionRecord, run_record
 from sidecar_fsm.state.schema import Migration, load_migrations, schema_version  # know them as store's
+
+if TYPE_CHECKING:
+    import sqlite_utils
 
 __all__ = [
     "DB_DIR_NAME",
@@ -84,11 +85,26 @@ class Store:
         self.host = host
         # Driver-level autocommit (isolation_level=None): the driver never opens a transaction
         # behind our back, so BEGIN IMMEDIATE below is the only way a write transaction starts.
-        self._db = sqlite_utils.Database(conn, recursive_triggers=False, execute_plugins=False)
+        self._conn = conn
+        self._writer: sqlite_utils.Database | None = None
         self._lock = threading.RLock()
         # Writes open inside the current transaction() on the thread holding self._lock; a
         # nested write joins that transaction through a savepoint instead of committing alone.
         self._nesting = 0
+
+    @property
+    def _db(self) -> sqlite_utils.Database:
+        """sqlite-utils over our connection, made at the first write.
+
+        Reads go to the connection itself (``_rows``, ``_first``): importing sqlite-utils (with
+        click and dateutil) costs a read command such as ``status`` more than all its queries,
+        and reading rows as dicts needs none of it.
+        """
+        if self._writer is None:
+            import sqlite_utils
+
+            self._writer = sqlite_utils.Database(self._conn, recursive_triggers=False, execute_plugins=False)
+        return self._writer
 
     # -- opening -----------------------------------------------------------------------------
 
@@ -117,7 +133,7 @@ class Store:
     def close(self) -> None:
         """Close the connection (the last one to close checkpoints the WAL into the file)."""
         with self._lock:
-            dbfile.close(self._db.conn)
+            dbfile.close(self._conn)
 
     def __enter__(self) -> Store:
         return self
@@ -161,7 +177,7 @@ class Store:
                 with self._savepoint():
                     yield self._db
                 return
-            conn = self._db.conn
+            conn = self._conn
             waited = dbfile.BUSY_TIMEOUT_SECONDS if wait_seconds is None else wait_seconds
             try:
                 if wait_seconds is not None:
@@ -200,7 +216,7 @@ class Store:
     def _savepoint(self) -> Iterator[None]:
         # Savepoint names are per connection and nest like a stack: the depth makes them unique.
         name = f"write_{self._nesting}"
-        conn = self._db.conn
+        conn = self._conn
         conn.execute(f"SAVEPOINT {name}")
         self._nesting += 1
         try:
@@ -377,7 +393,9 @@ class Store:
         # list(): a half-read cursor would keep a read transaction open and stall checkpoints.
         with self._lock:
             try:
-                return list(self._db.query(sql, list(params)))
+                cursor = self._conn.execute(sql, list(params))
+                keys = [column[0] for column in cursor.description]
+                return [dict(zip(keys, row, strict=True)) for row in cursor]
             except sqlite3.Error as exc:
                 self._raise_failed(exc, "read failed")
 
@@ -478,7 +496,9 @@ def _marks(values: Sequence[Any]) -> str:
     return ", ".join("?" for _ in values)
 
 
-def _first(db: sqlite_utils.Database, sql: str, params: list[Any]) -> dict[str, Any] | None:
+def _first(
+    db: sqlite_utils.Database | sqlite3.Connection, sql: str, params: list[Any]
+) -> dict[str, Any] | None:
     cursor = db.execute(sql, params)
     row = cursor.fetchone()
     if row is None:

@@ -164,6 +164,8 @@ def upstream_words(scrape: Scrape) -> Cell:
         return (UNKNOWN, None)
     if figures.upstream_up:
         return ("up", "green")
+    if figures.upstream_unchecked:
+        return ("not checked yet", None)
     counted = ", ".join(f"{kind} {count}" for kind, count in figures.errors_counted().items())
     return (f"down: {counted}" if counted else "down", "red")
 

@@ -131,7 +131,7 @@ def needs_attention(status: RunStatus) -> str | None:
             continue
         if scrape.figures is None and inst.state == "ready":
             return f"{inst.name}: /metrics at {scrape.address}: {scrape.problem}"
-        if scrape.figures is not None and not scrape.figures.upstream_up:
+        if scrape.figures is not None and scrape.figures.upstream_down:
             return f"{inst.name}: upstream {inst.upstream} is down"
     return None
 

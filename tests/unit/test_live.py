@@ -167,6 +167,17 @@ def test_status_table_shows_the_figures_and_no_answer() -> None:
     assert column(render.status_lines([idle], now=NOW)[3], "OLDEST") == "-"
 
 
+def test_a_proxy_before_its_first_upstream_check_is_not_down() -> None:
+    """The gauge is 0 until the first dial: a status taken a moment after the ready file (before
+    the check the proxy starts 200 ms later) must not call a healthy upstream down."""
+    pending = status_with({1: Scrape("a:1", figures(upstream_errors={}, upstream_unchecked=True))})
+    assert view_status.needs_attention(pending) is None
+    line = render.status_lines([pending], now=NOW)[3]
+    assert "not checked yet" in line and "down" not in line
+    failed = status_with({1: Scrape("a:1", figures(upstream_errors={"dial": 1}))})
+    assert view_status.needs_attention(failed) == "policy: upstream https://api.example.com is down"
+
+
 def test_runs_with_nothing_scraped_keep_the_plain_table() -> None:
     lines = render.status_lines([status_with({})], now=NOW)
     assert lines[2].split() == ["NAME", "STATE", "PID", "LISTEN", "→", "UPSTREAM", "SINCE", "DETAIL"]

@@ -18,7 +18,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from sidecar_fsm.base import trust
+from sidecar_fsm.base import gobuild, trust
 from sidecar_fsm.base.atomicfile import write_atomically
 from sidecar_fsm.errors import SidecarError
 
@@ -45,16 +45,9 @@ def find_go() -> Path | None:
 
 
 def go_env() -> dict[str, str]:
-    # GOTOOLCHAIN=local: a go.mod "toolchain" line must never make `go` download another
-    # toolchain behind our back (the version in the path would then be a lie). GOWORK=off: a
-    # go.work in some parent directory must not change what gets built.
-    return {
-        **os.environ,
-        "CGO_ENABLED": "0",
-        "GOTOOLCHAIN": "local",
-        "GOFLAGS": "-buildvcs=false",
-        "GOWORK": "off",
-    }
+    """Our environment plus what every ``go`` command of ours runs with (``gobuild``'s: CGO off,
+    ``GOTOOLCHAIN=local``, ``GOWORK=off``)."""
+    return gobuild.build_environment(os.environ)
 
 
 def go_version(go: Path, cache_dir: Path) -> str:

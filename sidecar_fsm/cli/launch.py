@@ -15,9 +15,6 @@ import tempfile
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from omegaconf import DictConfig, open_dict
-
-from sidecar_fsm.base.buildcache import CACHE_DIR_KEY, ensure_binary, user_cache_dir
 from sidecar_fsm.cli.common import (
     PROG,
     UsageError,
@@ -30,24 +27,22 @@ from sidecar_fsm.cli.common import (
     os_reason,
     out,
 )
-from sidecar_fsm.configfile import (
-    EXAMPLE_CONFIG,
-    EXAMPLE_MODEL_BASE_URL,
-    OVERRIDE_EXAMPLE,
-    config_to_write,
-    load_config,
-    write_atomically,
-)
 from sidecar_fsm.errors import ConfigError, SidecarError
-from sidecar_fsm.gymexec import ExecFailed, exec_command
-from sidecar_fsm.run.foreground import Signals, catching_stop_signals, watch_until_signal
-from sidecar_fsm.view import render, status, upkeep_report
+
+# The layers (omegaconf, the build cache, the launcher, the views) are imported inside each
+# cmd_ function: ``--help`` never loads them (cli/common says why).
 
 # ``lab``'s default idle limit: long enough to type a request, short enough to watch it bite.
 LAB_IDLE_SECONDS = 20.0
+# ``start``'s example override (``configfile.OVERRIDE_EXAMPLE``, held equal by a test), here so
+# that building the parser does not load OmegaConf.
+OVERRIDE_EXAMPLE = "sidecar.instances.0.upstream=https://api.example.com"
 
 if TYPE_CHECKING:
+    from omegaconf import DictConfig
+
     from sidecar_fsm.launcher import H2PingSidecarManager
+    from sidecar_fsm.run.foreground import Signals
 
 
 def _cli_cache_dir(configured: Any) -> Path:
@@ -56,26 +51,31 @@ def _cli_cache_dir(configured: Any) -> Path:
     Not ``./cache`` (the Python API's default, NeMo Gym's): a command run from another folder
     would otherwise build the proxy again there.
     """
+    from sidecar_fsm.base.buildcache import user_cache_dir
+
     if configured:
         return Path(os.path.abspath(os.path.expanduser(str(configured))))
     return user_cache_dir()
 
 
 def cmd_build(args: argparse.Namespace) -> int:
+    from sidecar_fsm.base.buildcache import choose_binary
+
     cache_dir = _cli_cache_dir(args.cache_dir)
     try:
-        binary = ensure_binary(cache_dir, progress=err)
+        choice = choose_binary(cache_dir, progress=err)
     except OSError as error:
         raise UsageError(
             f"{PROG} build: cache dir '{cache_dir}' cannot be used ({os_reason(error)}); "
             "give a --cache-dir you can write"
         ) from error
-    out(str(binary))
+    # Which binary and why on stderr; stdout stays the bare path, for $(sidecar-fsm build).
+    err(f"{PROG} build: {choice.why}")
+    out(str(choice.path))
     return 0
 
 
 def cmd_demo(args: argparse.Namespace) -> int:
-    # Imported here: the demo's lab (a TLS HTTP/2 origin) pulls cryptography and h2.
     from sidecar_fsm.demo import run_demo
 
     chosen, explicit = log_dir_of(args)
@@ -83,11 +83,14 @@ def cmd_demo(args: argparse.Namespace) -> int:
 
 
 def cmd_start(args: argparse.Namespace) -> int:
-    # Imported here: the launcher pulls pydantic and the supervisor, which read commands never need.
+    from omegaconf import DictConfig, open_dict
     from pydantic import ValidationError
 
+    from sidecar_fsm.base.buildcache import CACHE_DIR_KEY
     from sidecar_fsm.config import describe_error, h2_ping_sidecar_config_from_global_config, misspelled_block
+    from sidecar_fsm.configfile import load_config
     from sidecar_fsm.launcher import start_h2_ping_sidecar
+    from sidecar_fsm.run.foreground import catching_stop_signals
 
     config = load_config(args.configs, f"{PROG} start")
     chosen, explicit = log_dir_of(args)
@@ -139,6 +142,11 @@ def _run_in_foreground(
     config: DictConfig,
 ) -> int:
     """Print what started, watch the sidecars until a signal or a failure, drain; the exit code."""
+    from sidecar_fsm.base.buildcache import CACHE_DIR_KEY
+    from sidecar_fsm.configfile import config_to_write, write_atomically
+    from sidecar_fsm.run.foreground import watch_until_signal
+    from sidecar_fsm.view import render
+
     failed = False
     hurried: list[str] = []
 
@@ -189,8 +197,10 @@ def _with_route(upstream: str, route: str | None) -> str:
 
 def cmd_lab(args: argparse.Namespace) -> int:
     """The lab origin behind the idle relay, in the foreground until Ctrl-C or SIGTERM."""
-    # Imported here: the lab (a TLS HTTP/2 origin) pulls cryptography and h2.
+    from sidecar_fsm.configfile import EXAMPLE_CONFIG, write_atomically
     from sidecar_fsm.lab import IdleRelay, TlsH2Origin
+    from sidecar_fsm.run.foreground import catching_stop_signals
+    from sidecar_fsm.view import render
 
     try:
         idle = float(args.idle)
@@ -239,6 +249,8 @@ def _lab_start_line(config: Path, upstream: str, ca_file: str, idle: float) -> s
     Accelerator's 340s; the lab's relay would drop the connection first, and the request would
     get a 502), and the model's base_url pointed at the upstream, so it is rewritten to the
     sidecar rather than warned about."""
+    from sidecar_fsm.configfile import EXAMPLE_MODEL_BASE_URL
+
     ping = min(idle / 4, 60.0)
     overrides = [
         f"sidecar.ca_file={ca_file}",
@@ -252,6 +264,8 @@ def _lab_start_line(config: Path, upstream: str, ca_file: str, idle: float) -> s
 def _draining_lines(manager: H2PingSidecarManager, signal_name: str) -> list[str]:
     """What the drain waits for, per instance (its requests in flight, scraped now), and how
     long at most; just the first line when the figures cannot be read (the drain goes on)."""
+    from sidecar_fsm.view import status, upkeep_report
+
     grace = float(manager.config.shutdown_grace_seconds)
     try:
         with all_stores(manager.log_dir, "start") as stores:
@@ -269,6 +283,8 @@ def cmd_exec(args: argparse.Namespace) -> int:
 
     127 when COMMAND is not found, 126 when it is found but cannot be run, as a shell reports.
     """
+    from sidecar_fsm.gymexec import ExecFailed, exec_command
+
     command = args.argv[1:] if args.argv[:1] == ["--"] else args.argv
     if not command:
         raise UsageError(f"{PROG} exec: no COMMAND given; use {PROG} exec -- COMMAND [ARG...]")

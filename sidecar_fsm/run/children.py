@@ -101,6 +101,8 @@ class SidecarRun:
         self.record: storagefault.RecordWatch | None = None
         # Set when a transition could not be recorded: the rest of the stop records nothing.
         self.unrecordable: SidecarError | None = None
+        # When ``traffic.poll`` next imports the proxies' figures (time.monotonic()).
+        self.traffic_due = 0.0
 
     @property
     def running(self) -> bool:

@@ -30,7 +30,7 @@ from sidecar_fsm.base import procs
 from sidecar_fsm.base.ready import temp_files
 from sidecar_fsm.config import parse_duration_seconds
 from sidecar_fsm.errors import ConfigError
-from sidecar_fsm.run import crashpoints, targets
+from sidecar_fsm.run import crashpoints, targets, traffic
 from sidecar_fsm.state import tempfiles
 
 # Imported for their types and machines; each owns its concern (SQL, state changes).
@@ -247,6 +247,8 @@ def _reap_run(store: Store, run: RunRecord, owner: OwnerStatus, dry_run: bool) -
         )
     stale = _stale_ready_files(instances)
     if not dry_run:
+        # After the sidecars ended: each wrote its final figures when its drain did.
+        traffic.import_instances(store, instances)
         for path in stale:
             # The run's ready files are per run id, so no other run can be using them; a
             # sidecar that was killed (not drained) never removed its own.

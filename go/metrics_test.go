@@ -91,7 +91,8 @@ var allMetrics = map[string]string{
 	"h2ping_ping_acks_total": "counter", "h2ping_ping_rtt_seconds": "gauge",
 	"h2ping_goaways_total": "counter", "h2ping_retries_total": "counter",
 	"h2ping_rotations_total": "counter", "h2ping_request_duration_seconds": "histogram",
-	"h2ping_build_info": "gauge",
+	"h2ping_build_info": "gauge", "h2ping_time_to_first_byte_seconds": "histogram",
+	"h2ping_request_duration_max_seconds": "gauge",
 }
 
 // parseExposition checks text line by line against the Prometheus text format 0.0.4, as

@@ -214,3 +214,45 @@ func TestE2ETrafficFileFinalAfterOwnerExit(t *testing.T) {
 		t.Fatalf("after the owner exited: got %+v, %v; want final with 2 requests", r, err)
 	}
 }
+
+// TestTimeToFirstByteHistogram: TTFB is the wait for the upstream's response head, apart
+// from the body's time; 5 ms and 50 ms land in different buckets; a 502 has no TTFB; the
+// longest duration is exact.
+func TestTimeToFirstByteHistogram(t *testing.T) {
+	origin := newH2Origin(t, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		head, _ := strconv.Atoi(r.URL.Query().Get("head"))
+		body, _ := strconv.Atoi(r.URL.Query().Get("body"))
+		time.Sleep(time.Duration(head) * time.Millisecond)
+		w.WriteHeader(200)
+		w.(http.Flusher).Flush()
+		time.Sleep(time.Duration(body) * time.Millisecond)
+		io.WriteString(w, "done")
+	}))
+	p := runSidecar(t, "-upstream", origin.URL, "-ca-file", caFileOf(t, origin), "-metrics-listen", "127.0.0.1:0")
+	for _, q := range []string{"head=0&body=0", "head=60&body=0", "head=0&body=300"} {
+		get(t, p.url()+"/?"+q)
+	}
+	m := waitMetrics(t, p, "3 answered", func(m map[string]float64) bool {
+		return m["h2ping_request_duration_seconds_count"] == 3 && m["h2ping_time_to_first_byte_seconds_count"] == 3
+	})
+	ttfb := func(le string) float64 { return m[`h2ping_time_to_first_byte_seconds_bucket{le="`+le+`"}`] }
+	dur := func(le string) float64 { return m[`h2ping_request_duration_seconds_bucket{le="`+le+`"}`] }
+	// Loopback answers in well under 50 ms; the 60 ms head wait is above it.
+	if ttfb("0.05") != 2 || ttfb("0.1") != 3 || ttfb("3600") != 3 || ttfb("+Inf") != 3 {
+		t.Fatalf("ttfb buckets 0.05 %v, 0.1 %v, 3600 %v, +Inf %v; want 2, 3, 3, 3", ttfb("0.05"), ttfb("0.1"), ttfb("3600"), ttfb("+Inf"))
+	}
+	if dur("0.25") != 2 || dur("0.5") != 3 {
+		t.Fatalf("duration buckets 0.25 %v, 0.5 %v; want 2, 3 (the 300 ms body counts in the duration only)", dur("0.25"), dur("0.5"))
+	}
+	if mx := m["h2ping_request_duration_max_seconds"]; mx < 0.3 || mx > 0.5 || mx > m["h2ping_request_duration_seconds_sum"] {
+		t.Fatalf("max: got %v; want the 300 ms request's duration", mx)
+	}
+	origin.Close()
+	if code, _ := get(t, p.url()+"/?head=0"); code != http.StatusBadGateway {
+		t.Fatalf("request to a closed origin: got %d; want 502", code)
+	}
+	m = waitMetrics(t, p, "the 502 answered", func(m map[string]float64) bool { return m["h2ping_request_duration_seconds_count"] == 4 })
+	if m["h2ping_time_to_first_byte_seconds_count"] != 3 {
+		t.Fatalf("ttfb count after a 502: got %v; want 3 (no upstream head came)", m["h2ping_time_to_first_byte_seconds_count"])
+	}
+}

@@ -25,7 +25,7 @@ from sidecar_fsm.cli.common import (
     only_instance,
     out,
 )
-from sidecar_fsm.view import logs, render, status, top
+from sidecar_fsm.view import logs, render, status, top, traffic
 
 TOP_INTERVAL_SECONDS = 2.0
 # How often ``logs -f`` looks for new lines.
@@ -48,11 +48,12 @@ def cmd_status(args: argparse.Namespace) -> int:
         else:
             runs = status.runs_to_show(runs, everything=args.all)
         statuses = [status.observe(store, run) for store, run in runs]
+        totals = traffic.run_totals(stores)
     statuses = status.with_live(statuses)
     if args.json:
-        out(render.status_json(statuses))
+        out(render.status_json(statuses, traffic=totals))
     else:
-        out(render.status_lines(statuses, color=color(), ended_in_one_table=args.all))
+        out(render.status_lines(statuses, color=color(), ended_in_one_table=args.all, traffic=totals))
     # systemctl's codes: a monitoring script reads "needs attention" without parsing the table.
     return NEEDS_ATTENTION if any(status.needs_attention(s) for s in statuses) else 0
 
@@ -124,11 +125,12 @@ def cmd_history(args: argparse.Namespace) -> int:
         instances = only_instance(observed.instances, args.instance, "history", run.run_id)
         observed = dataclasses.replace(observed, instances=instances)
         rows = [(inst.name, t) for inst in instances for t in store.history(inst.id)]
+        figures = traffic.instance_traffic(store, run.run_id)
     rows.sort(key=lambda row: (row[1].at, row[1].id))
     if args.json:
-        out(render.history_json(run, rows, status=observed))
+        out(render.history_json(run, rows, status=observed, traffic=figures))
     else:
-        out(render.history_lines(run, rows, color=color(), status=observed))
+        out(render.history_lines(run, rows, color=color(), status=observed, traffic=figures))
     return 0
 
 

@@ -226,7 +226,7 @@ def register(sub: Any) -> None:
         sub,
         "history",
         cmd_history,
-        "a run's state transitions, oldest first",
+        "a run's state transitions, oldest first, and what each instance carried",
         json_option=True,
         example="sidecar-fsm history 4c1e9a policy",
     )

@@ -282,7 +282,8 @@ def history_lines(
     with milliseconds; AFTER is the offset from the first row, which is what a reader compares.
     With ``status`` (what runs now), the header says whether the owner lives, and a line per
     instance whose recorded-live process is gone says so, as ``status`` does. With ``traffic``
-    (by instance name), a line per instance says what it carried (``view.traffic``).
+    (by instance name) and ``status``, a line per instance after the table says what it carried
+    (``view.traffic``).
     """
     started = format_local_time(run.started_at)
     head = [f"run {run.run_id} on {run.host}, {_owner_words(run, status)}, started {started}"]
@@ -291,10 +292,11 @@ def history_lines(
             note = process_note(status, inst)
             if note is not None:
                 head.append(styled(f"{inst.name}: {note}", "red", color))
-        if traffic is not None:
-            head += [traffic_line(inst.name, traffic.get(inst.name)) for inst in status.instances]
+    tail = []
+    if status is not None and traffic is not None:
+        tail = [traffic_line(inst.name, traffic.get(inst.name)) for inst in status.instances]
     if not transitions:
-        return [*head, "no transitions recorded"]
+        return [*head, "no transitions recorded", *tail]
     first = transitions[0][1].at
     rows: list[list[str | Cell]] = [
         [
@@ -308,7 +310,8 @@ def history_lines(
         ]
         for name, t in transitions
     ]
-    return [*head, *table(["TIME", "AFTER", "INSTANCE", "FROM", "TO", "EVENT", "DETAIL"], rows, color=color)]
+    headers = ["TIME", "AFTER", "INSTANCE", "FROM", "TO", "EVENT", "DETAIL"]
+    return [*head, *table(headers, rows, color=color), *tail]
 
 
 def started_lines(run_id: str | None, log_dir: str, instances: Sequence[tuple[str, str, str]]) -> list[str]:

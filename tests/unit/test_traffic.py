@@ -6,8 +6,10 @@ no child processes (the real proxy is ``tests/integration/test_traffic.py``).
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -61,9 +63,9 @@ def document(pid: int = 4242, **overrides: Any) -> dict[str, Any]:
 
 
 @pytest.fixture
-def store(tmp_path: Path) -> Store:
+def store(tmp_path: Path) -> Iterator[Store]:
     opened = Store.open(tmp_path, host="unit")
-    yield opened  # type: ignore[misc]
+    yield opened
     opened.close()
 
 
@@ -370,3 +372,83 @@ def test_our_binary_gets_the_traffic_file_and_log_flags_and_gyms_gets_none() -> 
         "drop access_log, or leave sidecar.binary unset to use sidecar-fsm's proxy"
     ]
     assert issubclass(ConfigError, ValueError)
+
+
+# -- where a person looks -----------------------------------------------------------------------
+
+
+def test_history_ends_with_a_traffic_line_per_instance_and_status_all_sums_each_run() -> None:
+    from test_render import NOW, two_instance_status
+
+    from sidecar_fsm.state.store import InstanceTraffic, TransitionRecord
+    from sidecar_fsm.view import render
+
+    errors = {"dial": 0, "tls": 0, "alpn": 0, "ping_timeout": 2, "reset": 1, "other": 0}
+    policy = InstanceTraffic(
+        "policy", 600, 3, errors, 0.05, 296.0, 514.0, 854.25, "2026-12-01T20:05:30.000Z", True, 2
+    )
+    status = two_instance_status()
+    rows = [("policy", TransitionRecord(1, 1, "configured", "building", "build", NOW, None))]
+    lines = render.history_lines(status.run, rows, status=status, traffic={"policy": policy})
+    assert lines[-2:] == [
+        "traffic policy: 600 requests, 3 502s (ping_timeout 2, reset 1), ttfb p50 50ms p99 296s, "
+        "duration p99 514s max 854s, final",
+        "traffic judge: none recorded",
+    ]
+    live = InstanceTraffic(
+        "policy", 1, 0, dict.fromkeys(errors, 0), None, None, None, 0.0, "2026-12-01T20:05:30.000Z", False, 1
+    )
+    line = render.history_lines(status.run, rows, status=status, traffic={"policy": live})[-2]
+    assert line == (
+        "traffic policy: 1 requests, 0 502s, ttfb p50 - p99 -, duration p99 - max 0ms, "
+        "as of 2026-12-01T20:05:30.000Z"
+    )
+    document = json.loads(render.history_json(status.run, rows, status=status, traffic={"policy": policy}))
+    assert [inst["traffic"] and inst["traffic"]["responses_502"] for inst in document["instances"]] == [
+        3,
+        None,
+    ]
+
+    ended = dataclasses.replace(
+        status, run=dataclasses.replace(status.run, ended_at=NOW - 10, outcome="ended")
+    )
+    table = render.status_lines(
+        [ended], now=NOW, ended_in_one_table=True, traffic={ended.run.run_id: (600, 3)}
+    )
+    assert table[0].split()[-1] == "TRAFFIC" and table[1].endswith("600 requests, 3 502s")
+    document = json.loads(render.status_json([ended], traffic={}))
+    assert document["runs"][0]["traffic"] is None
+
+
+def test_the_poll_loop_imports_at_most_once_a_minute_and_not_after_stop(
+    store: Store, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from types import SimpleNamespace
+
+    from sidecar_fsm.run.children import Child, SidecarRun
+
+    inst = instance(store, tmp_path)
+    config = _config()
+    run = SidecarRun(config, config.instances, "/b", str(tmp_path), store=store, run_id="run1")
+    run.started = True
+    machine = InstanceMachine(store, inst.id, "ready")
+    process: Any = SimpleNamespace(pid=4242)
+    run.children = [Child(0, config.instances[0], machine, inst.log_path, "", "127.0.0.1:0", process=process)]
+    clock = [1000.0]
+    monkeypatch.setattr("sidecar_fsm.run.traffic.time.monotonic", lambda: clock[0])
+
+    def imported(requests: int, minute: int) -> int:
+        as_of = f"2026-12-01T20:{minute:02d}:00.000Z"
+        write(inst.log_path, document(requests=requests, as_of=as_of))
+        traffic.poll(run)
+        (row,) = summary(tmp_path, "requests")
+        return int(row["requests"])
+
+    assert imported(1, 1) == 1
+    clock[0] += traffic.POLL_SECONDS - 1
+    assert imported(2, 2) == 1  # within the minute: Gym's poll loop calls every few seconds
+    clock[0] += 1
+    assert imported(3, 3) == 3
+    clock[0] += traffic.POLL_SECONDS
+    run.stopped = True
+    assert imported(4, 4) == 3  # stop imported the final figures; nothing after it

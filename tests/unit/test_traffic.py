@@ -435,7 +435,7 @@ def test_the_poll_loop_imports_at_most_once_a_minute_and_not_after_stop(
     process: Any = SimpleNamespace(pid=4242)
     run.children = [Child(0, config.instances[0], machine, inst.log_path, "", "127.0.0.1:0", process=process)]
     clock = [1000.0]
-    monkeypatch.setattr("sidecar_fsm.run.traffic.time.monotonic", lambda: clock[0])
+    monkeypatch.setattr(traffic, "_clock", lambda: clock[0])
 
     def imported(requests: int, minute: int) -> int:
         as_of = f"2026-12-01T20:{minute:02d}:00.000Z"

@@ -31,6 +31,7 @@ from datetime import datetime, timezone
 from typing import TYPE_CHECKING, Any
 
 from sidecar_fsm.base import trust
+from sidecar_fsm.run import crashpoints
 from sidecar_fsm.run.runfiles import TRAFFIC, sibling
 from sidecar_fsm.state.records import UPSTREAM_ERROR_KINDS, TrafficFigures
 
@@ -275,5 +276,6 @@ def _import(store: Store, wanted: list[tuple[int, str | None, set[int]]]) -> Non
         with store.transaction():
             for instance_id, figures in found:
                 store.record_traffic(instance_id, figures)
+        crashpoints.hit("traffic-recorded")
     except Exception as exc:  # noqa: BLE001 - a figure never breaks check, stop, reap or prune
         _warn(str(store.path), str(exc), f"WARNING: traffic figures not recorded in {store.path}: {exc}")

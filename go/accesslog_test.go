@@ -80,7 +80,7 @@ func TestE2EAccessLogHasNoHeaderNoQuery(t *testing.T) {
 	dir := t.TempDir()
 	access, logFile, traffic := filepath.Join(dir, "a.access.log"), filepath.Join(dir, "a.log"), filepath.Join(dir, "a.traffic.json")
 	p := runSidecar(t, "-upstream", origin.URL, "-ca-file", caFileOf(t, origin), "-access-log", access,
-		"-log-file", logFile, "-traffic-file", traffic, "-traffic-interval", "50ms")
+		"-log-file", logFile, "-traffic-file", traffic, "-traffic-interval", "50ms", "-metrics-listen", "127.0.0.1:0")
 	const secret, query = "Bearer access-secret-7f3a", "api_key=query-secret-91bc"
 	req, _ := http.NewRequest("POST", p.url()+"/v1/chat%3Fnot-a-query?"+query, strings.NewReader("hello body"))
 	req.Header.Set("Authorization", secret)
@@ -92,6 +92,7 @@ func TestE2EAccessLogHasNoHeaderNoQuery(t *testing.T) {
 	body, _ := io.ReadAll(resp.Body)
 	resp.Body.Close()
 	origin.Close() // the next request fails to dial: a 502 and a log line
+	waitMetrics(t, p, "the closed connection gone", func(m map[string]float64) bool { return m["h2ping_upstream_connections"] == 0 })
 	req, _ = http.NewRequest("GET", p.url()+"/fails?"+query, nil)
 	req.Header.Set("Authorization", secret)
 	if resp, err := http.DefaultClient.Do(req); err == nil {
@@ -204,5 +205,33 @@ func TestE2EAccessLogRotates(t *testing.T) {
 	}
 	if last != 299 {
 		t.Fatalf("last line: got request %d; want 299", last)
+	}
+}
+
+// TestE2EAccessLogOnAFullDisk: every write of the access log failing (ENOSPC: /dev/full,
+// which is also never renamed) is logged once and never stops serving.
+func TestE2EAccessLogOnAFullDisk(t *testing.T) {
+	if _, err := os.Stat("/dev/full"); err != nil {
+		t.Skip("no /dev/full")
+	}
+	url, ca := statusOrigin(t)
+	p := runSidecar(t, "-upstream", url, "-ca-file", ca, "-access-log", "/dev/full", "-log-max-bytes", "100")
+	for i := range 5 {
+		if code, _ := get(t, p.url()+"/full"); code != 200 {
+			t.Fatalf("request %d: got %d; want 200", i, code)
+		}
+		if i == 0 {
+			waitFor(t, "the failure logged", 5*time.Second, func() bool { return strings.Contains(p.stderr.String(), "access log not written") })
+		}
+	}
+	p.cmd.Process.Signal(syscall.SIGTERM)
+	if code := p.waitExit(t, 10*time.Second); code != 0 {
+		t.Fatalf("exit code: got %d; want 0", code)
+	}
+	if n := strings.Count(p.stderr.String(), "access log not written"); n != 1 {
+		t.Fatalf("failure lines: got %d; want 1: %s", n, p.stderr)
+	}
+	if _, err := os.Stat("/dev/full"); err != nil {
+		t.Fatalf("/dev/full: got %v; want it untouched", err)
 	}
 }

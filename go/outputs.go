@@ -109,6 +109,9 @@ func validateOutputPath(name, value string) (string, error) {
 	}
 	if st, err := os.Stat(value); err == nil && st.IsDir() {
 		return "", badFlag(name, value, "is a folder; give a file path")
+	} else if err == nil && name == "traffic-file" && !st.Mode().IsRegular() {
+		// The record is renamed over PATH: over a device node that would replace it.
+		return "", badFlag(name, value, "is not a regular file; give a file path")
 	}
 	dir := filepath.Dir(value)
 	st, err := os.Stat(dir)

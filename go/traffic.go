@@ -177,16 +177,17 @@ type trafficWriter struct {
 }
 
 // startTraffic writes the first record at once (so a reader knows the file from the
-// start, figures all 0) and then every interval.
+// start, figures all 0) and then every interval. The first write is the loop's, off the
+// start-up path: its fsync may take a while on a network file system.
 func startTraffic(path string, interval time.Duration, m *meters, logf func(string, ...any)) *trafficWriter {
 	w := &trafficWriter{path: path, interval: interval, logf: logf, m: m, done: make(chan struct{}), quit: make(chan struct{})}
-	w.write(false)
 	go w.loop()
 	return w
 }
 
 func (w *trafficWriter) loop() {
 	defer close(w.done)
+	w.write(false)
 	t := time.NewTicker(w.interval)
 	defer t.Stop()
 	for {

@@ -88,12 +88,13 @@ def idle_rss_without_upstream(kids: Children, work: Path, binary: Path, ca: str)
         return rss
 
 
-def go_bench_ns(go: Path) -> dict[str, float]:
-    """Median ns/op of the Go benchmarks of the counting itself (go/metrics_test.go): CPU time on
-    one core, far less sensitive to the other tenants of this machine than req/s."""
+def go_bench_ns(go: Path, pattern: str = "RequestCounting|FrameWatch") -> dict[str, float]:
+    """Median ns/op of the Go benchmarks of the counting itself (go/metrics_test.go; `pattern`
+    picks others): CPU time on one core, far less sensitive to the other tenants of this
+    machine than req/s."""
     env = dict(os.environ, CGO_ENABLED="0", GOFLAGS="-buildvcs=false", GOTOOLCHAIN="local")
     r = subprocess.run(
-        [str(go), "test", "-run", "^$", "-bench", "RequestCounting|FrameWatch", "-count", "5", "."],
+        [str(go), "test", "-run", "^$", "-bench", pattern, "-count", "5", "."],
         cwd=GO_DIR,
         env=env,
         capture_output=True,

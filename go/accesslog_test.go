@@ -235,3 +235,54 @@ func TestE2EAccessLogOnAFullDisk(t *testing.T) {
 		t.Fatalf("/dev/full: got %v; want it untouched", err)
 	}
 }
+
+// BenchmarkAccessLog is what -access-log adds to a counted request (the line formatted and
+// buffered; the file written by the flusher goroutine): compare with
+// BenchmarkRequestCounting and the proxy's CPU per request in bench/results/traffic.md.
+func BenchmarkAccessLog(b *testing.B) {
+	h := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		w.WriteHeader(http.StatusOK)
+		w.Write([]byte("ok"))
+	})
+	r, _ := http.NewRequest("POST", "http://x/v1/chat/completions?k=v", strings.NewReader("body"))
+	w := &nullWriter{h: http.Header{}}
+	counted := &meters{}
+	b.Run("counted", func(b *testing.B) {
+		wrapped := counted.wrap(h)
+		for b.Loop() {
+			wrapped.ServeHTTP(w, r)
+		}
+	})
+	b.Run("logged", func(b *testing.B) {
+		rf, err := openRotating(filepath.Join(b.TempDir(), "a.log"), 0, 0)
+		if err != nil {
+			b.Fatal(err)
+		}
+		logged := &meters{access: startAccessLog(rf, b.Logf)}
+		wrapped := logged.wrap(h)
+		for b.Loop() {
+			wrapped.ServeHTTP(w, r)
+		}
+		logged.access.close()
+	})
+}
+
+type nullWriter struct{ h http.Header }
+
+func (w *nullWriter) Header() http.Header         { return w.h }
+func (w *nullWriter) Write(p []byte) (int, error) { return len(p), nil }
+func (w *nullWriter) WriteHeader(int)             {}
+
+func TestAppendTimeMilliIsTheLayout(t *testing.T) {
+	for _, tm := range []time.Time{
+		time.Date(2026, 12, 1, 20, 0, 0, 123456789, time.UTC),
+		time.Date(1, 1, 1, 0, 0, 0, 0, time.UTC),
+		time.Date(9999, 12, 31, 16, 59, 59, 999999999, time.FixedZone("x", -7*3600)),
+		time.Date(2026, 6, 30, 23, 59, 59, 999999999, time.FixedZone("y", -7*3600)),
+		time.Now(),
+	} {
+		if got, want := string(appendTimeMilli(nil, tm)), tm.UTC().Format(rfc3339Milli); got != want {
+			t.Errorf("appendTimeMilli(%v): got %q; want %q", tm, got, want)
+		}
+	}
+}

@@ -204,9 +204,20 @@ func (of *outputFiles) needsCounting() bool {
 	return of.cfg.TrafficFile != "" || of.accessFile != nil
 }
 
+// finishWait bounds how long finish waits for handlers still running after a drain that
+// was cut short (grace over, second signal): srv.Close ends their connections but does not
+// wait for them, and each counts itself and writes its access line as it returns.
+const finishWait = 2 * time.Second
+
 // finish writes the final traffic record and the access log's last lines; called after
-// the drain, when every request has ended.
+// the drain, when every request has ended or been cut off.
 func (of *outputFiles) finish() {
+	if of.traffic != nil || of.access != nil {
+		deadline := time.Now().Add(finishWait)
+		for n, _ := stats.flight.oldest(time.Now()); n > 0 && time.Now().Before(deadline); n, _ = stats.flight.oldest(time.Now()) {
+			time.Sleep(10 * time.Millisecond)
+		}
+	}
 	if of.traffic != nil {
 		of.traffic.stop()
 	}

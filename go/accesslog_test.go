@@ -80,7 +80,7 @@ func TestE2EAccessLogHasNoHeaderNoQuery(t *testing.T) {
 	dir := t.TempDir()
 	access, logFile, traffic := filepath.Join(dir, "a.access.log"), filepath.Join(dir, "a.log"), filepath.Join(dir, "a.traffic.json")
 	p := runSidecar(t, "-upstream", origin.URL, "-ca-file", caFileOf(t, origin), "-access-log", access,
-		"-log-file", logFile, "-traffic-file", traffic, "-traffic-interval", "50ms")
+		"-log-file", logFile, "-traffic-file", traffic, "-traffic-interval", "50ms", "-metrics-listen", "127.0.0.1:0")
 	const secret, query = "Bearer access-secret-7f3a", "api_key=query-secret-91bc"
 	req, _ := http.NewRequest("POST", p.url()+"/v1/chat%3Fnot-a-query?"+query, strings.NewReader("hello body"))
 	req.Header.Set("Authorization", secret)
@@ -92,6 +92,7 @@ func TestE2EAccessLogHasNoHeaderNoQuery(t *testing.T) {
 	body, _ := io.ReadAll(resp.Body)
 	resp.Body.Close()
 	origin.Close() // the next request fails to dial: a 502 and a log line
+	waitMetrics(t, p, "the closed connection gone", func(m map[string]float64) bool { return m["h2ping_upstream_connections"] == 0 })
 	req, _ = http.NewRequest("GET", p.url()+"/fails?"+query, nil)
 	req.Header.Set("Authorization", secret)
 	if resp, err := http.DefaultClient.Do(req); err == nil {
@@ -204,5 +205,84 @@ func TestE2EAccessLogRotates(t *testing.T) {
 	}
 	if last != 299 {
 		t.Fatalf("last line: got request %d; want 299", last)
+	}
+}
+
+// TestE2EAccessLogOnAFullDisk: every write of the access log failing (ENOSPC: /dev/full,
+// which is also never renamed) is logged once and never stops serving.
+func TestE2EAccessLogOnAFullDisk(t *testing.T) {
+	if _, err := os.Stat("/dev/full"); err != nil {
+		t.Skip("no /dev/full")
+	}
+	url, ca := statusOrigin(t)
+	p := runSidecar(t, "-upstream", url, "-ca-file", ca, "-access-log", "/dev/full", "-log-max-bytes", "100")
+	for i := range 5 {
+		if code, _ := get(t, p.url()+"/full"); code != 200 {
+			t.Fatalf("request %d: got %d; want 200", i, code)
+		}
+		if i == 0 {
+			waitFor(t, "the failure logged", 5*time.Second, func() bool { return strings.Contains(p.stderr.String(), "access log not written") })
+		}
+	}
+	p.cmd.Process.Signal(syscall.SIGTERM)
+	if code := p.waitExit(t, 10*time.Second); code != 0 {
+		t.Fatalf("exit code: got %d; want 0", code)
+	}
+	if n := strings.Count(p.stderr.String(), "access log not written"); n != 1 {
+		t.Fatalf("failure lines: got %d; want 1: %s", n, p.stderr)
+	}
+	if _, err := os.Stat("/dev/full"); err != nil {
+		t.Fatalf("/dev/full: got %v; want it untouched", err)
+	}
+}
+
+// BenchmarkAccessLog is what -access-log adds to a counted request (the line formatted and
+// buffered; the file written by the flusher goroutine): compare with
+// BenchmarkRequestCounting and the proxy's CPU per request in bench/results/traffic.md.
+func BenchmarkAccessLog(b *testing.B) {
+	h := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		w.WriteHeader(http.StatusOK)
+		w.Write([]byte("ok"))
+	})
+	r, _ := http.NewRequest("POST", "http://x/v1/chat/completions?k=v", strings.NewReader("body"))
+	w := &nullWriter{h: http.Header{}}
+	counted := &meters{}
+	b.Run("counted", func(b *testing.B) {
+		wrapped := counted.wrap(h)
+		for b.Loop() {
+			wrapped.ServeHTTP(w, r)
+		}
+	})
+	b.Run("logged", func(b *testing.B) {
+		rf, err := openRotating(filepath.Join(b.TempDir(), "a.log"), 0, 0)
+		if err != nil {
+			b.Fatal(err)
+		}
+		logged := &meters{access: startAccessLog(rf, b.Logf)}
+		wrapped := logged.wrap(h)
+		for b.Loop() {
+			wrapped.ServeHTTP(w, r)
+		}
+		logged.access.close()
+	})
+}
+
+type nullWriter struct{ h http.Header }
+
+func (w *nullWriter) Header() http.Header         { return w.h }
+func (w *nullWriter) Write(p []byte) (int, error) { return len(p), nil }
+func (w *nullWriter) WriteHeader(int)             {}
+
+func TestAppendTimeMilliIsTheLayout(t *testing.T) {
+	for _, tm := range []time.Time{
+		time.Date(2026, 12, 1, 20, 0, 0, 123456789, time.UTC),
+		time.Date(1, 1, 1, 0, 0, 0, 0, time.UTC),
+		time.Date(9999, 12, 31, 16, 59, 59, 999999999, time.FixedZone("x", -7*3600)),
+		time.Date(2026, 6, 30, 23, 59, 59, 999999999, time.FixedZone("y", -7*3600)),
+		time.Now(),
+	} {
+		if got, want := string(appendTimeMilli(nil, tm)), tm.UTC().Format(rfc3339Milli); got != want {
+			t.Errorf("appendTimeMilli(%v): got %q; want %q", tm, got, want)
+		}
 	}
 }

@@ -285,6 +285,7 @@ func TestE2EInvalidFlagsFailBeforeBinding(t *testing.T) {
 		{"traffic interval 0", append(up, "-traffic-interval", "0s"), "", []string{"-traffic-interval", `"0s"`}},
 		{"traffic interval garbage", append(up, "-traffic-interval", "often"), "", []string{"-traffic-interval", `"often"`}},
 		{"traffic file is a folder", append(up, "-traffic-file", dir), "", []string{"-traffic-file", dir, "folder"}},
+		{"traffic file is a device", append(up, "-traffic-file", "/dev/null"), "", []string{"-traffic-file", "/dev/null", "regular"}},
 		{"traffic file folder missing", append(up, "-traffic-file", filepath.Join(dir, "nope", "t.json")), "", []string{"-traffic-file", "nope", "no such file"}},
 		{"log max bytes negative", append(up, "-log-max-bytes", "-1"), "", []string{"-log-max-bytes", `"-1"`}},
 		{"log max bytes garbage", append(up, "-log-max-bytes", "100MiB"), "", []string{"-log-max-bytes", `"100MiB"`}},

@@ -40,7 +40,8 @@ type rotatingFile struct {
 	size int64
 }
 
-// openRotating opens path for append (created with mode 0644 if missing).
+// openRotating opens path for append (created with mode 0644 if missing). A path that is
+// not a regular file is never rotated.
 func openRotating(path string, max int64, backups int) (*rotatingFile, error) {
 	f, err := os.OpenFile(path, os.O_WRONLY|os.O_APPEND|os.O_CREATE, 0o644)
 	if err != nil {
@@ -50,6 +51,10 @@ func openRotating(path string, max int64, backups int) (*rotatingFile, error) {
 	if err != nil {
 		f.Close()
 		return nil, err
+	}
+	if !st.Mode().IsRegular() {
+		// A device or a pipe (/dev/stdout, a FIFO) is written to, never renamed or cut.
+		max = 0
 	}
 	return &rotatingFile{path: path, max: max, backups: backups, f: f, size: st.Size()}, nil
 }

@@ -2,8 +2,10 @@ package main
 
 import (
 	"bytes"
+	"errors"
 	"fmt"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"slices"
 	"strconv"
@@ -164,5 +166,24 @@ func TestE2ELogFileTakesOverStderrAndRotates(t *testing.T) {
 		if data[len(data)-1] != '\n' || !bytes.HasPrefix(data, []byte("h2-ping-sidecar: ")) {
 			t.Fatalf("%s: got %q; want whole log lines", n, data)
 		}
+	}
+}
+
+// TestE2EARefusedStartLeavesNoLogFile: a -log-file this start created is removed when
+// -access-log cannot be opened, and the error goes to the stderr the proxy was given.
+func TestE2EARefusedStartLeavesNoLogFile(t *testing.T) {
+	dir := t.TempDir()
+	logFile := filepath.Join(dir, "new.log")
+	cmd := exec.Command(sidecarBin, "-listen", "127.0.0.1:0", "-upstream", "https://example.com",
+		"-log-file", logFile, "-access-log", "/proc/h2ping-test.access.log")
+	var stderr strings.Builder
+	cmd.Stderr = &stderr
+	err := cmd.Run()
+	var ee *exec.ExitError
+	if !errors.As(err, &ee) || ee.ExitCode() != 2 || !strings.Contains(stderr.String(), "-access-log") {
+		t.Fatalf("got %v, stderr %q; want exit 2 naming -access-log on the given stderr", err, stderr.String())
+	}
+	if _, err := os.Stat(logFile); !os.IsNotExist(err) {
+		t.Fatalf("log file: got %v; want it removed", err)
 	}
 }

@@ -6,15 +6,18 @@ package main
 // The counters are process-wide (stats), like expvar's: the process has one front end and
 // one upstream, and a package variable keeps each hook elsewhere to one line. The upstream
 // counters are atomic adds on events (dials, PINGs, GOAWAYs) and count whether or not
-// -metrics-listen is set; the per-request part (wrap: in flight, status codes, one small
-// allocation per request) runs only with it, since nobody could read it otherwise.
+// -metrics-listen is set; the per-request part (wrap: in flight, status codes, TTFB, one
+// small allocation per request) runs only with -metrics-listen, -traffic-file or
+// -access-log, since nobody could read it otherwise. The traffic record (traffic.go) reads
+// these same variables; the access log (accesslog.go) gets each finished request from wrap.
 //
 // The frames of the upstream connections (PINGs, GOAWAY, RST_STREAM) are read by
 // framewatch.go; this file only stores what it reports.
 //
 // Must not: take a lock on the request path other than the in-flight set's (four pointer
-// writes), log, or expose anything about a request beyond its status code (no path, no
-// header: Authorization must never reach a scrape).
+// writes) and, with -access-log, its buffer's (held for a copy), log, or expose anything
+// about a request beyond its status code (no path, no header: Authorization must never
+// reach a scrape; the access log's method and path are accesslog.go's).
 
 import (
 	"errors"
@@ -83,7 +86,7 @@ type meters struct {
 	duration histogram // request to end of response, answered requests only
 	// ttfb is request to the upstream's response head (requests the upstream answered,
 	// whether or not their client stayed for the body); durationMax is the longest
-	// duration observed, in nanoseconds, exact where the histogram has buckets.
+	// duration observed, in nanoseconds: exact, where the histogram only bounds it.
 	ttfb        histogram
 	durationMax atomic.Uint64
 

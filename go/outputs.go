@@ -10,7 +10,9 @@ package main
 // folder, full disk, folder removed) is logged and never stops serving.
 
 import (
+	"errors"
 	"flag"
+	"io/fs"
 	"os"
 	"path/filepath"
 	"strconv"
@@ -109,6 +111,9 @@ func validateOutputPath(name, value string) (string, error) {
 	}
 	if st, err := os.Stat(value); err == nil && st.IsDir() {
 		return "", badFlag(name, value, "is a folder; give a file path")
+	} else if err == nil && name == "traffic-file" && !st.Mode().IsRegular() {
+		// The record is renamed over PATH: over a device node that would replace it.
+		return "", badFlag(name, value, "is not a regular file; give a file path")
 	}
 	dir := filepath.Dir(value)
 	st, err := os.Stat(dir)
@@ -131,35 +136,52 @@ type outputFiles struct {
 }
 
 // openOutputs opens the logs before anything is served: a path that cannot be opened is a
-// bad flag (exit 2). With -log-file, stdout and stderr point at it from here on.
+// bad flag (exit 2), and a file this call created is removed again, so a refused start
+// leaves none behind. With -log-file, stdout and stderr point at it from here on: only
+// once both opened, so the error of a failed open still reaches the stderr given.
 func openOutputs(o Outputs) (*outputFiles, error) {
 	of := &outputFiles{cfg: o}
-	if o.AccessLog != "" {
-		rf, err := openRotating(o.AccessLog, o.LogMaxBytes, o.LogBackups)
-		if err != nil {
-			return nil, badFlag("access-log", o.AccessLog, "cannot be opened (%v); give a writable path", unwrapPathError(err))
+	var opened []*rotatingFile
+	var created []string
+	fail := func(name, path string, err error) (*outputFiles, error) {
+		for _, rf := range opened {
+			rf.Close()
 		}
-		of.accessFile = rf
+		for _, p := range created {
+			os.Remove(p)
+		}
+		return nil, badFlag(name, path, "cannot be opened (%v); give a writable path", unwrapPathError(err))
 	}
-	if o.LogFile != "" {
-		rf, err := openRotating(o.LogFile, o.LogMaxBytes, o.LogBackups)
+	openOne := func(path string) (*rotatingFile, error) {
+		_, statErr := os.Lstat(path)
+		rf, err := openRotating(path, o.LogMaxBytes, o.LogBackups)
 		if err == nil {
-			err = redirectStdio(rf.file())
-			if err != nil {
-				rf.Close()
+			opened = append(opened, rf)
+			if errors.Is(statErr, fs.ErrNotExist) {
+				created = append(created, path)
 			}
 		}
-		if err != nil {
-			if of.accessFile != nil {
-				of.accessFile.Close()
-			}
-			return nil, badFlag("log-file", o.LogFile, "cannot be opened (%v); give a writable path", unwrapPathError(err))
+		return rf, err
+	}
+	var err error
+	if o.LogFile != "" {
+		if of.log, err = openOne(o.LogFile); err != nil {
+			return fail("log-file", o.LogFile, err)
 		}
-		rf.statSize = true
+	}
+	if o.AccessLog != "" {
+		if of.accessFile, err = openOne(o.AccessLog); err != nil {
+			return fail("access-log", o.AccessLog, err)
+		}
+	}
+	if of.log != nil {
+		if err := redirectStdio(of.log.file()); err != nil {
+			return fail("log-file", o.LogFile, err)
+		}
+		of.log.statSize = true
 		// After a rotation stdout and stderr follow the new file; if that fails they stay
 		// on PATH.1, which the next rotation renames on: the log loses nothing.
-		rf.reopened = redirectStdio
-		of.log = rf
+		of.log.reopened = redirectStdio
 	}
 	return of, nil
 }
@@ -182,9 +204,20 @@ func (of *outputFiles) needsCounting() bool {
 	return of.cfg.TrafficFile != "" || of.accessFile != nil
 }
 
+// finishWait bounds how long finish waits for handlers still running after a drain that
+// was cut short (grace over, second signal): srv.Close ends their connections but does not
+// wait for them, and each counts itself and writes its access line as it returns.
+const finishWait = 2 * time.Second
+
 // finish writes the final traffic record and the access log's last lines; called after
-// the drain, when every request has ended.
+// the drain, when every request has ended or been cut off.
 func (of *outputFiles) finish() {
+	if of.traffic != nil || of.access != nil {
+		deadline := time.Now().Add(finishWait)
+		for n, _ := stats.flight.oldest(time.Now()); n > 0 && time.Now().Before(deadline); n, _ = stats.flight.oldest(time.Now()) {
+			time.Sleep(10 * time.Millisecond)
+		}
+	}
 	if of.traffic != nil {
 		of.traffic.stop()
 	}

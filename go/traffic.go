@@ -158,6 +158,34 @@ func writeFileAtomic(path string, data []byte) error {
 	return nil
 }
 
+// removeStaleTemps removes the temp files of path that a process killed mid-write left
+// (a restarted instance writes the same path). Only a second live process on the same path,
+// a misconfiguration, could lose one of its temps to this: its rename then fails, is
+// logged, and the next tick writes again.
+func removeStaleTemps(path string) {
+	dir, base := filepath.Split(path)
+	if dir == "" {
+		dir = "."
+	}
+	old, _ := filepath.Glob(filepath.Join(dir, "."+globEscape(base)+".tmp-*"))
+	for _, f := range old {
+		os.Remove(f)
+	}
+}
+
+// globEscape quotes the characters filepath.Match treats as patterns.
+func globEscape(s string) string {
+	var b []byte
+	for i := 0; i < len(s); i++ {
+		switch s[i] {
+		case '*', '?', '[', '\\':
+			b = append(b, '\\')
+		}
+		b = append(b, s[i])
+	}
+	return string(b)
+}
+
 // trafficWriter rewrites the traffic file every interval until stop, which writes the
 // final record.
 type trafficWriter struct {
@@ -177,16 +205,18 @@ type trafficWriter struct {
 }
 
 // startTraffic writes the first record at once (so a reader knows the file from the
-// start, figures all 0) and then every interval.
+// start, figures all 0) and then every interval. The first write is the loop's, off the
+// start-up path: its fsync may take a while on a network file system.
 func startTraffic(path string, interval time.Duration, m *meters, logf func(string, ...any)) *trafficWriter {
 	w := &trafficWriter{path: path, interval: interval, logf: logf, m: m, done: make(chan struct{}), quit: make(chan struct{})}
-	w.write(false)
 	go w.loop()
 	return w
 }
 
 func (w *trafficWriter) loop() {
 	defer close(w.done)
+	removeStaleTemps(w.path)
+	w.write(false)
 	t := time.NewTicker(w.interval)
 	defer t.Stop()
 	for {

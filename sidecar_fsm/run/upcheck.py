@@ -16,11 +16,12 @@ from __future__ import annotations
 
 import http.client
 import json
-import threading
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Literal
+
+from sidecar_fsm.base import fanout
 
 __all__ = ["CheckTarget", "Verdict", "await_verdicts"]
 
@@ -152,28 +153,19 @@ def await_verdicts(targets: Sequence[CheckTarget], timeout: float) -> list[Verdi
     within ``_ASK_TIMEOUT_SECONDS``; its late answer is dropped.
     """
     deadline = time.monotonic() + timeout
-    results: dict[int, Verdict] = {}
-    lock = threading.Lock()
-
-    def work(index: int, target: CheckTarget) -> None:
-        verdict = _wait_one(target, deadline)
-        with lock:
-            results[index] = verdict
-
-    threads = []
-    for index, target in enumerate(targets):
-        if target.metrics is None:
-            results[index] = Verdict(target.name, target.upstream, "not checked", target.unchecked_because)
-            continue
-        thread = threading.Thread(
-            target=work, args=(index, target), name=f"upcheck {target.name}", daemon=True
-        )
-        thread.start()
-        threads.append(thread)
-    for thread in threads:
-        thread.join(max(0.0, deadline - time.monotonic()) + _ASK_TIMEOUT_SECONDS)
-    with lock:
-        return [
-            results.get(index) or Verdict(target.name, target.upstream, "no verdict")
-            for index, target in enumerate(targets)
-        ]
+    unchecked = {
+        index: Verdict(target.name, target.upstream, "not checked", target.unchecked_because)
+        for index, target in enumerate(targets)
+        if target.metrics is None
+    }
+    asked = {index: target for index, target in enumerate(targets) if index not in unchecked}
+    # Each ask ends within _ASK_TIMEOUT_SECONDS of the deadline (its own socket timeout): that
+    # slack is waited for, so an answer the proxy gave just at the deadline is not lost.
+    answered = fanout.each_by_deadline(
+        asked, lambda target: _wait_one(target, deadline), deadline + _ASK_TIMEOUT_SECONDS, name="upcheck"
+    )
+    results = {**unchecked, **answered}
+    return [
+        results.get(index) or Verdict(target.name, target.upstream, "no verdict")
+        for index, target in enumerate(targets)
+    ]

@@ -6,10 +6,11 @@
 -- restart's figures add up. A row is replaced only by figures of the same process with a later
 -- `as_of` (Store.record_traffic).
 --
--- Times are unix seconds (REAL, UTC), as in every table. Both histograms are stored as the
--- file gives them, JSON text `{"bounds": [le, ...], "counts": [n, ...], "sum": s, "count": n}`
--- with per-bucket (not cumulative) counts and one more count than bounds: the last is the +Inf
--- bucket. The bounds travel with the counts, so nothing here hard-codes the proxy's buckets.
+-- Times are unix seconds (REAL, UTC), as in every table. Both histograms are JSON text
+-- `{"buckets": [[le, n], ..., [null, n]], "sum": s, "count": n}`: each bucket's upper bound
+-- beside its count (per bucket, not cumulative; the last, null, is +Inf), as the importer turns
+-- the file's `bounds` and `counts` into. The bounds travel with the counts, so nothing here
+-- hard-codes the proxy's buckets.
 
 CREATE TABLE traffic (
     instance_id        INTEGER NOT NULL REFERENCES instances (id),
@@ -41,17 +42,68 @@ CREATE TABLE traffic (
     PRIMARY KEY (instance_id, pid)
 );
 
+-- Each instance's percentiles, its processes' buckets added together, as Store.record_traffic
+-- last computed them (in the same transaction as the figures they come from): the upper bound
+-- (`le`) of the first bucket whose cumulative count reaches the quantile's rank (nearest rank:
+-- the q-quantile of n requests is the ceil(q*n)-th smallest); NULL when the rank falls in the
+-- +Inf bucket (traffic_summary then reads `duration_max_s`) or nothing was counted. Kept as a
+-- table, one instance at a time, so that reading every host's traffic_summary never re-sorts
+-- every bucket of every instance (that cost seconds per thousand instances).
+CREATE TABLE traffic_quantiles (
+    instance_id    INTEGER PRIMARY KEY REFERENCES instances (id),
+    ttfb_p50_s     REAL,
+    ttfb_p90_s     REAL,
+    ttfb_p99_s     REAL,
+    duration_p50_s REAL,
+    duration_p90_s REAL,
+    duration_p99_s REAL
+);
+
 -- One row per instance of a run (an instance whose proxy never wrote figures, e.g. one run
 -- with NeMo Gym's binary, has NULL figures and a NULL as_of). Counters are the sums over the
--- instance's processes. A percentile is the upper bound (`le`) of the first bucket whose
--- cumulative count reaches the quantile's rank (nearest rank: the q-quantile of n requests is
--- the ceil(q*n)-th smallest), the buckets of every process of the instance added together; in
--- the +Inf bucket, which has no upper bound, it is `duration_max_s`, which no request's wait or
--- duration exceeded. The ranks compare integers (`below * 100 >= 99 * total`), never a float
--- product that could land just above a whole number. `duration_max_s` is exact.
+-- instance's processes; percentiles as traffic_quantiles says, a rank in the +Inf bucket
+-- (which has no upper bound) reading `duration_max_s`, which no request's wait or duration
+-- exceeded. `duration_max_s` is exact.
 CREATE VIEW traffic_summary AS
-WITH
-per_instance AS (
+SELECT
+    r.host,
+    i.run_id,
+    i.name,
+    i.upstream,
+    p.requests,
+    p.responses_2xx,
+    p.responses_4xx,
+    p.responses_5xx,
+    p.responses_502,
+    p.client_disconnects,
+    p.errors_dial + p.errors_tls + p.errors_alpn + p.errors_ping_timeout + p.errors_reset
+        + p.errors_other AS upstream_errors,
+    p.pings_sent,
+    p.ping_acks,
+    p.goaways,
+    p.retries,
+    CASE WHEN p.ttfb_count > 0 THEN coalesce(q.ttfb_p50_s, p.duration_max_s) END AS ttfb_p50_s,
+    CASE WHEN p.ttfb_count > 0 THEN coalesce(q.ttfb_p90_s, p.duration_max_s) END AS ttfb_p90_s,
+    CASE WHEN p.ttfb_count > 0 THEN coalesce(q.ttfb_p99_s, p.duration_max_s) END AS ttfb_p99_s,
+    CASE WHEN p.duration_count > 0 THEN coalesce(q.duration_p50_s, p.duration_max_s) END AS duration_p50_s,
+    CASE WHEN p.duration_count > 0 THEN coalesce(q.duration_p90_s, p.duration_max_s) END AS duration_p90_s,
+    CASE WHEN p.duration_count > 0 THEN coalesce(q.duration_p99_s, p.duration_max_s) END AS duration_p99_s,
+    p.duration_max_s,
+    strftime('%Y-%m-%dT%H:%M:%fZ', p.as_of, 'unixepoch') AS as_of,
+    p.errors_dial AS upstream_errors_dial,
+    p.errors_tls AS upstream_errors_tls,
+    p.errors_alpn AS upstream_errors_alpn,
+    p.errors_ping_timeout AS upstream_errors_ping_timeout,
+    p.errors_reset AS upstream_errors_reset,
+    p.errors_other AS upstream_errors_other,
+    p.responses_other,
+    p.rotations,
+    p.final,
+    p.processes
+FROM instances AS i
+JOIN runs AS r ON r.run_id = i.run_id
+LEFT JOIN traffic_quantiles AS q ON q.instance_id = i.id
+LEFT JOIN (
     SELECT
         instance_id,
         sum(requests) AS requests,
@@ -72,85 +124,12 @@ per_instance AS (
         sum(goaways) AS goaways,
         sum(retries) AS retries,
         sum(rotations) AS rotations,
+        sum(json_extract(ttfb_seconds, '$.count')) AS ttfb_count,
+        sum(json_extract(duration_seconds, '$.count')) AS duration_count,
         max(duration_max_s) AS duration_max_s,
         max(as_of) AS as_of,
         min(final) AS final,
         count(*) AS processes
     FROM traffic
     GROUP BY instance_id
-),
-buckets AS (
-    -- json_extract past the end of `bounds` is NULL: the +Inf bucket's `le` (+ 0.0: a bound
-    -- written as 1 is the REAL 1.0, as every other bound).
-    SELECT t.instance_id, 'ttfb' AS histogram,
-        json_extract(t.ttfb_seconds, '$.bounds[' || c.key || ']') + 0.0 AS le, sum(c.value) AS n
-    FROM traffic AS t, json_each(t.ttfb_seconds, '$.counts') AS c
-    GROUP BY 1, 2, 3
-    UNION ALL
-    SELECT t.instance_id, 'duration' AS histogram,
-        json_extract(t.duration_seconds, '$.bounds[' || c.key || ']') + 0.0 AS le, sum(c.value) AS n
-    FROM traffic AS t, json_each(t.duration_seconds, '$.counts') AS c
-    GROUP BY 1, 2, 3
-),
-cumulative AS (
-    SELECT
-        instance_id,
-        histogram,
-        le,
-        sum(n) OVER (
-            PARTITION BY instance_id, histogram ORDER BY le IS NULL, le ROWS UNBOUNDED PRECEDING
-        ) AS below,
-        sum(n) OVER (PARTITION BY instance_id, histogram) AS total
-    FROM buckets
-),
-quantiles AS (
-    SELECT
-        instance_id,
-        histogram,
-        max(total) AS total,
-        min(CASE WHEN below * 2 >= total THEN le END) AS p50,
-        min(CASE WHEN below * 10 >= 9 * total THEN le END) AS p90,
-        min(CASE WHEN below * 100 >= 99 * total THEN le END) AS p99
-    FROM cumulative
-    GROUP BY instance_id, histogram
-)
-SELECT
-    r.host,
-    i.run_id,
-    i.name,
-    i.upstream,
-    p.requests,
-    p.responses_2xx,
-    p.responses_4xx,
-    p.responses_5xx,
-    p.responses_502,
-    p.client_disconnects,
-    p.errors_dial + p.errors_tls + p.errors_alpn + p.errors_ping_timeout + p.errors_reset
-        + p.errors_other AS upstream_errors,
-    p.pings_sent,
-    p.ping_acks,
-    p.goaways,
-    p.retries,
-    CASE WHEN qt.total > 0 THEN coalesce(qt.p50, p.duration_max_s) END AS ttfb_p50_s,
-    CASE WHEN qt.total > 0 THEN coalesce(qt.p90, p.duration_max_s) END AS ttfb_p90_s,
-    CASE WHEN qt.total > 0 THEN coalesce(qt.p99, p.duration_max_s) END AS ttfb_p99_s,
-    CASE WHEN qd.total > 0 THEN coalesce(qd.p50, p.duration_max_s) END AS duration_p50_s,
-    CASE WHEN qd.total > 0 THEN coalesce(qd.p90, p.duration_max_s) END AS duration_p90_s,
-    CASE WHEN qd.total > 0 THEN coalesce(qd.p99, p.duration_max_s) END AS duration_p99_s,
-    p.duration_max_s,
-    strftime('%Y-%m-%dT%H:%M:%fZ', p.as_of, 'unixepoch') AS as_of,
-    p.errors_dial AS upstream_errors_dial,
-    p.errors_tls AS upstream_errors_tls,
-    p.errors_alpn AS upstream_errors_alpn,
-    p.errors_ping_timeout AS upstream_errors_ping_timeout,
-    p.errors_reset AS upstream_errors_reset,
-    p.errors_other AS upstream_errors_other,
-    p.responses_other,
-    p.rotations,
-    p.final,
-    p.processes
-FROM instances AS i
-JOIN runs AS r ON r.run_id = i.run_id
-LEFT JOIN per_instance AS p ON p.instance_id = i.id
-LEFT JOIN quantiles AS qt ON qt.instance_id = i.id AND qt.histogram = 'ttfb'
-LEFT JOIN quantiles AS qd ON qd.instance_id = i.id AND qd.histogram = 'duration';
+) AS p ON p.instance_id = i.id;

@@ -152,7 +152,10 @@ def _time(document: Mapping[str, Any], key: str) -> float:
 
 
 def _histogram(document: Mapping[str, Any], key: str) -> dict[str, Any]:
-    """``{"bounds", "counts", "sum", "count"}`` checked: increasing finite bounds, one more count."""
+    """The file's ``{"bounds", "counts", "sum", "count"}`` checked (increasing finite bounds, one
+    more count, ``count`` their sum) as stored: ``{"buckets": [[le, n], ..., [null, n]], "sum",
+    "count"}``, each bucket's bound beside its count (null: +Inf), so ``traffic_summary`` reads
+    a bucket with one small parse instead of looking its bound up in the whole text."""
     value = document.get(key)
     if not isinstance(value, dict):
         raise NotFigures(f"{key} is not an object")
@@ -166,12 +169,11 @@ def _histogram(document: Mapping[str, Any], key: str) -> dict[str, Any]:
         raise NotFigures(f"{key}: bounds are not increasing")
     holder = {str(index): count for index, count in enumerate(counts)}
     whole = [_count(holder, str(index), f"{key}.counts[{index}]") for index in range(len(counts))]
-    return {
-        "bounds": floats,
-        "counts": whole,
-        "sum": _seconds(value.get("sum"), f"{key}.sum"),
-        "count": _count(value, "count", f"{key}.count"),
-    }
+    count = _count(value, "count", f"{key}.count")
+    if count != sum(whole):
+        raise NotFigures(f"{key}: count {count} is not the sum of its counts ({sum(whole)})")
+    buckets = [[bound, number] for bound, number in zip([*floats, None], whole, strict=True)]
+    return {"buckets": buckets, "sum": _seconds(value.get("sum"), f"{key}.sum"), "count": count}
 
 
 def read(path: str, pids: Iterable[int]) -> TrafficFigures | None:

@@ -97,7 +97,8 @@ class TrafficFigures:
 
     Numbers only, and the two times: nothing in it can hold a header, a query or userinfo.
     ``upstream_errors`` maps each of ``UPSTREAM_ERROR_KINDS`` to its count; each histogram is
-    ``{"bounds", "counts", "sum", "count"}`` with per-bucket counts, one more than the bounds.
+    ``{"buckets": [[le, n], ..., [None, n]], "sum", "count"}``: per-bucket (not cumulative)
+    counts beside their upper bounds, the last bucket +Inf.
     """
 
     pid: int

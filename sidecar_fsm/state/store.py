@@ -279,7 +279,7 @@ class Store:
             if row is None or row["ended_at"] is None:
                 return []
             rows = list(db.query("SELECT * FROM instances WHERE run_id = ? ORDER BY id", [run_id]))
-            for table in ("transitions", "traffic"):
+            for table in ("transitions", "traffic", "traffic_quantiles"):
                 db.execute(
                     f"DELETE FROM {table} WHERE instance_id IN (SELECT id FROM instances WHERE run_id = ?)",
                     [run_id],
@@ -472,9 +472,11 @@ class Store:
         One row per (instance, pid): figures of a process not seen yet are added, figures with a
         later ``as_of`` replace that process's older ones, and anything else (the same file
         imported again, an older file) changes nothing, so importing is idempotent and a restart's
-        processes add up in ``traffic_summary``. One statement: no read-then-write race between
-        two importers (a launcher's stop and a reap). Raises ``sqlite3.IntegrityError`` for an
-        unknown instance.
+        processes add up in ``traffic_summary``. The upsert is one statement (no read-then-write
+        race between two importers: a launcher's stop and a reap); when it changed the row, the
+        instance's percentiles are recomputed from every one of its processes' buckets
+        (``_QUANTILES_SQL``) in the same transaction. Raises
+        ``sqlite3.IntegrityError`` for an unknown instance.
         """
         row = {
             "instance_id": instance_id,
@@ -507,7 +509,10 @@ class Store:
             f"ON CONFLICT (instance_id, pid) DO UPDATE SET {updates} WHERE excluded.as_of > traffic.as_of"
         )
         with self._write() as db:
-            return db.conn.execute(sql, list(row.values())).rowcount > 0
+            if db.conn.execute(sql, list(row.values())).rowcount == 0:
+                return False
+            db.conn.execute(_QUANTILES_SQL, {"instance_id": instance_id})
+            return True
 
     def traffic_pids(self, instance_id: int) -> set[int]:
         """The pids whose figures are stored for ``instance_id`` (an earlier process's, after a restart)."""
@@ -541,6 +546,34 @@ class Store:
             "FROM traffic AS t JOIN instances AS i ON i.id = t.instance_id GROUP BY i.run_id"
         )
         return {row["run_id"]: (int(row["requests"]), int(row["bad"])) for row in rows}
+
+
+def _quantile(histogram: str, above: int, of: int) -> str:
+    """The upper bound (``le``) of the first bucket of ``histogram`` (a column of ``traffic``)
+    whose cumulative count, every process of the instance added together, reaches the rank
+    ``below * above >= of * total`` (the nearest rank: ``ceil(q * n)``, in integers, so no float
+    product lands just above a whole number); NULL in the +Inf bucket (whose ``le`` is null) or
+    when nothing was counted. ``+ 0.0``: a bound written as ``1`` is the REAL 1.0."""
+    return (
+        "(SELECT min(le) FROM ("
+        " SELECT le, sum(n) OVER (ORDER BY le IS NULL, le ROWS UNBOUNDED PRECEDING) AS below,"
+        " sum(n) OVER () AS total FROM ("
+        "  SELECT json_extract(c.value, '$[0]') + 0.0 AS le, sum(json_extract(c.value, '$[1]')) AS n"
+        f"  FROM traffic AS t, json_each(t.{histogram}, '$.buckets') AS c"
+        "  WHERE t.instance_id = :instance_id GROUP BY le)"
+        f") WHERE below * {above} >= {of} * total)"
+    )
+
+
+# One instance's six percentiles into ``traffic_quantiles`` (migrations/0005), which
+# ``traffic_summary`` reads; the quantiles' ranks are p50, p90 and p99.
+_QUANTILES_SQL = "INSERT OR REPLACE INTO traffic_quantiles VALUES (:instance_id, {})".format(
+    ", ".join(
+        _quantile(histogram, above, of)
+        for histogram in ("ttfb_seconds", "duration_seconds")
+        for above, of in ((2, 1), (10, 9), (100, 99))
+    )
+)
 
 
 def open_all_hosts(log_dir: str | Path) -> list[Store]:

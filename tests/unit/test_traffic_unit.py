@@ -111,7 +111,8 @@ def test_a_version_1_file_reads_as_its_figures() -> None:
         "reset": 1,
         "other": 0,
     }
-    assert figures.duration_seconds["counts"] == [0, 0, 0, 0, 4, 4, 1, 1, 0]
+    assert [n for _, n in figures.duration_seconds["buckets"]] == [0, 0, 0, 0, 4, 4, 1, 1, 0]
+    assert [le for le, _ in figures.duration_seconds["buckets"]] == [*BOUNDS, None]
     assert traffic.parse(json.dumps(document(as_of="2026-12-01T21:05:30+01:00"))).as_of == figures.as_of
 
 
@@ -138,6 +139,10 @@ def test_a_version_1_file_reads_as_its_figures() -> None:
         (
             json.dumps(document(ttfb_seconds={"bounds": [2, 1], "counts": [1, 2, 3], "sum": 1, "count": 6})),
             "ttfb_seconds: bounds are not increasing",
+        ),
+        (
+            json.dumps(document(ttfb_seconds={"bounds": [1, 2], "counts": [1, 2, 3], "sum": 1, "count": 7})),
+            "ttfb_seconds: count 7 is not the sum of its counts (6)",
         ),
     ],
 )

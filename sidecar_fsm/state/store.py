@@ -1,6 +1,7 @@
 """The per-host state database's rows: with ``dbfile``, the only code that speaks SQL.
 
-Owns every write (runs, instances, transitions) and every query of ``<log_dir>/sidecar-fsm/<host>.db``;
+Owns every write (runs, instances, transitions, traffic figures) and every query of
+``<log_dir>/sidecar-fsm/<host>.db``;
 ``dbfile`` owns the file itself (where it lives, refusing one that cannot be used, creating and
 migrating it) and ``records`` the values it returns, split off so each reads in one sitting.
 Must not decide state changes: ``fsm`` decides, and ``record_transition`` only checks the

@@ -24,6 +24,7 @@ import (
 	"context"
 	"errors"
 	"io"
+	"net"
 	"net/http"
 	"strconv"
 	"strings"
@@ -47,7 +48,7 @@ type accessFields struct {
 	bytesOut int64
 	retried  bool
 	body     countingBody
-	ctx      trackingCtx
+	slot     *connSlot
 }
 
 // proxyAnswer is the error the proxy's ErrorHandler answered instead of an upstream
@@ -63,26 +64,30 @@ func proxyAnswered(w http.ResponseWriter, err error) {
 	}
 }
 
-// trackingCtx is the request's context with its countingWriter attached, so that the
-// upstream's RoundTrip (which sees only the outgoing request) can mark a re-send.
-type trackingCtx struct {
-	context.Context
-	w *countingWriter
+// connSlot is a client connection's request being served, so that the upstream's
+// RoundTrip (which sees only the outgoing request, whose context is the incoming one's) can
+// mark a re-send on its access line. One per connection, in the connection's context
+// (withConnSlot, the server's ConnContext), not one per request: net/http serves the
+// requests of an HTTP/1.1 connection one after the other, and the handler, its RoundTrip
+// and its deferred end run on one goroutine, so w needs no lock.
+type connSlot struct{ w *countingWriter }
+
+type connSlotKey struct{}
+
+// withConnSlot is http.Server.ConnContext with an access log.
+func withConnSlot(ctx context.Context, _ net.Conn) context.Context {
+	return context.WithValue(ctx, connSlotKey{}, &connSlot{})
 }
 
-type trackingKey struct{}
-
-func (c *trackingCtx) Value(key any) any {
-	if key == (trackingKey{}) {
-		return c.w
-	}
-	return c.Context.Value(key)
+func slotOf(ctx context.Context) *connSlot {
+	s, _ := ctx.Value(connSlotKey{}).(*connSlot)
+	return s
 }
 
 // markRetried records on the request's access line that it was re-sent (retrybody.go).
 func markRetried(ctx context.Context) {
-	if w, ok := ctx.Value(trackingKey{}).(*countingWriter); ok {
-		w.access.retried = true
+	if s := slotOf(ctx); s != nil && s.w != nil {
+		s.w.access.retried = true
 	}
 }
 
@@ -102,16 +107,23 @@ func (b *countingBody) Read(p []byte) (int, error) {
 
 func (b *countingBody) Close() error { return b.rc.Close() }
 
-// track attaches w to r's context and counts r's body; only with an access log (it costs a
-// shallow copy of the request).
-func (w *countingWriter) track(r *http.Request) *http.Request {
-	w.access.ctx = trackingCtx{Context: r.Context(), w: w}
-	r = r.WithContext(&w.access.ctx)
+// track makes w its connection's request being served and counts r's body; only with an
+// access log. untrack, deferred, ends it.
+func (w *countingWriter) track(r *http.Request) {
+	if s := slotOf(r.Context()); s != nil {
+		s.w = w
+		w.access.slot = s
+	}
 	if r.Body != nil && r.Body != http.NoBody {
 		w.access.body.rc = r.Body
 		r.Body = &w.access.body
 	}
-	return r
+}
+
+func (w *countingWriter) untrack() {
+	if s := w.access.slot; s != nil && s.w == w {
+		s.w = nil
+	}
 }
 
 // upstreamFailureKind is the kind of a RoundTrip error that became a 502, in the words of
@@ -203,12 +215,12 @@ func appendAccessLine(b []byte, r *http.Request, w *countingWriter, took time.Du
 	b = strconv.AppendInt(b, int64(status), 10)
 	b = append(b, `,"ttfb_s":`...)
 	if w.ttfb > 0 {
-		b = strconv.AppendFloat(b, w.ttfb.Seconds(), 'f', 6, 64)
+		b = appendSeconds(b, w.ttfb)
 	} else {
 		b = append(b, "null"...)
 	}
 	b = append(b, `,"duration_s":`...)
-	b = strconv.AppendFloat(b, took.Seconds(), 'f', 6, 64)
+	b = appendSeconds(b, took)
 	b = append(b, `,"bytes_in":`...)
 	b = strconv.AppendInt(b, w.access.body.n.Load(), 10)
 	b = append(b, `,"bytes_out":`...)
@@ -248,9 +260,19 @@ func appendTimeMilli(b []byte, t time.Time) []byte {
 	return append(b, 'Z')
 }
 
-// appendDigits appends v >= 0 zero-padded to width digits.
+// appendSeconds appends d >= 0 in seconds with 6 decimals (microseconds), as
+// strconv.AppendFloat(b, d.Seconds(), 'f', 6, 64) would (but for exact half microseconds,
+// which round up), with integers only.
+func appendSeconds(b []byte, d time.Duration) []byte {
+	us := int64(max(d, 0)+500) / 1000
+	b = strconv.AppendInt(b, us/1e6, 10)
+	b = append(b, '.')
+	return appendDigits(b, int(us%1e6), 6)
+}
+
+// appendDigits appends v >= 0 zero-padded to width (at most 9) digits.
 func appendDigits(b []byte, v, width int) []byte {
-	var d [4]byte
+	var d [9]byte
 	for i := width - 1; i >= 0; i-- {
 		d[i] = byte('0' + v%10)
 		v /= 10

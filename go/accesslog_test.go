@@ -245,6 +245,7 @@ func BenchmarkAccessLog(b *testing.B) {
 		w.Write([]byte("ok"))
 	})
 	r, _ := http.NewRequest("POST", "http://x/v1/chat/completions?k=v", strings.NewReader("body"))
+	body := r.Body // the server gives each request its own; track wraps it
 	w := &nullWriter{h: http.Header{}}
 	counted := &meters{}
 	b.Run("counted", func(b *testing.B) {
@@ -261,6 +262,7 @@ func BenchmarkAccessLog(b *testing.B) {
 		logged := &meters{access: startAccessLog(rf, b.Logf)}
 		wrapped := logged.wrap(h)
 		for b.Loop() {
+			r.Body = body
 			wrapped.ServeHTTP(w, r)
 		}
 		logged.access.close()
@@ -272,6 +274,15 @@ type nullWriter struct{ h http.Header }
 func (w *nullWriter) Header() http.Header         { return w.h }
 func (w *nullWriter) Write(p []byte) (int, error) { return len(p), nil }
 func (w *nullWriter) WriteHeader(int)             {}
+
+func TestAppendSecondsIsAppendFloat(t *testing.T) {
+	for _, d := range []time.Duration{0, 1, 499, 1501, time.Millisecond, 123456789 * time.Nanosecond, time.Hour + 7*time.Microsecond} {
+		got, want := string(appendSeconds(nil, d)), strconv.FormatFloat(d.Seconds(), 'f', 6, 64)
+		if got != want {
+			t.Errorf("appendSeconds(%v): got %q; want %q", d, got, want)
+		}
+	}
+}
 
 func TestAppendTimeMilliIsTheLayout(t *testing.T) {
 	for _, tm := range []time.Time{

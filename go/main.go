@@ -74,7 +74,7 @@ func run(args []string, getenv func(string) string, stdout, stderr io.Writer) in
 	if metricsAddr != "" || outs.needsCounting() {
 		srv.Handler = stats.wrap(srv.Handler)
 	}
-	outs.start(stats, logger.Printf)
+	outs.start(stats, srv, logger.Printf)
 	served := make(chan error, 1)
 	go func() { served <- srv.Serve(ln) }()
 

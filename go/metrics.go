@@ -240,7 +240,7 @@ func (m *meters) wrap(h http.Handler) http.Handler {
 		rw := &countingWriter{ResponseWriter: w, m: m}
 		m.begin(&rw.entry)
 		if m.access != nil {
-			r = rw.track(r)
+			rw.track(r)
 		}
 		// Deferred: ReverseProxy panics with http.ErrAbortHandler when the upstream body
 		// breaks after the head was sent, and such a request must leave flight too (it
@@ -251,6 +251,7 @@ func (m *meters) wrap(h http.Handler) http.Handler {
 			gone := r.Context().Err() != nil
 			took := m.end(&rw.entry, rw.code, gone)
 			if m.access != nil {
+				rw.untrack()
 				m.access.log(r, rw, took, gone)
 			}
 		}()

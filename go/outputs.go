@@ -13,6 +13,7 @@ import (
 	"errors"
 	"flag"
 	"io/fs"
+	"net/http"
 	"os"
 	"path/filepath"
 	"strconv"
@@ -186,12 +187,13 @@ func openOutputs(o Outputs) (*outputFiles, error) {
 	return of, nil
 }
 
-// start begins the access log (before the first request is served: m.access is read
-// without a lock) and the traffic record.
-func (of *outputFiles) start(m *meters, logf func(string, ...any)) {
+// start begins the access log (before the first request is served: m.access and
+// srv.ConnContext are read without a lock) and the traffic record.
+func (of *outputFiles) start(m *meters, srv *http.Server, logf func(string, ...any)) {
 	if of.accessFile != nil {
 		of.access = startAccessLog(of.accessFile, logf)
 		m.access = of.access
+		srv.ConnContext = withConnSlot
 	}
 	if of.cfg.TrafficFile != "" {
 		of.traffic = startTraffic(of.cfg.TrafficFile, of.cfg.TrafficInterval, m, logf)

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import subprocess
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -103,6 +104,9 @@ class SidecarRun:
         self.unrecordable: SidecarError | None = None
         # When ``traffic.poll`` next imports the proxies' figures (time.monotonic()).
         self.traffic_due = 0.0
+        # Where a line the operator must see while the run goes on (a restart) is said; the
+        # launcher prints it. Called in the thread that drives the run, never in a handler.
+        self.notify: Callable[[str], None] = _say_nothing
 
     @property
     def running(self) -> bool:
@@ -171,6 +175,10 @@ class SidecarRun:
             crashpoints.hit(point)
         except Exception as exc:
             problems.append(exc)
+
+
+def _say_nothing(line: str) -> None:
+    """``SidecarRun.notify`` of a run nobody listens to (a test driving ``NodeSidecars``)."""
 
 
 def process_facts(child: Child) -> dict[str, Any]:

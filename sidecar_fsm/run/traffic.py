@@ -6,8 +6,9 @@ every ``-traffic-interval`` and once more when its drain ends. This module reads
 checks it, and hands it to ``Store.record_traffic``, which keeps one row per (instance, pid): a
 re-import changes nothing, a restart's processes add up. No thread of ours runs in NeMo Gym's
 process: ``check()`` (Gym's poll loop, every few seconds) and the CLI's supervise loop call
-``poll``, throttled to one import a minute per run; ``stop`` imports after the drain, a restart
-before it spawns the new process (which writes the same path), ``reap`` after the sidecars ended.
+``poll``, throttled to one import a minute per run (once a second until the first figures);
+``stop`` imports after the drain, a restart before it spawns the new process (which writes the
+same path), ``reap`` after the sidecars ended.
 
 Owns the file's validation (one warning per file that is not a version-1 figures file of one of
 the instance's processes, naming it; the file is then ignored), the throttle, and the trust
@@ -44,6 +45,10 @@ FORMAT_VERSION = 1
 # proxy writes every 30 s by default. A minute keeps `query` at most about a minute behind (the
 # issue's bound) for one small read and at most one commit per instance.
 POLL_SECONDS = 60.0
+# A proxy writes its first file just after it starts, off its start-up path, so the first
+# poll after a start may come too early: until some figures are found, look again this soon
+# (an open() that fails, per instance; a run of NeMo Gym's binary, which writes none, pays that).
+RETRY_SECONDS = 1.0
 # A version-1 file is a few KB (two histograms of a few dozen buckets); anything much larger is
 # not one, and is not read into memory whole.
 MAX_FILE_BYTES = 256 * 1024
@@ -243,14 +248,14 @@ def import_children(run: SidecarRun, children: Iterable[Child] | None = None) ->
     if run.store is None or run.unrecordable is not None:
         return  # nothing recorded this run, or its database is gone: nowhere to put them
     chosen = run.children if children is None else list(children)
-    _import(
+    found = _import(
         run.store,
         [
             (child.machine.instance_id, child.log_path, {child.process.pid} if child.process else set())
             for child in chosen
         ],
     )
-    run.traffic_due = _clock() + POLL_SECONDS
+    run.traffic_due = _clock() + (POLL_SECONDS if found else RETRY_SECONDS)
 
 
 def poll(run: SidecarRun) -> None:
@@ -259,8 +264,9 @@ def poll(run: SidecarRun) -> None:
         import_children(run)
 
 
-def _import(store: Store, wanted: list[tuple[int, str | None, set[int]]]) -> None:
-    """Read each (instance id, log path, pids) file and record what is new, in one commit.
+def _import(store: Store, wanted: list[tuple[int, str | None, set[int]]]) -> int:
+    """Read each (instance id, log path, pids) file and record what is new, in one commit; how
+    many instances had figures (recorded or unchanged).
 
     A pid whose figures are already stored for the instance counts too: after a restart the
     file still holds the dead process's figures until the new one writes its first.
@@ -274,10 +280,12 @@ def _import(store: Store, wanted: list[tuple[int, str | None, set[int]]]) -> Non
             if figures is not None:
                 found.append((instance_id, figures))
         if not found:
-            return
+            return 0
         with store.transaction():
             for instance_id, figures in found:
                 store.record_traffic(instance_id, figures)
         crashpoints.hit("traffic-recorded")
+        return len(found)
     except Exception as exc:  # noqa: BLE001 - a figure never breaks check, stop, reap or prune
         _warn(str(store.path), str(exc), f"WARNING: traffic figures not recorded in {store.path}: {exc}")
+        return 0

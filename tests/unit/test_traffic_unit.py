@@ -449,6 +449,9 @@ def test_the_poll_loop_imports_at_most_once_a_minute_and_not_after_stop(
         (row,) = summary(tmp_path, "requests")
         return int(row["requests"])
 
+    traffic.poll(run)  # before the proxy's first file: looked for again a second later
+    assert summary(tmp_path, "requests") == [{"requests": None}]
+    clock[0] += traffic.RETRY_SECONDS
     assert imported(1, 1) == 1
     clock[0] += traffic.POLL_SECONDS - 1
     assert imported(2, 2) == 1  # within the minute: Gym's poll loop calls every few seconds

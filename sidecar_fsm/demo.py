@@ -27,7 +27,7 @@ from urllib.parse import urlsplit
 
 from omegaconf import DictConfig, OmegaConf
 
-from sidecar_fsm.base.buildcache import ensure_binary, user_cache_dir
+from sidecar_fsm.base.buildcache import choose_binary, user_cache_dir
 from sidecar_fsm.errors import SidecarError
 from sidecar_fsm.lab.h2client import H2ClientError, h2_request
 from sidecar_fsm.lab.origin import TlsH2Origin
@@ -78,7 +78,7 @@ class _Narrator:
 
 
 def _ensure_binary(say: _Narrator, cache: Path) -> Path:
-    say.step("[1/4] the proxy binary (built from go/ into the shared cache on first use)")
+    say.step("[1/4] the proxy binary (packaged in the wheel, else built from go/ into the shared cache)")
     # A cold build takes about 40 s on 2 cores (32 s CPU, 97 MB of Go cache; up to 2 min on a
     # loaded machine): buildcache says so, then tells the elapsed time every 10 s.
     started: list[float] = []
@@ -88,12 +88,13 @@ def _ensure_binary(say: _Narrator, cache: Path) -> Path:
         say.line(f"  {message}")
 
     begin = time.monotonic()
-    binary = ensure_binary(cache, progress=progress)
+    choice = choose_binary(cache, progress=progress)
     if started:
-        say.line(f"  built {binary} in {time.monotonic() - begin:.1f}s")
+        say.line(f"  built {choice.path} in {time.monotonic() - begin:.1f}s")
     else:
-        say.line(f"  cached: {binary}")
-    return binary
+        say.line(f"  {choice.path}")
+    say.line(f"  ({choice.why})")
+    return choice.path
 
 
 def _demo_config(upstream: str, ca_file: str, log_dir: str, cache_dir: Path) -> DictConfig:
@@ -209,10 +210,13 @@ def _through_sidecar(
     say.ok(f"status 200, {len(body)} bytes after {elapsed:.1f}s")
 
 
-def _print_history(say: _Narrator, log_dir: str, run_id: str | None) -> None:
+def _print_history(say: _Narrator, log_dir: str, run_id: str | None, kept: bool) -> None:
+    """The run's transitions; the database is named only when it is ``kept`` (a scratch folder
+    removed after a success would leave the user a path to nothing)."""
     if run_id is None or not database_path(log_dir).exists():
         return
-    say.step(f"the instance's persisted state history ({database_path(log_dir)})")
+    where = database_path(log_dir) if kept else "removed with the scratch folder; --log-dir DIR keeps it"
+    say.step(f"the instance's persisted state history ({where})")
     with Store.open_existing(database_path(log_dir)) as store:
         run = store.get_run(run_id)
         if run is None:
@@ -300,7 +304,7 @@ def run_demo(
         )
         started[0].check()
         started[0].stop()
-        _print_history(say, state_dir, started[0].run_id)
+        _print_history(say, state_dir, started[0].run_id, kept=keep)
         _tell_success(say, None if own_log_dir else state_dir)
         return 0
     except KeyboardInterrupt:
@@ -316,7 +320,8 @@ def run_demo(
         _stop_all(started, relay, origin)
         if started:
             with contextlib.suppress(Exception):
-                _print_history(say, state_dir, started[0].run_id)
+                # A failure keeps the folder when it holds the database (_tell_failure).
+                _print_history(say, state_dir, started[0].run_id, kept=True)
         run_id = started[0].run_id if started else None
         keep = _tell_failure(say, failed_step, why, state_dir, run_id) or keep
         return 1

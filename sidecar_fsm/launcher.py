@@ -20,7 +20,7 @@ import os
 # Not used here: NeMo Gym's own tests choose the Go toolchain by patching launcher.shutil.which,
 # which find_go reads, so the name stays where Gym's callers look for it.
 import shutil  # noqa: F401
-from collections.abc import Callable
+from collections.abc import Callable, MutableMapping
 from pathlib import Path
 from typing import Any
 
@@ -28,15 +28,14 @@ from omegaconf import DictConfig
 
 from sidecar_fsm.base import trust
 from sidecar_fsm.base.buildcache import (
-    CACHE_DIR_KEY,
     SIDECAR_BINARY_NAME,
     build_sidecar,
     cache_dir_of,
+    choose_binary,
     default_binary_path,
-    ensure_binary,
 )
 from sidecar_fsm.base.resources import SIDECAR_SOURCE_DIR, default_log_dir
-from sidecar_fsm.base.urls import redact_url
+from sidecar_fsm.base.urls import redact_url, split_url
 from sidecar_fsm.config import (
     H2PingSidecarConfig,
     SidecarInstanceConfig,
@@ -82,27 +81,36 @@ def _global_get(global_config_dict: Any, key: str) -> Any:
         return None
 
 
+def _say(line: str) -> None:
+    """A line of a running run (a restart), as ``start()`` prints its own."""
+    print(f"h2-ping-sidecar {line}", flush=True)
+
+
 def _progress(message: str) -> None:
     print(f"h2-ping-sidecar: {message}", flush=True)
 
 
 def resolve_binary(config: H2PingSidecarConfig, global_config_dict: Any) -> Path:
-    """The proxy executable: ``sidecar.binary`` if set, else the build cache; built if missing and allowed.
+    """The proxy executable: ``sidecar.binary`` if set, else the packaged one or the build cache.
 
-    The cache lookup runs no subprocess when warm (the Go version is remembered against the
-    toolchain file). A build, when needed, runs under the cache's lock so concurrent runs build
-    once. Raises ``SidecarError`` when there is no usable executable and none can be built, and
-    ``ConfigError`` when another user could replace it: it, or a folder from the cache root (``/``
-    for ``sidecar.binary``) down to it, is not ours or root's or is writable by group or others.
+    ``sidecar.binary`` is built if missing and allowed; without it ``buildcache.choose_binary``
+    decides (the wheel's packaged binary when it was built from the installed sources, else the
+    cache's, built if missing and allowed). The cache lookup runs no subprocess when warm (the
+    Go version is remembered against the toolchain file). A build, when needed, runs under the
+    cache's lock so concurrent runs build once. Raises ``SidecarError`` when there is no usable
+    executable and none can be built, and ``ConfigError`` when another user could replace it:
+    it, or a folder from the cache root (``/`` for ``sidecar.binary`` and the packaged binary)
+    down to it, is not ours or root's or is writable by group or others. That check runs before
+    any build too, so a refused folder wastes none.
     """
-    # Where the trust check (see below) starts: `/` for a named binary, else the cache's root.
-    root = Path("/") if config.binary else cache_dir_of(global_config_dict)
-    if config.binary:
-        path = Path(os.path.abspath(os.path.expanduser(config.binary)))
-        if not path.exists() and config.build_if_missing:
-            build_sidecar(path, progress=_progress)
-    else:
-        path = ensure_binary(root, build_if_missing=config.build_if_missing, progress=_progress)
+    if not config.binary:
+        return choose_binary(
+            cache_dir_of(global_config_dict), build_if_missing=config.build_if_missing, progress=_progress
+        ).path
+    path = Path(os.path.abspath(os.path.expanduser(config.binary)))
+    if not path.exists() and config.build_if_missing:
+        trust.check_binary("sidecar.binary", path)
+        build_sidecar(path, progress=_progress)
     # NeMo Gym's words ("does not exist", "not executable"), one line each.
     if not path.exists():
         raise SidecarError(
@@ -114,7 +122,7 @@ def resolve_binary(config: H2PingSidecarConfig, global_config_dict: Any) -> Path
             f"sidecar.binary: '{path}' is not executable; "
             "make it executable (chmod +x) or point it at a built h2-ping-sidecar"
         )
-    trust.check_binary("sidecar.binary" if config.binary else CACHE_DIR_KEY, path, root)
+    trust.check_binary("sidecar.binary", path)
     return path
 
 
@@ -165,6 +173,12 @@ class H2PingSidecarManager:
             return list(self.instances)
         return self._sidecars.instances_actual
 
+    @property
+    def routes(self) -> dict[str, str | None]:
+        """Each instance's upstream route as its proxy said it ("direct", "via egress proxy URL");
+        None for a binary that does not say (NeMo Gym's); empty before ``start()``."""
+        return {} if self._sidecars is None else self._sidecars.routes
+
     def start(self) -> None:
         """Start every instance as a new run and await them together; on any failure nothing is left running.
 
@@ -177,6 +191,7 @@ class H2PingSidecarManager:
         )
         self._sidecars = sidecars
         self.run_id = sidecars.run_id
+        sidecars.notify = _say
         # NodeSidecars.start() stops its children before any exception leaves it.
         for line in [*sidecars.start(), *sidecars.upstream_verdicts]:
             print(f"h2-ping-sidecar {line}", flush=True)
@@ -218,22 +233,65 @@ def _check_readable_file(field: str, value: str | None) -> None:
         )
 
 
-def start_h2_ping_sidecar(global_config_dict: DictConfig) -> H2PingSidecarManager | None:
+def _url_listens(
+    configured: list[SidecarInstanceConfig], bound: list[SidecarInstanceConfig]
+) -> list[SidecarInstanceConfig]:
+    """The instances as the rewritten URLs name them: the bound port, and for a listen off
+    loopback the host the user wrote (``0.0.0.0:21350`` stays ``0.0.0.0``, as NeMo Gym writes
+    it, not the ``[::]`` the kernel reports for a wildcard bind). A loopback listen keeps the
+    bound address: ``localhost`` may resolve to an address the proxy did not bind."""
+    written = {instance.name: instance for instance in configured}
+    urls = []
+    for instance in bound:
+        mine = written.get(instance.name)
+        if mine is not None and not is_loopback_host(mine.listen_host):
+            host = mine.listen.rpartition(":")[0]
+            instance = instance.model_copy(update={"listen": f"{host}:{instance.listen_port}"})
+        urls.append(instance)
+    return urls
+
+
+def _not_routed_warnings(instances: list[SidecarInstanceConfig], changes: list[RewrittenUrl]) -> list[str]:
+    """One warning per instance no model base_url was pointed at, by name, even when another
+    instance is routed: a sidecar nothing calls protects nothing."""
+    # The address each new URL names, without the userinfo a client authenticates with.
+    routed = {split_url(change.new).netloc.rpartition("@")[2] for change in changes}
+    lines = []
+    for instance in instances:
+        if instance.listen in routed:
+            continue
+        lines.append(
+            f"WARNING: h2-ping-sidecar '{instance.name}' is running but no model base_url points at its "
+            f"upstream ({instance.upstream}), so nothing is routed through it; only *base_url keys of "
+            "servers under <top-level>.responses_api_models are rewritten"
+        )
+    return lines
+
+
+def start_h2_ping_sidecar(global_config_dict: DictConfig | dict[str, Any]) -> H2PingSidecarManager | None:
     """Start the sidecars when ``sidecar.enabled`` and point model base URLs at them, in place.
 
-    Returns the manager to poll and stop, or None when the block is absent or disabled. Call it
-    before the config is serialized for the servers. Order, which is the guarantee:
+    ``global_config_dict`` is a ``DictConfig`` or a plain ``dict`` (rewritten in place the same
+    way); anything else raises ``TypeError`` naming its type. Returns the manager to poll and
+    stop, or None when the block is absent or disabled. Call it before the config is serialized
+    for the servers. Order, which is the guarantee:
     1. validate the block, dry-run the rewrite (unparseable URLs), check ``ca_file``,
        resolve (and if needed build) the binary and, for a ``sidecar.binary``, learn its flags
        (``binaryflags``: warnings printed, what it cannot honour refused): a failure here starts
        no process and leaves ``global_config_dict`` exactly as it was;
     2. start every instance and await them together;
-    3. rewrite ``global_config_dict`` with the addresses actually bound (``:0`` resolved), print
-       each change, warn when nothing matched.
+    3. rewrite ``global_config_dict`` with the addresses actually bound (``:0`` resolved; a
+       listen off loopback keeps the host written), print each change, and warn by name for
+       each instance no base_url was pointed at.
     Raises ``ConfigError`` (a ``SidecarError``) for bad input, ``SidecarError`` otherwise. Once a
     process exists, any exception or ``KeyboardInterrupt`` stops every sidecar of this run
     before it propagates; the config is only changed by step 3, which SIGINT cannot cut in half.
     """
+    if not isinstance(global_config_dict, MutableMapping):
+        raise TypeError(
+            "start_h2_ping_sidecar: global_config_dict must be a DictConfig or a dict, "
+            f"not {type(global_config_dict).__name__}"
+        )
     config = h2_ping_sidecar_config_from_global_config(global_config_dict)
     if not config.enabled:
         return None
@@ -258,8 +316,8 @@ def start_h2_ping_sidecar(global_config_dict: DictConfig) -> H2PingSidecarManage
     binary = resolve_binary(config, global_config_dict)
     if config.binary:
         # A user-named binary may be NeMo Gym's, which lacks some of our flags: refuse what it
-        # cannot honour now, with nothing started; the build cache's binary is built from our
-        # go/ and has every flag, so it is not asked (that costs a process start).
+        # cannot honour now, with nothing started. Ours (the build cache's, or a copy of it:
+        # binaryflags knows it by its stamp) has every flag and is not asked.
         _, notes = binaryflags.check(binary, config, instances)
         for note in notes:
             print(note, flush=True)
@@ -272,20 +330,16 @@ def start_h2_ping_sidecar(global_config_dict: DictConfig) -> H2PingSidecarManage
             # In memory and short, but a KeyboardInterrupt in the middle would leave the
             # caller's config half rewritten with its sidecars stopped: SIGINT waits until it
             # is done, and is then handled by the except below like any other interrupt.
+            targets = _url_listens(instances, manager.instances_actual)
             with interrupts_deferred():
-                changes = rewrite_base_urls(global_config_dict, manager.instances_actual)
+                changes = rewrite_base_urls(global_config_dict, targets)
             crashpoints.hit("rewritten")
             for change in changes:
                 # Base URLs may carry credentials (userinfo, ?api-key=): never print them.
                 old, new = redact_url(change.old), redact_url(change.new)
                 print(f"h2-ping-sidecar: {change.location}: {old} -> {new}", flush=True)
-            if not changes:
-                upstreams = ", ".join(instance.upstream for instance in instances)
-                print(
-                    f"WARNING: h2-ping-sidecar is running but no model base_url points at its upstream "
-                    f"({upstreams}), so nothing is routed through it",
-                    flush=True,
-                )
+            for warning in _not_routed_warnings(targets, changes):
+                print(warning, flush=True)
     except BaseException:
         # The original error is the one to report; stop() has ended the processes even if it
         # then complains that a state write failed.

@@ -15,6 +15,8 @@ from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
 from sidecar_fsm.base.resources import command_hint
+from sidecar_fsm.observe.runs import ended_with_owner
+from sidecar_fsm.observe.verdicts import OWNER_GONE, Owner, Process
 from sidecar_fsm.view.cells import (
     OWNER_STYLES,
     STATE_STYLES,
@@ -32,11 +34,7 @@ from sidecar_fsm.view.cells import (
     table,
 )
 from sidecar_fsm.view.status import (
-    OWNER_GONE,
-    PROCESS_GONE,
-    PROCESS_REUSED,
     RunStatus,
-    ended_with_owner,
     needs_attention,
     process_alive,
     process_note,
@@ -61,6 +59,8 @@ def run_result(status: RunStatus, now: float) -> Cell:
             return ("ended: owner gone, nothing left running", "yellow")
         if owner in OWNER_GONE:
             return (f"owner gone: {reap_hint(status)}", "red")
+        if owner == Owner.UNPROVEN:
+            return ("live (owner cannot be proven: no start time recorded)", "yellow")
         # Another host's pids cannot be judged from here; its own reap decides.
         return ("live (owner on another host)", None)
     outcome = run.outcome or "ended"
@@ -73,7 +73,7 @@ def pid_cell(status: RunStatus, inst: InstanceRecord) -> Cell:
     if inst.pid is None:
         return (UNKNOWN, None)
     process = status.process_of(inst)
-    if process in (PROCESS_GONE, PROCESS_REUSED):
+    if process in (Process.GONE, Process.REUSED, Process.UNPROVEN):
         return (f"{inst.pid} ({process})", "red")
     return (str(inst.pid), None)
 
@@ -319,15 +319,20 @@ def started_lines(run_id: str | None, log_dir: str, instances: Sequence[tuple[st
     return lines
 
 
-def lab_lines(upstream: str, ca_file: str, idle: float, origin_url: str) -> list[str]:
-    """What ``lab`` prints: the two values to put in a config, and what is behind them."""
+def lab_lines(
+    upstream: str, ca_file: str, idle: float, origin_url: str, start_line: str, request_line: str
+) -> list[str]:
+    """What ``lab`` prints: the two values to put in a config, what is behind them, and the
+    two commands that try it: a ``start`` that works as printed, and a request through it."""
     return [
         f"upstream: {upstream}",
         f"ca_file: {ca_file}",
         f"the relay drops connections idle {idle:g}s; the origin ({origin_url}) serves /echo, "
         "/slow?first_byte=SECONDS and /sse",
-        "put both in a config's sidecar block, e.g.",
-        f"  sidecar.ca_file={ca_file} sidecar.instances.0.upstream={upstream}",
+        "in another shell, start a sidecar for it (the README's example config, pointed at the lab):",
+        f"  {start_line}",
+        "then, in a third, a request whose first byte takes twice the idle limit:",
+        f"  {request_line}",
         "serving until Ctrl-C",
     ]
 
@@ -362,7 +367,8 @@ def instance_json(
     unrecorded: Sequence[int] = (),
 ) -> dict[str, Any]:
     """An instance's record plus what runs at its pid now: ``alive`` (true, false or null, see
-    ``process_alive``) and ``process`` (``running``, ``gone``, ``reused``, ``other host`` or null),
+    ``process_alive``) and ``process`` (``observe.Process``: ``running``, ``gone``, ``reused``,
+    ``unproven``, ``other host``; or null),
     ``unrecorded_pids`` (its processes that run although no record names their pid), and
     ``live`` (see ``live_json``): what its proxy reported when asked just now."""
     return {
@@ -394,7 +400,7 @@ def run_status_json(s: RunStatus) -> dict[str, Any]:
         **run_json(s.run, s.owner),
         **_attention_json(s),
         "instances": [
-            instance_json(i, s.process_of(i), s.live_of(i), s.unrecorded.get(i.id, ())) for i in s.instances
+            instance_json(i, s.process_of(i), s.live_of(i), s.unrecorded_pids(i)) for i in s.instances
         ],
     }
 

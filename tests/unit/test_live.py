@@ -10,6 +10,7 @@ import time
 
 import pytest
 
+from sidecar_fsm.observe.verdicts import Process
 from sidecar_fsm.state.store import InstanceRecord, RunRecord
 from sidecar_fsm.view import live, render
 from sidecar_fsm.view import status as view_status
@@ -127,9 +128,9 @@ def status_with(scrapes: dict[int, Scrape]) -> view_status.RunStatus:
             instance_record(3, "nometrics", None),
         ],
         processes={
-            1: view_status.PROCESS_RUNNING,
-            2: view_status.PROCESS_RUNNING,
-            3: view_status.PROCESS_RUNNING,
+            1: Process.RUNNING,
+            2: Process.RUNNING,
+            3: Process.RUNNING,
         },
         live=scrapes,
     )

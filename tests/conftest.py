@@ -27,6 +27,7 @@ import pytest
 # whichever directory pytest was started from and whatever import mode it uses.
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
+from clirun import write_gym_config  # noqa: E402
 from helpers import ProcessRegistry, wait_until  # noqa: E402
 from launchrun import READY_BUT_DEAF, fake_binary, gym_config  # noqa: E402
 
@@ -328,3 +329,9 @@ def deaf_sidecar(
         return run
 
     return make
+
+
+@pytest.fixture
+def gym_config_file(tmp_path: Path, tls_origin: TlsH2Origin, sidecar_binary: Path) -> Path:
+    """A Gym-shaped config (``clirun.write_gym_config``) on the lab origin and the test binary."""
+    return write_gym_config(tmp_path / "gym.yaml", tls_origin, sidecar_binary)

@@ -2,7 +2,7 @@
 
 Records are written through the real store and state machine, pointing at real processes this
 test spawns (``sleep``), so identity checks run against the kernel's idea of pid, start time and
-executable; no mocks. The full kill -9 of a real ``sidecar-fsm start`` is in ``test_cli.py``.
+executable; no mocks. The full kill -9 of a real ``sidecar-fsm start`` is in ``test_start_command.py``.
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from helpers import ProcessRegistry
+from helpers import ProcessRegistry, sidecar_cli
 
 from sidecar_fsm.base import procs
 from sidecar_fsm.run.reap import owner_status, reap
@@ -298,3 +298,16 @@ def test_sidecar_its_launcher_left_draining_is_not_sent_a_second_signal(
     assert instance.result == "finished the drain its launcher had begun, and exited"
     (inst,) = store.instances_of(run_id)
     assert inst.state == "failed"
+
+
+def test_reap_on_a_missing_log_dir_has_nothing_to_do_and_creates_nothing(tmp_path: Path) -> None:
+    missing = tmp_path / "never-created"
+    done = sidecar_cli(missing, "reap")
+    assert (done.returncode, done.stderr) == (0, "")
+    assert done.stdout == "nothing to reap: every recorded run has a live owner or is already closed\n"
+    assert json.loads(sidecar_cli(missing, "reap", "--json").stdout) == {
+        "dry_run": False,
+        "runs": [],
+        "temp_files": [],
+    }
+    assert not missing.exists()

@@ -111,7 +111,7 @@ CASES: list[tuple[str, str, str]] = [
 
 # Points of commands other than a launcher's, each crashed in its own test.
 TESTED_ELSEWHERE = {
-    "stop-requested": "test_cli_ops.py::test_a_stop_killed_after_its_signal_still_stops_the_run",
+    "stop-requested": "test_stop_command.py::test_a_stop_killed_after_its_signal_still_stops_the_run",
 }
 
 # Every module of the run layer (it starts, signals and records children) and the launcher.

@@ -17,9 +17,9 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from clirun import StartedCli, cli_json, sidecar_identity, write_gym_config
 from helpers import ProcessRegistry, http11_request, sidecar_cli, wait_until
 from omegaconf import DictConfig, OmegaConf
-from test_cli import StartedCli, cli_json, sidecar_identity, write_gym_config
 
 from sidecar_fsm.base import procs
 from sidecar_fsm.lab import TlsH2Origin

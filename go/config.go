@@ -73,6 +73,10 @@ type Config struct {
 	MetricsListen string
 	// Pprof serves the runtime's profiles on the metrics listener (-pprof, pprof.go).
 	Pprof bool
+
+	// The traffic record, access log and log rotation (traffic.go, accesslog.go,
+	// logrotate.go) are the flags of outputs.go.
+	Outputs
 }
 
 // usageError is a bad flag or environment: the caller prints it as one line and exits 2.
@@ -102,6 +106,7 @@ func parseConfig(args []string, getenv func(string) string, usage io.Writer) (*C
 	exitWithPID := fs.String("exit-with-pid", "0", "drain and exit when the process with this `pid` is gone (0 = off)")
 	metricsListen := fs.String("metrics-listen", "", "serve GET /metrics (Prometheus text) on this loopback `host:port` (port 0 = any free port; default off)")
 	profiling := fs.Bool("pprof", false, "also serve Go's profiles at /debug/pprof/NAME on -metrics-listen (for leak hunts; default off)")
+	outputs := defineOutputFlags(fs)
 	if err := fs.Parse(args); err != nil {
 		if errors.Is(err, flag.ErrHelp) {
 			fs.SetOutput(usage)
@@ -171,6 +176,9 @@ func parseConfig(args []string, getenv func(string) string, usage io.Writer) (*C
 	}
 	if cfg.Pprof = *profiling; cfg.Pprof && cfg.MetricsListen == "" {
 		return nil, badFlag("pprof", "true", "needs -metrics-listen, the listener it is served on")
+	}
+	if cfg.Outputs, err = outputs.validate(); err != nil {
+		return nil, err
 	}
 	if cfg.CAFile != "" {
 		if cfg.CAPEM, err = readCAFile(cfg.CAFile); err != nil {

@@ -27,12 +27,18 @@ import pytest
 # whichever directory pytest was started from and whatever import mode it uses.
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
+from clirun import write_gym_config  # noqa: E402
 from helpers import ProcessRegistry, wait_until  # noqa: E402
+from launchrun import READY_BUT_DEAF, fake_binary, gym_config  # noqa: E402
 
 from sidecar_fsm.base import buildcache, procs  # noqa: E402
 from sidecar_fsm.base.ready import ReadyWait, wait_all_ready  # noqa: E402
 from sidecar_fsm.lab import CertPaths, IdleRelay, TlsH2Origin, make_ca_and_cert  # noqa: E402
-from sidecar_fsm.launcher import H2PingSidecarManager  # noqa: E402
+from sidecar_fsm.launcher import (  # noqa: E402
+    H2PingSidecarManager,
+    NodeSidecars,
+    h2_ping_sidecar_config_from_global_config,
+)
 from sidecar_fsm.state.store import Store  # noqa: E402
 
 _SIDECAR_READY_SECONDS = 30.0
@@ -272,3 +278,60 @@ def idle_relay() -> Iterator[Callable[..., IdleRelay]]:
     yield make
     for relay in relays:
         relay.stop()
+
+
+@pytest.fixture
+def node_run(
+    tls_origin: TlsH2Origin, sidecar_binary: Path, log_dir: Path, cache_dir: Path
+) -> Iterator[Callable[..., NodeSidecars]]:
+    """Factory: ``node_run(binary=None, run_id=None, store=None, logs=None, **block)`` → a ``NodeSidecars``.
+
+    Not started: a test drives it directly. Its config is ``gym_config`` on the lab origin with
+    ``block`` over the sidecar defaults; ``binary`` None is the real proxy, ``logs`` None the
+    test's ``log_dir``. Each run is stopped at the end whatever happened (``stop()`` is idempotent).
+    """
+    runs: list[NodeSidecars] = []
+
+    def make(
+        binary: Path | None = None,
+        *,
+        run_id: str | None = None,
+        store: Store | None = None,
+        logs: Path | None = None,
+        **block: Any,
+    ) -> NodeSidecars:
+        logs = log_dir if logs is None else logs
+        config = gym_config(tls_origin.url, tls_origin.ca_file, logs, cache_dir, **block)
+        parsed = h2_ping_sidecar_config_from_global_config(config)
+        run = NodeSidecars(
+            parsed, parsed.instances, str(binary or sidecar_binary), str(logs), store=store, run_id=run_id
+        )
+        runs.append(run)
+        return run
+
+    yield make
+    for run in runs:
+        run.stop_slack_seconds = 0.5
+        run.stop()
+
+
+@pytest.fixture
+def deaf_sidecar(
+    node_run: Callable[..., NodeSidecars], tls_origin: TlsH2Origin, tmp_path: Path
+) -> Callable[[str], NodeSidecars]:
+    """Factory: ``deaf_sidecar(shutdown_grace)`` → a started run of one instance that ignores SIGTERM."""
+    binary = fake_binary(tmp_path / "deaf", READY_BUT_DEAF)
+
+    def make(shutdown_grace: str) -> NodeSidecars:
+        instances = [{"name": "deaf", "upstream": tls_origin.url, "listen": "127.0.0.1:0"}]
+        run = node_run(binary, shutdown_grace=shutdown_grace, instances=instances)
+        run.start()
+        return run
+
+    return make
+
+
+@pytest.fixture
+def gym_config_file(tmp_path: Path, tls_origin: TlsH2Origin, sidecar_binary: Path) -> Path:
+    """A Gym-shaped config (``clirun.write_gym_config``) on the lab origin and the test binary."""
+    return write_gym_config(tmp_path / "gym.yaml", tls_origin, sidecar_binary)

@@ -15,7 +15,7 @@ from collections.abc import Callable
 
 from sidecar_fsm.base import procs
 from sidecar_fsm.errors import SidecarError
-from sidecar_fsm.run import crashpoints, targets
+from sidecar_fsm.run import crashpoints, targets, traffic
 from sidecar_fsm.run.children import Child, SidecarRun
 from sidecar_fsm.run.interrupts import interrupts_deferred
 from sidecar_fsm.run.messages import log_tail
@@ -66,11 +66,16 @@ def stop(run: SidecarRun, hurry: Callable[[], bool] | None = None) -> None:
         with interrupts_deferred():
             _record_drained(run, draining, interrupted, problems)
     finally:
-        with interrupts_deferred():
-            remove_ready_files([child.ready_path for child in run.children])
-            _end_run(run, problems)
-            if run.store is not None and run.run_created:
-                targets.refresh(run.store)
+        try:
+            # After the drains: each proxy wrote its final figures as its drain ended. Not
+            # held (it reads files): a Ctrl-C here still leaves the run closed below.
+            traffic.import_children(run)
+        finally:
+            with interrupts_deferred():
+                remove_ready_files([child.ready_path for child in run.children])
+                _end_run(run, problems)
+                if run.store is not None and run.run_created:
+                    targets.refresh(run.store)
     if interrupted is not None:
         raise interrupted
     if lost is not None:

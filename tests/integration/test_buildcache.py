@@ -18,6 +18,7 @@ import time
 from pathlib import Path
 
 import pytest
+from helpers import SIDECAR_FSM
 
 from sidecar_fsm.base import buildcache
 from sidecar_fsm.base.resources import SIDECAR_SOURCE_DIR
@@ -206,3 +207,21 @@ def test_bench_real_proxy_cold_build_one_vs_eight(tmp_path: Path, counting_go: t
         f"{concurrent_seconds:.1f}s ({ratio:.2f}x)"
     )
     assert ratio < 1.3
+
+
+def test_build_prints_the_cached_binary(cache_dir: Path, sidecar_binary: Path, tmp_path: Path) -> None:
+    done = subprocess.run(
+        [str(SIDECAR_FSM), "build", "--cache-dir", str(cache_dir)],
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert done.returncode == 0, done.stderr
+    path = Path(done.stdout.strip())
+    assert path.is_file() and os.access(path, os.X_OK)
+    assert path.is_relative_to(cache_dir)
+    # Which binary and why, on stderr: an editable install packages none, so the cache's.
+    assert done.stderr == (
+        "sidecar-fsm build: from the build cache, built before; "
+        "no binary is packaged with this install (editable, or no wheel for this platform)\n"
+    )

@@ -96,6 +96,8 @@ CASES: list[tuple[str, str, str]] = [
     ("two", "upstreams-checked", "start"),
     ("two", "rewritten", "start"),
     ("two", "started", "start"),
+    # The first check() after the start imports the figures each proxy wrote as it started.
+    ("two", "traffic-recorded", "start"),
     ("two", "drain-recorded:1", "stop"),
     ("two", "sigterm-sent:1", "stop"),
     ("two", "sigterm-sent:2", "stop"),
@@ -118,7 +120,7 @@ BEFORE_THE_RUN = frozenset({"binary-resolved", "store-opened", "logs-created"})
 
 # Points of commands other than a launcher's, each crashed in its own test.
 TESTED_ELSEWHERE = {
-    "stop-requested": "test_cli_ops.py::test_a_stop_killed_after_its_signal_still_stops_the_run",
+    "stop-requested": "test_stop_command.py::test_a_stop_killed_after_its_signal_still_stops_the_run",
 }
 
 # Every module of the run layer (it starts, signals and records children) and the launcher.

@@ -58,6 +58,7 @@ START_POINTS = [
 NOT_A_START = {
     "launch-failed-recorded": "a binary that cannot be executed: the API refuses it before the start",
     "restart-recorded": "supervision",
+    "traffic-recorded": "supervision (the first check() after the start)",
     "drain-recorded": "stop",
     "sigterm-sent": "stop",
     "sigkill-sent": "stop",

@@ -8,16 +8,19 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
+import signal
 import socket
 import ssl
 import stat
+import subprocess
 import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import pytest
-from helpers import http11_request, wait_until
+from helpers import SIDECAR_FSM, ProcessRegistry, http11_request, wait_until
 
 from sidecar_fsm.lab import H2Client, H2ClientError, IdleRelay, TlsH2Origin, h2_request, make_ca_and_cert
 
@@ -264,3 +267,24 @@ def test_sidecar_answers_502_for_an_http11_only_origin(
     assert response.status == 502
     assert b"h2" in response.body.lower()
     assert origin.requests == 0
+
+
+def test_lab_prints_an_upstream_and_ca_file_that_work(
+    tmp_path: Path, process_registry: ProcessRegistry
+) -> None:
+    output = tmp_path / "lab.out"
+    with open(output, "wb") as out:
+        lab = subprocess.Popen([str(SIDECAR_FSM), "lab", "--idle", "5"], stdout=out, stderr=subprocess.STDOUT)
+    process_registry.add(lab)
+    wait_until(lambda: "serving until Ctrl-C" in output.read_text() or lab.poll() is not None, 20, "the lab")
+    values = dict(
+        line.split(": ", 1)
+        for line in output.read_text().splitlines()
+        if line.startswith(("upstream:", "ca_file:"))
+    )
+    port = int(values["upstream"].rsplit(":", 1)[1])
+    status, _ = h2_request("127.0.0.1", port, "/echo?x=1", values["ca_file"], server_hostname="localhost")
+    assert status == 200
+    lab.send_signal(signal.SIGTERM)
+    assert lab.wait(timeout=10) == 0
+    assert not os.path.exists(values["ca_file"])  # the lab's throwaway CA goes with it

@@ -2,7 +2,7 @@
 
 Records are written through the real store and state machine, pointing at real processes this
 test spawns (``sleep``), so identity checks run against the kernel's idea of pid, start time and
-executable; no mocks. The full kill -9 of a real ``sidecar-fsm start`` is in ``test_cli.py``.
+executable; no mocks. The full kill -9 of a real ``sidecar-fsm start`` is in ``test_start_command.py``.
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from helpers import ProcessRegistry
+from helpers import ProcessRegistry, sidecar_cli
 
 from sidecar_fsm.base import procs
 from sidecar_fsm.observe.verdicts import owner_of
@@ -299,3 +299,16 @@ def test_sidecar_its_launcher_left_draining_is_not_sent_a_second_signal(
     assert instance.result == "finished the drain its launcher had begun, and exited"
     (inst,) = store.instances_of(run_id)
     assert inst.state == "failed"
+
+
+def test_reap_on_a_missing_log_dir_says_so_and_creates_nothing(tmp_path: Path) -> None:
+    """Not "nothing to reap": an operator who forgot --log-dir after a crash must hear it."""
+    missing = tmp_path / "never-created"
+    for args in (["reap"], ["reap", "--json"]):
+        done = sidecar_cli(missing, *args)
+        assert (done.returncode, done.stdout) == (1, "")
+        assert done.stderr == (
+            f"sidecar-fsm reap: log dir '{missing}' does not exist; "
+            "give the --log-dir (or SIDECAR_FSM_LOG_DIR) the run was started with\n"
+        )
+    assert not missing.exists()

@@ -364,3 +364,27 @@ def test_default_binary_path_is_the_cache_layout_for_the_bundled_sources(
     sources = buildcache.sources_hash()
     assert path == tmp_path / "c" / "h2-ping-sidecar" / sources / "go1.99.0" / "h2-ping-sidecar"
     assert not path.exists()  # computing the path never builds
+
+
+def test_a_build_says_it_is_alive_while_go_runs(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from sidecar_fsm.base import buildcache
+
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    go = bin_dir / "go"
+    go.write_text(
+        '#!/bin/sh\ncase "$1" in env) echo go1.99.0 ;; build) sleep 0.5;'
+        ' while [ $# -gt 0 ]; do [ "$1" = "-o" ] && out="$2"; shift; done;'
+        " printf '#!/bin/sh\\n' > \"$out\" ;; esac\n"
+    )
+    go.chmod(0o755)
+    monkeypatch.setenv("PATH", f"{bin_dir}{os.pathsep}{os.environ.get('PATH', '')}")
+    monkeypatch.setattr(buildcache, "BUILD_TICK_SECONDS", 0.1)
+    source = tmp_path / "src"
+    source.mkdir()
+    (source / "main.go").write_text("package main\n")
+    messages: list[str] = []
+    buildcache.ensure_binary(tmp_path / "cache", progress=messages.append, source_dir=source)
+    assert messages[0] == buildcache.BUILD_PROGRESS_MESSAGE
+    ticks = messages[1:]
+    assert ticks and all(tick.startswith("still building h2-ping-sidecar: ") for tick in ticks)

@@ -9,7 +9,10 @@ from pathlib import Path
 import pytest
 import tomllib
 
-from sidecar_fsm.cli import main
+from sidecar_fsm.base.resources import command_hint, default_log_dir
+from sidecar_fsm.cli import build_parser, main
+from sidecar_fsm.run.prune import parse_age
+from sidecar_fsm.view import render
 
 BAD_USAGE = [
     ([], "sidecar-fsm: the following arguments are required: COMMAND"),
@@ -246,3 +249,50 @@ def test_the_demo_extra_is_go_only_and_the_demo_imports_nothing_from_dev() -> No
     )
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert done.returncode == 0, done.stderr
+
+
+def test_every_subcommand_help_has_a_description_and_an_example(capsys: pytest.CaptureFixture[str]) -> None:
+    for name in ("start", "stop", "logs", "prune", "lab", "status", "reap"):
+        with pytest.raises(SystemExit):
+            build_parser().parse_args([name, "--help"])
+        text = capsys.readouterr().out
+        assert "\nexample:\n  sidecar-fsm " in text, name
+    with pytest.raises(SystemExit):
+        build_parser().parse_args(["start", "--help"])
+    assert "sidecar.instances.0.upstream=" in capsys.readouterr().out
+
+
+def test_hints_name_the_log_dir_unless_it_is_the_default() -> None:
+    assert command_hint("status", default_log_dir()) == "sidecar-fsm status"
+    assert command_hint("status") == "sidecar-fsm status"
+    assert command_hint("reap", "/my logs") == "sidecar-fsm --log-dir '/my logs' reap"
+
+
+@pytest.mark.parametrize(
+    ("text", "seconds"),
+    [
+        ("7d", 604800),
+        ("36h", 129600),
+        ("1d12h", 129600),
+        ("90m", 5400),
+        ("0s", 0),
+        ("30", 30),
+        ("2w", 1209600),
+    ],
+)
+def test_prune_ages(text: str, seconds: float) -> None:
+    assert parse_age(text) == seconds
+
+
+@pytest.mark.parametrize("text", ["soon", "7x", "-1", "d7", "1d 2h", ""])
+def test_prune_ages_refused(text: str) -> None:
+    assert parse_age(text) is None
+
+
+def test_start_names_the_log_dir_it_was_given_however_it_was_given() -> None:
+    """``--log-dir``, ``sidecar.log_dir`` or Gym's ``nemo_gym_log_dir``: the manager's log dir
+    is what ``start`` hands over, and its hint names it unless it is the default."""
+    lines = render.started_lines("4c1e9a3f2b10", "/gym/logs", [("policy", "127.0.0.1:1", "https://x")])
+    assert lines[-1].endswith("(see: sidecar-fsm --log-dir /gym/logs status)")
+    lines = render.started_lines("4c1e9a3f2b10", default_log_dir(), [])
+    assert lines[-1].endswith("(see: sidecar-fsm status)")

@@ -6,6 +6,8 @@ The expected table below is written out from SPEC's diagram on purpose, not deri
 
 from __future__ import annotations
 
+import subprocess
+import sys
 import threading
 from typing import Any
 
@@ -331,3 +333,21 @@ def test_fire_together_fires_a_machine_twice_in_order_and_rewinds_it_whole(store
     assert third.state == "configured"
     assert store.history(third.instance_id) == []
     assert store.get_instance(third.instance_id).state == "configured"  # type: ignore[union-attr]
+
+
+def test_transitions_info_lines_stay_quiet_unless_asked_for() -> None:
+    code = (
+        "import logging, sys\n"
+        "logging.basicConfig(level=logging.INFO, stream=sys.stdout, format='%(name)s %(message)s')\n"
+        "{preset}"
+        "import sidecar_fsm.state.fsm\n"
+        "from transitions import Machine\n"
+        "m = Machine(states=['a', 'b'], initial='a', transitions=[['go', 'a', 'b']])\n"
+        "m.go()\n"
+    )
+    quiet = subprocess.run([sys.executable, "-c", code.format(preset="")], capture_output=True, text=True)
+    assert quiet.returncode == 0, quiet.stderr
+    assert "transitions" not in quiet.stdout
+    chosen = "logging.getLogger('transitions').setLevel(logging.INFO)\n"
+    asked = subprocess.run([sys.executable, "-c", code.format(preset=chosen)], capture_output=True, text=True)
+    assert "transitions.core" in asked.stdout

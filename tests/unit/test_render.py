@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import re
 
@@ -11,8 +12,9 @@ from sidecar_fsm.base import procs
 from sidecar_fsm.observe.verdicts import Process
 from sidecar_fsm.run.reap import InstanceReap, ReapReport, RunReap
 from sidecar_fsm.state.store import InstanceRecord, RunRecord, TransitionRecord
-from sidecar_fsm.view import cells, reap_report, render
+from sidecar_fsm.view import cells, reap_report, render, upkeep_report
 from sidecar_fsm.view import status as view_status
+from sidecar_fsm.view.live import Figures, Scrape
 
 NOW = 1_800_000_000.0  # a fixed "now" so relative times are exact
 
@@ -382,3 +384,81 @@ def test_status_ray_is_one_table_with_a_node_column_and_a_silent_node_shows_why(
     assert (
         document["nodes"][0]["runs"][0] == json.loads(render.status_json([two_instance_status()]))["runs"][0]
     )
+
+
+def _figures(in_flight: int = 0, up: bool = True) -> Figures:
+    return Figures(in_flight, 0.0, 0, 0, 0, 0.0, up, 1)
+
+
+def _healthy() -> view_status.RunStatus:
+    return view_status.RunStatus(
+        run=run_record(),
+        owner="alive",
+        instances=[instance_record()],
+        processes={1: Process.RUNNING},
+        live={1: Scrape("127.0.0.1:9101", _figures())},
+        log_dir="/logs",
+    )
+
+
+ATTENTION = {
+    "healthy": (_healthy(), None),
+    "ended": (dataclasses.replace(_healthy(), run=run_record(ended_at=NOW, outcome="ended")), None),
+    "owner gone, sidecar running": (
+        dataclasses.replace(_healthy(), owner="dead"),
+        "owner gone with sidecars still running (policy); run sidecar-fsm --log-dir /logs reap",
+    ),
+    # Its sidecars exited with their owner (exit_with_owner): the run ended by itself.
+    "owner gone, nothing left running": (
+        dataclasses.replace(_healthy(), owner="reused", processes={1: Process.GONE}),
+        None,
+    ),
+    "instance failed": (
+        dataclasses.replace(two_instance_status(), processes={1: Process.RUNNING}),
+        "judge is failed",
+    ),
+    "process gone": (
+        dataclasses.replace(_healthy(), processes={1: Process.GONE}),
+        "policy is not running (pid 41030 gone)",
+    ),
+    "upstream down": (
+        dataclasses.replace(_healthy(), live={1: Scrape("127.0.0.1:9101", _figures(up=False))}),
+        "policy: upstream https://api.example.com is down",
+    ),
+    # A frozen or wedged proxy (SIGSTOP, a full accept queue) serves nobody either.
+    "metrics do not answer": (
+        dataclasses.replace(_healthy(), live={1: Scrape("127.0.0.1:9101", None, "no answer")}),
+        "policy: /metrics at 127.0.0.1:9101: no answer",
+    ),
+}
+
+
+@pytest.mark.parametrize("case", sorted(ATTENTION))
+def test_needs_attention(case: str) -> None:
+    observed, expected = ATTENTION[case]
+    assert view_status.needs_attention(observed) == expected
+
+
+def test_status_all_lists_ended_runs_one_line_each_under_one_header() -> None:
+    ended = [
+        dataclasses.replace(_healthy(), run=run_record(run_id=f"{n}" * 12, ended_at=NOW - n, outcome="ended"))
+        for n in range(1, 4)
+    ]
+    lines = render.status_lines([_healthy(), *ended], now=NOW, ended_in_one_table=True)
+    assert sum(line.startswith("RUN ") for line in lines) == 2  # the live run's, the ended runs'
+    assert lines[-4].startswith("RUN ")
+    assert [line.split()[0] for line in lines[-3:]] == ["111111111111", "222222222222", "333333333333"]
+
+
+def test_drain_lines_say_what_each_instance_waits_for() -> None:
+    lines = upkeep_report.draining_lines(
+        [("nvcf", Scrape("a", _figures(in_flight=1))), ("judge", Scrape("b", _figures())), ("x", None)],
+        60.0,
+        "SIGINT",
+    )
+    assert lines == [
+        "SIGINT: draining the sidecars",
+        "draining nvcf: 1 request in flight, up to 60s; Ctrl-C again to stop now",
+        "draining judge: no request in flight",
+        "draining x: requests in flight unknown, up to 60s; Ctrl-C again to stop now",
+    ]

@@ -1,0 +1,378 @@
+"""A start that cannot succeed, or is interrupted: each case checks the three promises of
+``start_h2_ping_sidecar``: a clear error, no process of the run left, the caller's config exactly
+what it was.
+
+A fake "binary" (a shell script) stands in for the proxy only where the test is about our handling
+of a child that misbehaves (exits early, never becomes ready, ignores SIGTERM); everything else runs
+the real one.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import psutil
+import pytest
+from helpers import ProcessRegistry
+from launchrun import (
+    FULL_HISTORY,
+    assert_nothing_left,
+    cmdline,
+    fake_binary,
+    gym_config,
+    run_records,
+    snapshot,
+    states_path,
+)
+from omegaconf import DictConfig, OmegaConf
+from pydantic import ValidationError
+
+from sidecar_fsm import launcher
+from sidecar_fsm.base import buildcache
+from sidecar_fsm.errors import SidecarError
+from sidecar_fsm.lab import TlsH2Origin
+from sidecar_fsm.launcher import (
+    H2PingSidecarManager,
+    NodeSidecars,
+    h2_ping_sidecar_config_from_global_config,
+    resolve_log_dir,
+    start_h2_ping_sidecar,
+)
+from sidecar_fsm.state.hostname import host_name
+from sidecar_fsm.state.store import Store
+
+# --- failure paths ---------------------------------------------------------------------------
+
+
+def test_invalid_config_starts_nothing(
+    tls_origin: TlsH2Origin, cache_dir: Path, log_dir: Path, sidecar_binary: Path
+) -> None:
+    config = gym_config(tls_origin.url, tls_origin.ca_file, log_dir, cache_dir, ping_interval="6m")
+    before = snapshot(config)
+    with pytest.raises(ValidationError, match=r"sidecar\.ping_interval: '6m'"):
+        start_h2_ping_sidecar(config)
+    assert snapshot(config) == before
+    assert run_records(log_dir) == []
+    assert_nothing_left(log_dir)
+
+
+def test_missing_go_and_no_prebuilt(
+    tls_origin: TlsH2Origin, log_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+
+    monkeypatch.setattr(buildcache, "find_go", lambda: None)
+    config = gym_config(tls_origin.url, tls_origin.ca_file, log_dir, tmp_path / "empty-cache")
+    before = snapshot(config)
+    with pytest.raises(SidecarError, match="no Go toolchain and no prebuilt h2-ping-sidecar"):
+        start_h2_ping_sidecar(config)
+    assert snapshot(config) == before
+    assert run_records(log_dir) == []
+
+
+def test_manager_starts_again_after_stop_and_after_a_failed_start(
+    tls_origin: TlsH2Origin,
+    sidecar_binary: Path,
+    cache_dir: Path,
+    log_dir: Path,
+    managers: list[H2PingSidecarManager],
+) -> None:
+    """As NeMo Gym's can: each start() after stop() or a failure is a new run."""
+
+    with socket.socket() as holder:
+        holder.bind(("127.0.0.1", 0))
+        holder.listen()
+        port = holder.getsockname()[1]
+        instances = [{"name": "nvcf", "upstream": tls_origin.url, "listen": f"127.0.0.1:{port}"}]
+        config = gym_config(tls_origin.url, tls_origin.ca_file, log_dir, cache_dir, instances=instances)
+        parsed = h2_ping_sidecar_config_from_global_config(config)
+        manager = H2PingSidecarManager(
+            parsed, parsed.instances, sidecar_binary, resolve_log_dir(parsed, config)
+        )
+        managers.append(manager)
+        with pytest.raises(SidecarError, match="already in use"):
+            manager.start()  # the port is taken: a failed start
+    failed_run = manager.run_id
+    manager.start()  # the port is free now
+    with pytest.raises(SidecarError, match="already running; call stop"):
+        manager.start()
+    manager.check()
+    first_run = manager.run_id
+    manager.stop()
+    manager.start()
+    manager.check()
+    manager.stop()
+    runs = {
+        run.run_id: (run.outcome, [record.state for record in records])
+        for run, records in run_records(log_dir)
+    }
+    assert len({failed_run, first_run, manager.run_id}) == 3
+    assert runs == {
+        failed_run: ("failed", ["failed"]),
+        first_run: ("ended", ["stopped"]),
+        manager.run_id: ("ended", ["stopped"]),
+    }
+    assert_nothing_left(log_dir)
+
+
+def test_port_in_use_names_the_holder(
+    tls_origin: TlsH2Origin,
+    sidecar_binary: Path,
+    cache_dir: Path,
+    log_dir: Path,
+    managers: list[H2PingSidecarManager],
+) -> None:
+    # Held by a process the database does not know.
+    with socket.socket() as holder:
+        holder.bind(("127.0.0.1", 0))
+        holder.listen()
+        port = holder.getsockname()[1]
+        config = gym_config(
+            tls_origin.url,
+            tls_origin.ca_file,
+            log_dir,
+            cache_dir,
+            instances=[{"name": "nvcf", "upstream": tls_origin.url, "listen": f"127.0.0.1:{port}"}],
+        )
+        before = snapshot(config)
+        with pytest.raises(SidecarError) as caught:
+            start_h2_ping_sidecar(config)
+    first_line = str(caught.value).splitlines()[0]
+    assert first_line == (
+        f"sidecar.instances[0].listen: '127.0.0.1:{port}' is already in use by another process; "
+        "stop it or choose another port (or port 0)"
+    )
+    # The first line is ours; the proxy's own words follow in the log tail, as under Gym.
+    assert str(caught.value).count("\n") >= 1 and "address already in use" in str(caught.value)
+    assert snapshot(config) == before
+    assert_nothing_left(log_dir)
+
+    # Held by a run the database knows: the error names that run and instance.
+    holder_config = gym_config(tls_origin.url, tls_origin.ca_file, log_dir, cache_dir)
+    holder_manager = start_h2_ping_sidecar(holder_config)
+    assert holder_manager is not None
+    managers.append(holder_manager)
+    (taken,) = [instance.listen for instance in holder_manager.instances_actual]
+    clash = gym_config(
+        tls_origin.url,
+        tls_origin.ca_file,
+        log_dir,
+        cache_dir,
+        instances=[{"name": "second", "upstream": tls_origin.url, "listen": taken}],
+    )
+    before = snapshot(clash)
+    with pytest.raises(SidecarError) as caught:
+        start_h2_ping_sidecar(clash)
+    assert f"is already in use by run {holder_manager.run_id} instance 'nvcf'" in str(caught.value)
+    assert snapshot(clash) == before
+    holder_manager.check()  # the holder is unharmed
+
+
+def test_child_exits_before_ready(
+    tls_origin: TlsH2Origin, log_dir: Path, tmp_path: Path, cache_dir: Path
+) -> None:
+    binary = fake_binary(tmp_path / "early-exit", 'echo "fatal: upstream refused us" >&2\nexit 3')
+    config = gym_config(tls_origin.url, tls_origin.ca_file, log_dir, cache_dir, binary=str(binary))
+    before = snapshot(config)
+    with pytest.raises(SidecarError) as caught:
+        start_h2_ping_sidecar(config)
+    message = str(caught.value)
+    assert "h2-ping-sidecar 'nvcf'" in message
+    assert "exited with code 3 before it was ready" in message.splitlines()[0]
+    assert "fatal: upstream refused us" in message
+    assert snapshot(config) == before
+    ((run, (record,)),) = run_records(log_dir)
+    assert (run.outcome, record.state, record.exit_code) == ("failed", "failed", 3)
+    assert states_path(log_dir, record.id) == ["configured", "building", "spawned", "failed"]
+    assert_nothing_left(log_dir)
+
+
+def test_startup_timeout(tls_origin: TlsH2Origin, log_dir: Path, tmp_path: Path, cache_dir: Path) -> None:
+    # Never writes its ready file: what a proxy stuck before binding looks like to us.
+    binary = fake_binary(tmp_path / "never-ready", "echo starting\nexec sleep 60")
+    config = gym_config(
+        tls_origin.url,
+        tls_origin.ca_file,
+        log_dir,
+        cache_dir,
+        binary=str(binary),
+        startup_timeout_seconds=0.5,
+    )
+    before = snapshot(config)
+    started = time.monotonic()
+    with pytest.raises(SidecarError, match=r"not ready after 0\.5s \(startup_timeout_seconds\)") as caught:
+        start_h2_ping_sidecar(config)
+    assert time.monotonic() - started < 10
+    assert "starting" in str(caught.value)
+    assert snapshot(config) == before
+    ((_, (record,)),) = run_records(log_dir)
+    assert record.state == "failed"
+    assert record.exit_code == -signal.SIGKILL
+    assert_nothing_left(log_dir)
+
+
+def test_stale_ready_file_is_not_readiness(
+    log_dir: Path, tmp_path: Path, node_run: Callable[..., NodeSidecars]
+) -> None:
+    binary = fake_binary(tmp_path / "never-ready", "exec sleep 60")
+    sidecars = node_run(binary, run_id="stale0000000", startup_timeout_seconds=0.3)
+    stale = log_dir / f"h2ping-nvcf-{socket.gethostname()}-stale0000000.ready"
+    stale.write_text(json.dumps({"pid": os.getpid(), "listen": "127.0.0.1:9"}))
+    with pytest.raises(SidecarError, match="not ready after"):
+        sidecars.start()
+    assert_nothing_left(log_dir)
+
+
+def test_unwritable_log_fails_the_start_naming_it_and_leaves_nothing(
+    tls_origin: TlsH2Origin, log_dir: Path, node_run: Callable[..., NodeSidecars]
+) -> None:
+
+    instances = [
+        {"name": "first", "upstream": tls_origin.url, "listen": "127.0.0.1:0"},
+        {"name": "second", "upstream": tls_origin.url, "listen": "127.0.0.1:0"},
+    ]
+    sidecars = node_run(run_id="nolog0000000", instances=instances)
+    # A directory where the second instance's log must go: creating it fails.
+    blocked = log_dir / f"h2ping-second-{host_name()}-nolog0000000.log"
+    blocked.mkdir(parents=True)
+    with pytest.raises(SidecarError) as raised:
+        sidecars.start()
+    assert str(raised.value) == (
+        f"sidecar.log_dir: cannot create '{blocked}' (file exists); set sidecar.log_dir to a writable folder"
+    )
+    assert_nothing_left(log_dir)
+    assert run_records(log_dir) == []  # no run row: nothing was started
+    assert [path for path in log_dir.glob("*.log") if path.is_file()] == []  # the first log went too
+
+
+@pytest.mark.parametrize("fault", ["read-only file system", "no space left on device"])
+def test_log_dir_that_breaks_after_the_database_opened_fails_in_one_line(
+    make_tmpfs: Callable[..., Path], node_run: Callable[..., NodeSidecars], fault: str
+) -> None:
+    """A long-lived launcher keeps its database open; the log dir then turns read-only or fills up."""
+    small_tmpfs = make_tmpfs("2m", options="nr_inodes=64")  # 64 inodes: a full log dir is a loop away
+
+    log_dir = small_tmpfs / "logs"
+    store = Store.open(str(log_dir))
+    try:
+        if fault == "read-only file system":
+            # A read-only bind mount over the log dir: the open database keeps its descriptors
+            # (a tmpfs will not turn read-only while a file is open for writing).
+            subprocess.run(["mount", "--bind", str(log_dir), str(log_dir)], check=True)
+            subprocess.run(["mount", "-o", "remount,bind,ro", str(log_dir)], check=True)
+        else:
+            for index in range(1000):  # bounded: the tmpfs has 64 inodes
+                try:
+                    (small_tmpfs / f"filler-{index}").touch()
+                except OSError:
+                    break
+        sidecars = node_run(store=store, logs=log_dir)
+        with pytest.raises(SidecarError) as raised:
+            sidecars.start()
+        message = str(raised.value)
+        assert "\n" not in message
+        assert (
+            message.startswith(f"sidecar.log_dir: cannot create '{log_dir}/h2ping-")
+            and f"({fault})" in message
+        )
+        assert store.list_runs("all") == []
+        assert list(log_dir.glob("*.log")) == [] and list(log_dir.glob("*.ready*")) == []
+        assert not [
+            child
+            for child in psutil.Process().children(recursive=True)
+            if str(log_dir) in " ".join(cmdline(child))
+        ]
+    finally:
+        store.close()
+        if fault == "read-only file system":
+            subprocess.run(["umount", str(log_dir)], check=False)
+
+
+_INTERRUPTED_START = """
+import json, sys
+from omegaconf import OmegaConf
+from sidecar_fsm.launcher import start_h2_ping_sidecar
+config = OmegaConf.create(json.loads(sys.argv[1]))
+before = OmegaConf.to_container(config)
+try:
+    start_h2_ping_sidecar(config)
+except KeyboardInterrupt:
+    print(json.dumps({"interrupted": True, "unchanged": OmegaConf.to_container(config) == before}))
+    sys.exit(130)
+print(json.dumps({"interrupted": False}))
+"""
+
+
+def test_keyboard_interrupt_during_start_stops_the_child(
+    tls_origin: TlsH2Origin,
+    log_dir: Path,
+    tmp_path: Path,
+    cache_dir: Path,
+    process_registry: ProcessRegistry,
+    wait_until: Callable[..., Any],
+) -> None:
+    pid_file = tmp_path / "child.pid"
+    binary = fake_binary(tmp_path / "slow-start", f'echo $$ > "{pid_file}"\nexec sleep 60')
+    config = gym_config(tls_origin.url, tls_origin.ca_file, log_dir, cache_dir, binary=str(binary))
+    launcher = subprocess.Popen(
+        [sys.executable, "-c", _INTERRUPTED_START, json.dumps(OmegaConf.to_container(config))],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    process_registry.add(launcher)
+    child_pid = int(
+        wait_until(lambda: pid_file.exists() and pid_file.read_text().strip(), 30, "fake child pid")
+    )
+    process_registry.add_pid(child_pid)
+    child = psutil.Process(child_pid)
+    os.kill(launcher.pid, signal.SIGINT)
+    out, err = launcher.communicate(timeout=30)
+    assert launcher.returncode == 130, err
+    assert json.loads(out.strip().splitlines()[-1]) == {"interrupted": True, "unchanged": True}
+    assert not child.is_running() or child.status() == psutil.STATUS_ZOMBIE
+    ((run, (record,)),) = run_records(log_dir)
+    assert run.ended_at is not None
+    assert record.state == "stopped"
+    assert states_path(log_dir, record.id) == ["configured", "building", "spawned", "draining", "stopped"]
+    assert_nothing_left(log_dir)
+
+
+def test_keyboard_interrupt_after_the_proxy_is_ready(
+    tls_origin: TlsH2Origin,
+    sidecar_binary: Path,
+    cache_dir: Path,
+    log_dir: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """An interrupt while the config is being rewritten: the ready proxy is stopped, config untouched."""
+
+    calls: list[int] = []
+    real = launcher.rewrite_base_urls
+
+    def interrupt_the_second(config: DictConfig, instances: Any, *undo: Any) -> Any:
+        # The first call is the dry run on a copy, before any process; the second one runs
+        # once the proxy is ready.
+        calls.append(1)
+        if len(calls) == 1:
+            return real(config, instances, *undo)
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(launcher, "rewrite_base_urls", interrupt_the_second)
+    config = gym_config(tls_origin.url, tls_origin.ca_file, log_dir, cache_dir)
+    before = snapshot(config)
+    with pytest.raises(KeyboardInterrupt):
+        start_h2_ping_sidecar(config)
+    assert calls == [1, 1]
+    assert snapshot(config) == before
+    ((_, (record,)),) = run_records(log_dir)
+    assert states_path(log_dir, record.id) == FULL_HISTORY
+    assert_nothing_left(log_dir)

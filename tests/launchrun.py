@@ -1,0 +1,191 @@
+"""What the launcher's integration tests share: a Gym-shaped config, reading a run back, and
+the stand-ins for a proxy that misbehaves (``fake_binary``), so each test file states only its case.
+
+The fixtures built on these (``node_run``, ``deaf_sidecar``) live in ``conftest.py``.
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+import psutil
+from omegaconf import DictConfig, OmegaConf
+
+from sidecar_fsm.base import procs
+from sidecar_fsm.errors import SidecarError
+from sidecar_fsm.launcher import (
+    H2PingSidecarManager,
+)
+from sidecar_fsm.state.store import InstanceRecord, open_all_hosts
+
+FULL_HISTORY = ["configured", "building", "spawned", "ready", "draining", "stopped"]
+
+
+def gym_config(upstream: str, ca_file: Path, log_dir: Path, cache_dir: Path, **block: Any) -> DictConfig:
+    """A config shaped like NeMo Gym's: servers under a top-level key, model URL via an alias."""
+    sidecar = {
+        "enabled": True,
+        "instances": [{"name": "nvcf", "upstream": upstream, "listen": "127.0.0.1:0"}],
+        "ping_interval": "250ms",
+        "shutdown_grace": "5s",
+        "startup_timeout_seconds": 20,
+        "ca_file": str(ca_file),
+    }
+    sidecar.update(block)
+    return OmegaConf.create(
+        {
+            "cache_dir": str(cache_dir),
+            "nemo_gym_log_dir": str(log_dir),
+            "policy_base_url": upstream,
+            "policy_model": {
+                "responses_api_models": {
+                    "openai_model": {
+                        "entrypoint": "app.py",
+                        "base_url": "${policy_base_url}",
+                        "api_key": "sk-x",
+                    }
+                }
+            },
+            "sidecar": sidecar,
+        }
+    )
+
+
+def snapshot(config: DictConfig) -> Any:
+    return OmegaConf.to_container(config, resolve=False)
+
+
+def run_records(log_dir: Path) -> list[tuple[Any, list[InstanceRecord]]]:
+    out = []
+    for store in open_all_hosts(log_dir):
+        try:
+            for run in store.list_runs("all"):
+                out.append((run, store.instances_of(run.run_id)))
+        finally:
+            store.close()
+    return out
+
+
+def history(log_dir: Path, instance_id: int) -> list[tuple[str, str]]:
+    (store,) = open_all_hosts(log_dir)
+    try:
+        return [(row.event, row.dest) for row in store.history(instance_id)]
+    finally:
+        store.close()
+
+
+def states_path(log_dir: Path, instance_id: int) -> list[str]:
+    rows = history(log_dir, instance_id)
+    return ["configured"] + [dest for _, dest in rows]
+
+
+def assert_nothing_left(log_dir: Path) -> None:
+    """No run of ``log_dir`` is live, no recorded sidecar still runs, no child of ours remains,
+    and no ready file or proxy temp file is left behind."""
+    assert sorted(path.name for path in log_dir.glob("*.ready*")) == []
+    assert sorted(path.name for path in log_dir.glob(".*.tmp*")) == []
+    for run, instances in run_records(log_dir):
+        assert run.ended_at is not None, f"run {run.run_id} not ended"
+        for record in instances:
+            assert record.state in ("stopped", "failed"), (record.name, record.state)
+            if record.pid is not None and record.pid_start_time is not None:
+                identity = procs.ProcessIdentity(record.pid, record.pid_start_time, None)
+                assert not procs.is_ours(identity), f"{record.name} pid {record.pid} still runs"
+    mine = [
+        child
+        for child in psutil.Process().children(recursive=True)
+        if child.status() != psutil.STATUS_ZOMBIE and str(log_dir) in " ".join(cmdline(child))
+    ]
+    assert mine == []
+    assert list(log_dir.glob("*.ready")) == []
+
+
+def cmdline(process: psutil.Process) -> list[str]:
+    try:
+        return process.cmdline()
+    except psutil.Error:
+        return []
+
+
+# What sidecar-fsm's proxy prints for -h (Go's flag usage), trimmed: a user-named binary is asked
+# for its flags before anything starts (binaryflags), so a stand-in answers as the real one does.
+OUR_USAGE = "\n".join(
+    f"  -{flag}\n    \t{usage}"
+    for flag, usage in (
+        ("ca-file path", "extra PEM root certificates for the upstream (path)"),
+        ("exit-with-pid pid", "drain and exit when the process with this pid is gone"),
+        ("insecure-skip-verify", "skip upstream certificate verification (tests only)"),
+        ("listen host:port", "host:port to serve HTTP/1.1 on"),
+        ("max-conn-age duration", "move new requests to a fresh connection"),
+        ("metrics-listen host:port", "serve GET /metrics on this loopback host:port"),
+        ("ping-interval duration", "send a PING after this read-idle duration"),
+        ("ping-timeout duration", "close a connection whose PING is unanswered"),
+        ("ready-file path", 'write {"pid","listen"} JSON to this path once bound'),
+        ("retry-body-limit bytes", "buffer request bodies up to this many bytes"),
+        ("shutdown-grace duration", "drain in-flight requests for up to this duration"),
+        ("upstream https://host[:port]", "upstream origin https://host[:port]"),
+    )
+)
+
+
+def fake_binary(path: Path, body: str) -> Path:
+    """A shell stand-in for the proxy running ``body``; ``-h`` answers with our proxy's flags."""
+    answer_help = f"if [ \"$1\" = -h ]; then cat >&2 <<'EOF'\n{OUR_USAGE}\nEOF\nexit 0; fi\n"
+    path.write_text("#!/bin/sh\n" + answer_help + body + "\n")
+    path.chmod(0o755)
+    return path
+
+
+def failure_of(manager: H2PingSidecarManager) -> Callable[[], SidecarError | None]:
+    def probe() -> SidecarError | None:
+        try:
+            manager.check()
+        except SidecarError as error:
+            return error
+        return None
+
+    return probe
+
+
+# A proxy stand-in that gets ready, then ignores SIGTERM: only SIGKILL ends it.
+LISTEN_THEN_READY = f"""exec "{sys.executable}" -c '
+import json, os, socket, sys, time
+host, _, port = sys.argv[2].rpartition(":")
+sock = socket.socket()
+sock.bind((host, int(port)))
+sock.listen()
+with open(sys.argv[1] + ".tmp", "w") as file:
+    json.dump({{"pid": os.getpid(), "listen": "%s:%d" % sock.getsockname()}}, file)
+os.replace(sys.argv[1] + ".tmp", sys.argv[1])
+time.sleep(60)
+' "$ready" "$listen"
+"""
+
+# Ignores SIGTERM, and listens where its ready file says (a ready file naming an address the
+# child does not listen on is refused at start).
+READY_BUT_DEAF = (
+    """
+trap '' TERM
+while [ $# -gt 0 ]; do
+  case "$1" in -ready-file) ready="$2";; -listen) listen="$2";; esac
+  shift
+done
+"""
+    + LISTEN_THEN_READY
+)
+
+
+async def post_json(url: str, body: dict[str, Any], timeout: float) -> tuple[int, bytes, float]:
+    started = time.monotonic()
+    client_timeout = aiohttp.ClientTimeout(total=timeout)
+    async with (
+        aiohttp.ClientSession(timeout=client_timeout) as session,
+        session.post(url, json=body) as response,
+    ):
+        payload = await response.read()
+        return response.status, payload, time.monotonic() - started

@@ -20,8 +20,9 @@ package main
 // client does with a bare *tls.Conn is its forced close after 250 ms when a close hangs;
 // Close below does the same.
 //
-// Must not: modify, delay or reorder the stream (closing it on the verdict is the one
-// action it takes); record anything but frame types, flags, PING payloads and error codes
+// Must not: modify, delay or reorder the stream (closing it on the verdict, and writing
+// the one whole frame armed with injectFrame between two whole frames of the client, are
+// the only actions it takes); record anything but frame types, flags, PING payloads and error codes
 // (header blocks carry Authorization).
 
 import (
@@ -84,6 +85,13 @@ type watchedConn struct {
 	lastRead atomic.Int64
 	// report, when set, is told about a connection closed for a lost PING.
 	report func(lostPing)
+	// events, when set before the HTTP/2 client has the connection, hears what the watcher
+	// sees on it (upcheck.go's PING verdict, probe.go's report of how it closed).
+	events connEvents
+	// inject is one whole frame to write at the next frame boundary of the outgoing stream
+	// (injectFrame); nil when none. Set before the HTTP/2 client has the connection, then
+	// touched only inside Write, which the client calls under its write lock.
+	inject []byte
 
 	goaway atomic.Bool // a GOAWAY arrived: the end of the connection is expected
 	closed atomic.Bool // Close was called: read errors after it are ours
@@ -123,7 +131,38 @@ func (m *meters) watch(tc *tls.Conn, pingTimeout time.Duration) *watchedConn {
 func (c *watchedConn) Write(p []byte) (int, error) {
 	n, err := c.Conn.Write(p)
 	c.out.feed(p[:n], c)
+	if c.inject != nil && err == nil && c.out.atFrameBoundary() {
+		frame := c.inject
+		c.inject = nil
+		if _, werr := c.Conn.Write(frame); werr == nil {
+			c.out.feed(frame, c)
+		}
+	}
 	return n, err
+}
+
+// injectFrame arms frame (one whole HTTP/2 frame) to be written right after the first
+// write of the HTTP/2 client that ends at a frame boundary: for a new connection, the
+// client's preface, SETTINGS and WINDOW_UPDATE, which newClientConn flushes in one write
+// before anything else can write. It must be called before the client has the connection.
+//
+// This is how the start-up check sends its PING with net/http alone (http.ClientConn has
+// no Ping method): the frame goes between two whole frames of the client, inside the
+// Write the client makes under its write lock, so no frame of the client is split and no
+// other writer can interleave; the TLS layer below sees two writes in order, as it would
+// from the client itself. The ack is read by the client, which ignores an ack whose
+// payload it did not send (Go's processPing), and by this watcher, which matches it.
+func (c *watchedConn) injectFrame(frame []byte) { c.inject = frame }
+
+// connEvents hears the frames and the end of one watched connection. Its methods run on
+// the connection's reading or writing goroutine and must not block.
+type connEvents interface {
+	pingSent(data [8]byte)
+	pingAcked(data [8]byte, rtt time.Duration)
+	goawayReceived(code uint32)
+	// ended: the connection failed under the client (a read error not caused by our own
+	// Close): EOF, a reset, or a lost PING's *pingTimeoutError.
+	ended(err error)
 }
 
 func (c *watchedConn) Read(p []byte) (int, error) {
@@ -134,9 +173,13 @@ func (c *watchedConn) Read(p []byte) (int, error) {
 	c.in.feed(p[:n], c)
 	if err != nil {
 		if l := c.verdict.Load(); l != nil {
-			return n, &pingTimeoutError{timeout: c.pingTimeout, silence: l}
+			err = &pingTimeoutError{timeout: c.pingTimeout, silence: l}
+		} else {
+			c.readFailed(err)
 		}
-		c.readFailed(err)
+		if c.events != nil && !c.closed.Load() {
+			c.events.ended(err)
+		}
 	}
 	return n, err
 }
@@ -262,11 +305,16 @@ func (c *watchedConn) frame(sent bool, typ, flags byte, data []byte) {
 			c.pingCheck.Reset(c.pingTimeout)
 		}
 		c.pingMu.Unlock()
+		if c.events != nil {
+			c.events.pingSent([8]byte(data))
+		}
 	case typ == framePing && !sent && flags&flagAck != 0:
+		var rtt time.Duration
+		acked := false
 		c.pingMu.Lock()
 		for i, p := range c.pings {
 			if p.data == [8]byte(data) {
-				rtt := time.Since(p.at)
+				rtt, acked = time.Since(p.at), true
 				c.pings = append(c.pings[:i], c.pings[i+1:]...)
 				m.pingAcks.Add(1)
 				m.pingRTT.Store(math.Float64bits(rtt.Seconds()))
@@ -274,11 +322,18 @@ func (c *watchedConn) frame(sent bool, typ, flags byte, data []byte) {
 			}
 		}
 		c.pingMu.Unlock()
+		if acked && c.events != nil {
+			c.events.pingAcked([8]byte(data), rtt)
+		}
 	case typ == frameGoAway && !sent:
 		c.goaway.Store(true)
 		m.goaways.Add(1)
-		if code := be32(data[4:8]); code != errCodeNo {
+		code := be32(data[4:8])
+		if code != errCodeNo {
 			m.upstreamFailed(kindReset, "GOAWAY from the upstream with error code "+h2CodeName(code))
+		}
+		if c.events != nil {
+			c.events.goawayReceived(code)
 		}
 	case typ == frameRSTStream && !sent:
 		// REFUSED_STREAM is re-sent (a retry, not a failure); CANCEL is also what a server
@@ -338,6 +393,10 @@ type frameScanner struct {
 	keep  [8]byte
 	kn    int
 }
+
+// atFrameBoundary is true when the bytes fed so far end with a whole frame (or the
+// preface): a frame written now starts a frame of its own.
+func (s *frameScanner) atFrameBoundary() bool { return s.skip == 0 && s.hn == 0 && s.left == 0 }
 
 func (s *frameScanner) feed(p []byte, c *watchedConn) {
 	for len(p) > 0 {

@@ -221,11 +221,19 @@ func counterFloat(b []byte, name, help string, v float64) []byte {
 // error's own words, one line) and Seconds (how long that dial took) are its verdict. Up
 // is h2ping_upstream_up now; LastError the latest upstream failure's text (null before
 // the first), kept after the upstream recovers so an operator can see what it was.
+//
+// Ping is the check's PING on the first connection (upcheck.go): null until it is sent
+// (a dial that failed sends none), then "pending", and finally "answered" (PingRTT is its
+// round trip), "unanswered", "goaway" or "closed", with PingError in its own words, the
+// remedy included. A check has passed when OK and Ping is "answered".
 type upstreamStatus struct {
 	Checked     bool     `json:"checked"`
 	OK          bool     `json:"ok"`
 	Error       *string  `json:"error"`
 	Seconds     *float64 `json:"seconds"`
+	Ping        *string  `json:"ping"`
+	PingRTT     *float64 `json:"ping_rtt_seconds"`
+	PingError   *string  `json:"ping_error"`
 	Up          bool     `json:"up"`
 	LastError   *string  `json:"last_error"`
 	LastErrorAt *string  `json:"last_error_at"`
@@ -237,6 +245,16 @@ func (m *meters) upstreamJSON() []byte {
 		s.Checked, s.OK, s.Seconds = true, v.ok, &v.seconds
 		if !v.ok {
 			s.Error = &v.err
+		}
+	}
+	if c := m.check.Load(); c != nil && c.ping != nil {
+		if state, v := c.ping.state(); state != "" {
+			s.Ping = &state
+			if v != nil && v.state == pingAnswered {
+				s.PingRTT = &v.rtt
+			} else if v != nil {
+				s.PingError = &v.words
+			}
 		}
 	}
 	if n := m.lastErr.Load(); n != nil {

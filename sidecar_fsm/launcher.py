@@ -177,8 +177,12 @@ class H2PingSidecarManager:
         )
         self._sidecars = sidecars
         self.run_id = sidecars.run_id
-        # NodeSidecars.start() stops its children before any exception leaves it.
-        for line in [*sidecars.start(), *sidecars.upstream_verdicts]:
+        # The "listening on" lines are printed as soon as the proxies are ready, before the
+        # upstream check's wait. NodeSidecars.start() stops its children before any
+        # exception leaves it.
+        sidecars.announce = lambda line: print(f"h2-ping-sidecar {line}", flush=True)
+        sidecars.start()
+        for line in sidecars.upstream_verdicts:
             print(f"h2-ping-sidecar {line}", flush=True)
 
     def _binary_flags(self) -> binaryflags.BinaryFlags | None:

@@ -15,6 +15,10 @@ connections accepted, requests served and streams reset are counted. Endpoints:
 ``refuse_next(n)`` makes the next ``n`` requests meet a graceful GOAWAY that refuses them (a load
 balancer retiring a connection), so a client's re-send on a new connection can be tested.
 
+``pings="ignore"`` makes it answer no PING (a far side that does not carry them, as AWS ALB's)
+and ``pings="goaway"`` answers each PING with GOAWAY ``ENHANCE_YOUR_CALM`` and a close (a
+gRPC-style server refusing frequent PINGs): the two paths a sidecar cannot keep open.
+
 With ``h1_only=True`` the server offers only ``http/1.1`` in ALPN and answers every request with a
 minimal HTTP/1.1 200 and ``Connection: close``: the upstream the sidecar must refuse (no fallback).
 
@@ -41,6 +45,8 @@ from .h2server import CLOSE_FLUSH_SECONDS, H1Protocol, H2ServerProtocol
 from .tlsca import CertPaths, make_ca_and_cert
 
 _STARTUP_SECONDS = 10.0
+# How the origin meets PINGs (see the module docstring).
+PINGS_POLICIES = ("answer", "ignore", "goaway")
 
 
 class TlsH2Origin:
@@ -60,8 +66,12 @@ class TlsH2Origin:
         *,
         h1_only: bool = False,
         max_concurrent_streams: int = 1000,
+        pings: str = "answer",
     ) -> None:
+        if pings not in PINGS_POLICIES:
+            raise ValueError(f"TlsH2Origin pings: '{pings}' must be one of {', '.join(PINGS_POLICIES)}")
         self.h1_only = h1_only
+        self.pings_policy = pings
         self.max_concurrent_streams = max_concurrent_streams
         self._certs = certs
         self._own_cert_dir: Path | None = None
@@ -126,7 +136,7 @@ class TlsH2Origin:
 
     @property
     def goaways(self) -> int:
-        """Graceful GOAWAYs sent by ``goaway()``."""
+        """GOAWAYs sent by ``goaway()`` (graceful) and for PINGs (``pings="goaway"``)."""
         return self._read("goaways")
 
     @property

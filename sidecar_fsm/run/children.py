@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import subprocess
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -97,6 +98,9 @@ class SidecarRun:
         # (``upstream_check``): kept apart from start()'s summary, which NeMo Gym's callers
         # read as exactly one line per instance.
         self.upstream_verdicts: list[str] = []
+        # When set, start() calls it with each "listening on" line as soon as every proxy is
+        # ready (before the upstream check's wait), and once more if that wait passes 2 s.
+        self.announce: Callable[[str], None] | None = None
         self.stopped = False
         self.record: storagefault.RecordWatch | None = None
         # Set when a transition could not be recorded: the rest of the stop records nothing.

@@ -48,6 +48,9 @@ type probeConfig struct {
 	forDur   time.Duration
 	request  string
 	useStdin bool
+	// forText and intervalText are -for and -ping-interval as the user wrote them, for the
+	// verdict's words ("60s", not Go's "1m0s").
+	forText, intervalText string
 }
 
 func parseProbeConfig(args []string, getenv func(string) string, usage io.Writer) (*probeConfig, error) {
@@ -85,7 +88,7 @@ func parseProbeConfig(args []string, getenv func(string) string, usage io.Writer
 	if err != nil {
 		return nil, err
 	}
-	p := &probeConfig{cfg: cfg, request: *request, useStdin: *useStdin}
+	p := &probeConfig{cfg: cfg, request: *request, useStdin: *useStdin, forText: *forFlag, intervalText: *pingInterval}
 	if p.forDur, err = parseDuration("for", *forFlag); err != nil {
 		return nil, err
 	}
@@ -251,7 +254,7 @@ func approx(s float64) string {
 
 // judge turns the two connections and the request into the verdict and the exit code.
 func (r *probeResult) judge(p *probeConfig) {
-	interval := p.cfg.PingInterval.String()
+	interval := p.intervalText
 	silent, pinged, req := r.Silent, r.Pinged, r.Request
 	timedOut := req != nil && req.TimedOut
 	switch {
@@ -278,7 +281,7 @@ func (r *probeResult) judge(p *probeConfig) {
 			approx(*silent.ClosedAfterS), interval)
 	default:
 		r.Answer = "not needed"
-		r.Verdict = fmt.Sprintf("no idle drop within %s: the sidecar is not needed on this path", p.forDur)
+		r.Verdict = fmt.Sprintf("no idle drop within %s: the sidecar is not needed on this path", p.forText)
 	}
 	if r.ExitCode != 0 {
 		return
@@ -291,7 +294,7 @@ func (r *probeResult) judge(p *probeConfig) {
 		r.Verdict += fmt.Sprintf("; the request waited %.1fs and got %d", *req.AfterS, *req.Status)
 	case !req.Done:
 		r.ProvedIdleOnly = true
-		r.Verdict += fmt.Sprintf(" (the request had no answer within %s: a response timeout is not ruled out)", p.forDur)
+		r.Verdict += fmt.Sprintf(" (the request had no answer within %s: a response timeout is not ruled out)", p.forText)
 	}
 }
 

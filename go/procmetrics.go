@@ -19,6 +19,7 @@ import (
 	"bytes"
 	"encoding/json"
 	"math"
+	"net/http"
 	"os"
 	"runtime"
 	"runtime/debug"
@@ -237,6 +238,32 @@ type upstreamStatus struct {
 	Up          bool     `json:"up"`
 	LastError   *string  `json:"last_error"`
 	LastErrorAt *string  `json:"last_error_at"`
+}
+
+// maxUpstreamWait bounds GET /upstream?wait=D: a caller that wants longer asks again.
+const maxUpstreamWait = 10 * time.Second
+
+// serveUpstream is GET /upstream[?wait=D]. Whoever asks for the verdict is waiting for it:
+// the check starts now if its timer has not yet (upcheck.go). With wait (a Go duration, at
+// most maxUpstreamWait) the answer waits until the check has ended or D has passed, so a
+// launcher learns the verdict the moment it is known instead of at its next poll (a poll
+// every 25 ms cost a start 12 ms on average once the check also awaited its PING).
+func serveUpstream(w http.ResponseWriter, r *http.Request) {
+	if c := stats.check.Load(); c != nil {
+		c.run()
+		if d, err := time.ParseDuration(r.URL.Query().Get("wait")); err == nil && d > 0 {
+			t := time.NewTimer(min(d, maxUpstreamWait))
+			select {
+			case <-c.done:
+			case <-t.C:
+			case <-r.Context().Done():
+			}
+			t.Stop()
+		}
+	}
+	w.Header().Set("Content-Type", "application/json")
+	w.Header().Set("Cache-Control", "no-store")
+	w.Write(stats.upstreamJSON())
 }
 
 func (m *meters) upstreamJSON() []byte {

@@ -102,15 +102,25 @@ func TestTheChecksPingIsAnsweredAndTheConnectionStaysSound(t *testing.T) {
 	check := newUpstreamCheck(up, log.New(io.Discard, "", 0))
 	stats.check.Store(check)
 	t.Cleanup(func() { stats.check.Store(nil) })
-	check.run()
-	select {
-	case <-check.done:
-	case <-time.After(10 * time.Second):
-		t.Fatal("check: got no end within 10 s; want the PING answered at once")
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv := serveMetrics(ln)
+	t.Cleanup(func() { srv.Close() })
+	// One question with ?wait: the answer is held until the check (dial and PING) has ended.
+	resp, err := http.Get("http://" + ln.Addr().String() + "/upstream?wait=10s")
+	if err != nil {
+		t.Fatalf("GET /upstream?wait=10s: got %v; want an answer", err)
 	}
 	var got upstreamStatus
-	if err := json.Unmarshal(stats.upstreamJSON(), &got); err != nil {
+	err = json.NewDecoder(resp.Body).Decode(&got)
+	resp.Body.Close()
+	if err != nil {
 		t.Fatal(err)
+	}
+	if !got.Checked || !got.OK {
+		t.Fatalf("GET /upstream?wait=10s: got checked %v ok %v; want the dial's verdict in the one answer", got.Checked, got.OK)
 	}
 	if got.Ping == nil || *got.Ping != pingAnswered || got.PingRTT == nil || *got.PingRTT <= 0 || got.PingError != nil {
 		t.Fatalf("GET /upstream ping: got %v rtt %v error %v; want answered with a round trip", got.Ping, got.PingRTT, got.PingError)
@@ -121,7 +131,7 @@ func TestTheChecksPingIsAnsweredAndTheConnectionStaysSound(t *testing.T) {
 		t.Fatalf("acquire: got %v; want the check's connection", err)
 	}
 	req, _ := http.NewRequest("GET", origin.URL+"/", nil)
-	resp, err := c.cc.RoundTrip(req)
+	resp, err = c.cc.RoundTrip(req)
 	if err != nil {
 		t.Fatalf("request after the check's PING: got %v; want an answer", err)
 	}

@@ -28,11 +28,15 @@ from typing import Literal
 
 __all__ = ["CheckTarget", "Verdict", "await_verdicts", "waiting_line"]
 
-# Between two asks of one proxy: its check starts 200 ms after its ready file and a loopback
-# handshake takes a few ms more, so a faster poll only costs CPU the proxies are starting on.
+# Between two asks of one proxy that answered at once (a build without ``?wait``, or one whose
+# listener failed): a faster poll only costs CPU the proxies are starting on.
 POLL_SECONDS = 0.025
-# One ask's own limit: a proxy that does not answer its metrics listener within this is asked
-# again (until the deadline) rather than holding the wait.
+# How long one ask lets the proxy hold its answer until the check has ended (``?wait``), so the
+# verdict arrives the moment it is known rather than at the next poll; a proxy that ignores the
+# parameter answers at once and is polled.
+_WAIT_SECONDS = 0.5
+# One ask's own limit beyond that hold: a proxy that does not answer its metrics listener in
+# time is asked again (until the deadline) rather than holding the wait.
 _ASK_TIMEOUT_SECONDS = 1.0
 _MAX_BODY_BYTES = 64 * 1024
 # What a client of a sidecar sees while its upstream does not answer (proxy.go's 502 body).
@@ -124,14 +128,15 @@ def _number(value: object) -> float | None:
     return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else None
 
 
-def _ask(address: str, timeout: float) -> _Answer:
-    """GET /upstream once. Raises ``_NotAnswered``."""
+def _ask(address: str, timeout: float, wait: float = 0.0) -> _Answer:
+    """GET /upstream once, letting the proxy hold the answer up to ``wait`` seconds until its
+    check ends. Raises ``_NotAnswered``."""
     host, _, port = address.rpartition(":")
     if not port.isdigit():
         raise _NotAnswered(f"recorded metrics address '{address}' is not host:port")
-    conn = http.client.HTTPConnection(host.strip("[]"), int(port), timeout=timeout)
+    conn = http.client.HTTPConnection(host.strip("[]"), int(port), timeout=timeout + wait)
     try:
-        conn.request("GET", "/upstream")
+        conn.request("GET", f"/upstream?wait={int(wait * 1000)}ms" if wait > 0 else "/upstream")
         response = conn.getresponse()
         body = response.read(_MAX_BODY_BYTES)
         if response.status == 404:
@@ -185,8 +190,10 @@ def _wait_one(target: CheckTarget, deadline: float, timeout: float) -> Verdict:
                     ping_failed=True,
                 )
             return Verdict(target.name, target.upstream, "no verdict", last)
+        wait = min(_WAIT_SECONDS, max(0.0, remaining - 0.05))
+        asked = time.monotonic()
         try:
-            answer = _ask(target.metrics, min(remaining, _ASK_TIMEOUT_SECONDS))
+            answer = _ask(target.metrics, min(remaining, _ASK_TIMEOUT_SECONDS), wait)
         except _NotAnswered as exc:
             last = str(exc)
             if "no GET /upstream" in last:
@@ -197,6 +204,8 @@ def _wait_one(target: CheckTarget, deadline: float, timeout: float) -> Verdict:
                 return verdict
             if answer.checked and answer.ok:
                 dialled = answer
+            if time.monotonic() - asked >= wait / 2:
+                continue  # the proxy held the answer: no need to sleep before asking again
         time.sleep(min(POLL_SECONDS, max(0.0, deadline - time.monotonic())))
 
 

@@ -81,7 +81,7 @@ def test_an_idle_dropping_path_drops_the_silent_connection_and_keeps_the_pinged_
     assert counts is not None, pinged
     assert int(counts[1]) >= 3 and int(counts[2]) == int(counts[1]), pinged
     assert line_of(done.stdout, "verdict: ") == (
-        "verdict: idle connections are dropped after ~1.5s; PINGs every 500ms keep them open: "
+        "verdict: idle connections are dropped after ~1.5s; PINGs every 0.5s keep them open: "
         "the sidecar helps here (idle connections only: --request PATH also tests a slow response)"
     )
     assert relay.drops >= 1

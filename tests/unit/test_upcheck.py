@@ -61,7 +61,7 @@ class _Proxy(BaseHTTPRequestHandler):
     asked = 0
 
     def do_GET(self) -> None:  # noqa: N802 (http.server's name)
-        assert self.path == "/upstream"
+        assert self.path.split("?")[0] == "/upstream"
         cls = type(self)
         status, document = cls.answers[min(cls.asked, len(cls.answers) - 1)]
         cls.asked += 1

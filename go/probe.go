@@ -93,7 +93,7 @@ func parseProbeConfig(args []string, getenv func(string) string, usage io.Writer
 		return nil, err
 	}
 	if p.forDur <= cfg.PingInterval {
-		return nil, badFlag("for", *forFlag, "must be longer than -ping-interval %s, so that a PING is sent", cfg.PingInterval)
+		return nil, badFlag("for", *forFlag, "must be longer than -ping-interval %s, so that a PING is sent", *pingInterval)
 	}
 	if p.request != "" && !strings.HasPrefix(p.request, "/") {
 		return nil, badFlag("request", p.request, "must be a path starting with /, e.g. /v1/slow")

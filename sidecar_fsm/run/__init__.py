@@ -6,7 +6,8 @@ shared ``children``, with ``command``, ``binaryflags``, ``runfiles``, ``messages
 ``interrupts``; ``upcheck`` awaits the start's upstream verdicts, ``targets`` keeps the
 Prometheus target file), asking a run's owner to stop from another process (``remotestop``),
 pruning ended runs (``prune``), reaping runs whose owner is gone (``reap``), reaching every node of a Ray
-cluster (``cluster``) and the named crash points the crash tests kill us at (``crashpoints``).
+cluster (``cluster``), the named crash points the crash tests kill us at (``crashpoints``), and
+the ``probe`` command's child (the proxy's ``-probe`` mode, which belongs to no run).
 
 Fires state-machine events (``sidecar_fsm.state.fsm``) and never sets a state itself. May import
 ``state``, ``base``, ``config`` and ``errors``; must not import ``view`` or the public modules

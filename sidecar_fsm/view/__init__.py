@@ -2,7 +2,8 @@
 
 Owns the status model (``status``: owner alive, each process ours or gone or reused,
 unrecorded sidecars, live figures, what needs attention), the human tables and ``--json``
-shapes (``render``; ``upkeep_report`` for stop, prune and the drain lines; ``reap_report``),
+shapes (``render``; ``upkeep_report`` for stop, prune and the drain lines; ``reap_report``;
+``probe_report`` for ``probe``),
 reading the proxies' logs (``logs``), scraping each proxy's ``/metrics`` (``live``) and
 ``top``'s redraw.
 

@@ -12,10 +12,12 @@ from __future__ import annotations
 
 import json
 import os
+import pty
 import re
 import shutil
 import socket
 import subprocess
+import sys
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -483,3 +485,52 @@ def test_the_probe_binary_mode_refuses_bad_flags_before_dialling(sidecar_binary:
     )
     assert done.returncode == 2 and done.stdout == "", done
     assert done.stderr.strip() == '-for "1s": must be longer than -ping-interval 2s, so that a PING is sent'
+
+
+def test_progress_shows_on_a_terminal_and_not_in_a_pipe(
+    tls_origin: TlsH2Origin, log_dir: Path, probe_env: dict[str, str]
+) -> None:
+    leader, follower = pty.openpty()
+    try:
+        process = subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "sidecar_fsm",
+                "--log-dir",
+                str(log_dir),
+                "probe",
+                tls_origin.url,
+                "--ca-file",
+                str(tls_origin.ca_file),
+                "--for",
+                "2.5s",
+                "--ping-interval",
+                "0.5s",
+            ],
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.PIPE,
+            stderr=follower,
+            env=probe_env,
+            text=True,
+        )
+        os.close(follower)
+        follower = -1
+        seen = b""
+        while True:  # until the child closes the terminal (EOF or EIO); bounded by its --for
+            try:
+                chunk = os.read(leader, 4096)
+            except OSError:
+                break
+            if not chunk:
+                break
+            seen += chunk
+        stdout, _ = process.communicate(timeout=30)
+    finally:
+        os.close(leader)
+        if follower >= 0:
+            os.close(follower)
+    assert process.returncode == 0, stdout + seen.decode(errors="replace")
+    assert b"\r\x1b[Kprobe: 1.0s of 2.5s; silent open; pinged open (" in seen, seen
+    assert "probe: " not in stdout  # the report on stdout has no progress in it
+    assert line_of(stdout, "verdict: ").startswith("verdict: no idle drop within 2.5s")

@@ -17,6 +17,7 @@ import threading
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import TypeVar, Union
 
 import psutil
@@ -179,6 +180,10 @@ def http11_request(
         connection.close()
 
 
+# The installed console script, as a user runs it (the venv's bin/ beside this interpreter).
+SIDECAR_FSM = Path(sys.executable).with_name("sidecar-fsm")
+
+
 def sidecar_cli(
     log_dir: os.PathLike[str] | str,
     *args: str,
@@ -194,3 +199,19 @@ def sidecar_cli(
         timeout=timeout,
         env=env,
     )
+
+
+def fill_filesystem(point: Path) -> Path:
+    """Write a file under ``point`` until its filesystem is full (ENOSPC); returns the file, so a
+    test can free the space later. Meant for a small tmpfs (``make_tmpfs``): the loop is bounded."""
+    filler = point / "filler"
+    fd = os.open(filler, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+    try:
+        for size in (65536, 4096, 1):
+            with contextlib.suppress(OSError):
+                for _ in range(200_000):  # bounded: far above any tmpfs made here
+                    os.write(fd, b"\0" * size)
+    finally:
+        os.close(fd)
+    assert os.statvfs(point).f_bavail == 0
+    return filler

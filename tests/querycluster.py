@@ -14,7 +14,6 @@ import re
 import shlex
 import signal
 import subprocess
-import sys
 import urllib.error
 import urllib.request
 from pathlib import Path
@@ -22,14 +21,13 @@ from typing import Any
 
 import psutil
 import yaml
-from helpers import ProcessRegistry, wait_until
+from helpers import SIDECAR_FSM, ProcessRegistry, wait_until
 
 from sidecar_fsm.base import procs
 from sidecar_fsm.lab import TlsH2Origin
 from sidecar_fsm.state.hostname import HOST_ENV
 
 README = Path(__file__).resolve().parent.parent / "README.md"
-SCRIPT = Path(sys.executable).with_name("sidecar-fsm")
 
 
 def sfsm(
@@ -39,7 +37,7 @@ def sfsm(
     if host is not None:
         env[HOST_ENV] = host
     return subprocess.run(
-        [str(SCRIPT), "--log-dir", str(log_dir), *args],
+        [str(SIDECAR_FSM), "--log-dir", str(log_dir), *args],
         capture_output=True,
         text=True,
         timeout=timeout,
@@ -63,7 +61,7 @@ class Run:
         env = {**os.environ, HOST_ENV: host}
         with open(self.output, "wb") as out:
             self.proc = subprocess.Popen(
-                [str(SCRIPT), "start", str(config), "--log-dir", str(log_dir)],
+                [str(SIDECAR_FSM), "start", str(config), "--log-dir", str(log_dir)],
                 stdout=out,
                 stderr=subprocess.STDOUT,
                 stdin=subprocess.DEVNULL,

@@ -1,8 +1,9 @@
 """The local lab the demo and the tests share: a TLS HTTP/2 origin, an idle-dropping relay, a client.
 
 Owns nothing but re-exports: ``tlsca`` (throwaway CA and server certificate as PEM files),
-``origin`` (``TlsH2Origin``, the stand-in for an NVCF endpoint, which can also crash and come
-back; its connections in ``h2server``), ``relay`` (``IdleRelay``, Global Accelerator's idle
+``loopthread`` (the start, stop and ``with`` every server here shares), ``origin``
+(``TlsH2Origin``, the stand-in for an NVCF endpoint, which can also crash and come back; its
+connections in ``h2server``), ``relay`` (``IdleRelay``, Global Accelerator's idle
 drop scaled down), ``faultrelay`` (``FaultRelay``: blackhole, reset, delay, rate limit and
 restart on command) and ``h2client`` (a blocking HTTP/2 client that sends no PINGs unless
 asked). Everything here binds loopback only and is meant for demos and tests, never for

@@ -33,14 +33,13 @@ import socket
 import struct
 import threading
 import time
-from collections.abc import Callable, Coroutine
-from types import TracebackType
-from typing import Any
+from collections.abc import Callable
+
+from .loopthread import LoopThread
 
 _CHUNK = 64 * 1024
 _MAX_QUEUED = 256 * 1024
 _CONNECT_TIMEOUT = 5.0
-_CALL_TIMEOUT = 10.0
 _LOOPBACK = ("127.0.0.1", "localhost", "::1")
 
 
@@ -153,7 +152,7 @@ class _Pair:
                 writer.close()
 
 
-class FaultRelay:
+class FaultRelay(LoopThread):
     """Relay ``127.0.0.1:<port>`` → ``target_host:target_port`` with faults on command.
 
     Every fault method is safe to call from any thread while traffic flows and returns once
@@ -165,6 +164,7 @@ class FaultRelay:
     def __init__(
         self, target_host: str, target_port: int, *, idle: float | None = None, port: int = 0
     ) -> None:
+        super().__init__()
         if target_host not in _LOOPBACK:
             raise ValueError(f"FaultRelay target_host: '{target_host}' is not loopback; use 127.0.0.1")
         if idle is not None and idle <= 0:
@@ -176,8 +176,6 @@ class FaultRelay:
         self._counts = {"connections": 0, "resets": 0, "drops": 0, "refused": 0}
         self._pairs: set[_Pair] = set()
         self._path: _Path | None = None
-        self._loop: asyncio.AbstractEventLoop | None = None
-        self._thread: threading.Thread | None = None
         self._server: asyncio.Server | None = None
         self._port: int | None = None
         self._sweeper: asyncio.Task[None] | None = None
@@ -224,7 +222,7 @@ class FaultRelay:
 
     def blackhole(self) -> None:
         """Stop forwarding both ways on every pair, new ones included; close nothing."""
-        self._call(self._apply(lambda path: path.flowing.clear()))
+        self.call(self._apply(lambda path: path.flowing.clear()))
 
     def heal(self) -> None:
         """Forward again, at once and at full speed: no blackhole, delay or rate limit."""
@@ -233,33 +231,33 @@ class FaultRelay:
             path.delay, path.rate = 0.0, None
             path.flowing.set()
 
-        self._call(self._apply(change))
+        self.call(self._apply(change))
 
     def delay(self, milliseconds: float) -> None:
         """Deliver each chunk read from now on ``milliseconds`` after it was read, each way."""
         if milliseconds < 0:
             raise ValueError(f"FaultRelay delay: '{milliseconds}' must be 0 or above (milliseconds)")
         seconds = milliseconds / 1000.0
-        self._call(self._apply(lambda path: setattr(path, "delay", seconds)))
+        self.call(self._apply(lambda path: setattr(path, "delay", seconds)))
 
     def rate(self, bytes_per_second: float | None) -> None:
         """Pace each direction of each pair to ``bytes_per_second`` (None: no limit)."""
         if bytes_per_second is not None and bytes_per_second <= 0:
             raise ValueError(f"FaultRelay rate: '{bytes_per_second}' must be above 0 (bytes a second)")
-        self._call(self._apply(lambda path: setattr(path, "rate", bytes_per_second)))
+        self.call(self._apply(lambda path: setattr(path, "rate", bytes_per_second)))
 
     def reset(self) -> int:
         """Abort every open pair with RST on both sides; return how many were aborted."""
-        aborted: int = self._call_result(self._close_pairs(abort=True, counter="resets"))
+        aborted: int = self.call(self._close_pairs(abort=True, counter="resets"))
         return aborted
 
     def go_down(self) -> None:
         """Close every pair (FIN both sides) and stop listening: connects are refused."""
-        self._call(self._go_down())
+        self.call(self._go_down())
 
     def come_back(self) -> None:
         """Listen again on the same port."""
-        self._call(self._listen(self.port))
+        self.call(self._listen(self.port))
 
     def restart(self, down: float) -> None:
         """``go_down()``, ``down`` seconds refusing, ``come_back()``; returns once it is back."""
@@ -267,55 +265,13 @@ class FaultRelay:
         time.sleep(down)
         self.come_back()
 
-    # --- life cycle --------------------------------------------------------------------------
+    # --- life cycle (LoopThread: start, stop, call) ---------------------------------------------
 
-    def start(self) -> FaultRelay:
-        if self._thread is not None:
-            return self
-        loop = asyncio.new_event_loop()
-        self._loop = loop
-        self._thread = threading.Thread(target=loop.run_forever, name="sidecar-fsm-fault-relay", daemon=True)
-        self._thread.start()
-        try:
-            self._call(self._begin())
-        except BaseException:
-            self.stop()
-            raise
-        return self
+    thread_name = "sidecar-fsm-fault-relay"
 
     def stop(self) -> None:
-        loop, thread = self._loop, self._thread
-        if loop is not None and thread is not None:
-            if thread.is_alive():
-                with contextlib.suppress(Exception):
-                    self._call(self._shutdown())
-                loop.call_soon_threadsafe(loop.stop)
-                thread.join(10)
-            if not thread.is_alive():
-                loop.close()
-        self._loop, self._thread, self._server = None, None, None
-
-    def __enter__(self) -> FaultRelay:
-        return self.start()
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        traceback: TracebackType | None,
-    ) -> None:
-        self.stop()
-
-    # --- the loop thread ---------------------------------------------------------------------
-
-    def _call(self, coro: Coroutine[Any, Any, Any]) -> None:
-        self._call_result(coro)
-
-    def _call_result(self, coro: Coroutine[Any, Any, Any]) -> Any:
-        if self._loop is None:
-            coro.close()
-            raise RuntimeError("FaultRelay: not started; call start() first")
-        return asyncio.run_coroutine_threadsafe(coro, self._loop).result(_CALL_TIMEOUT)
+        super().stop()
+        self._server = None
 
     async def _begin(self) -> None:
         self._path = _Path()

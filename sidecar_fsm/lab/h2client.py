@@ -17,13 +17,14 @@ import time
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from types import TracebackType
 
 import h2.config
 import h2.connection
 import h2.errors
 import h2.events
 import h2.exceptions
+
+from .loopthread import ClosesOnExit
 
 _READ_CHUNK = 64 * 1024
 
@@ -44,7 +45,7 @@ class H2Response:
     error: str | None = None
 
 
-class H2Client:
+class H2Client(ClosesOnExit):
     """One client HTTP/2 connection over TLS; not thread-safe (use one per thread).
 
     ``host``/``port`` is where to connect (the origin, or a relay in front of it);
@@ -95,17 +96,6 @@ class H2Client:
         except BaseException:
             self._sock.close()
             raise
-
-    def __enter__(self) -> H2Client:
-        return self
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        traceback: TracebackType | None,
-    ) -> None:
-        self.close()
 
     def close(self) -> None:
         """Send GOAWAY (best effort) and close the socket. Idempotent."""

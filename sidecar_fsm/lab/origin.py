@@ -29,27 +29,24 @@ Must not bind anything but loopback, log or store header values, or leave a task
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import functools
 import shutil
 import ssl
 import tempfile
 import threading
 import time
-from collections.abc import Callable, Coroutine
+from collections.abc import Callable
 from pathlib import Path
-from types import TracebackType
-from typing import Any
 
 from .h2server import CLOSE_FLUSH_SECONDS, H1Protocol, H2ServerProtocol
+from .loopthread import LoopThread
 from .tlsca import CertPaths, make_ca_and_cert
 
-_STARTUP_SECONDS = 10.0
 # How the origin meets PINGs (see the module docstring).
 PINGS_POLICIES = ("answer", "ignore", "goaway")
 
 
-class TlsH2Origin:
+class TlsH2Origin(LoopThread):
     """A TLS HTTP/2 server on ``127.0.0.1:0`` in its own thread; see the module docstring.
 
     ``certs`` are used when given (share one CA between several origins); otherwise the origin
@@ -59,6 +56,8 @@ class TlsH2Origin:
     ``active_connections`` and ``active_streams`` are current. Reading them from another thread
     is safe (they are updated under a lock). ``start()`` and ``stop()`` are each idempotent.
     """
+
+    thread_name = "sidecar-fsm-origin"
 
     def __init__(
         self,
@@ -70,6 +69,7 @@ class TlsH2Origin:
     ) -> None:
         if pings not in PINGS_POLICIES:
             raise ValueError(f"TlsH2Origin pings: '{pings}' must be one of {', '.join(PINGS_POLICIES)}")
+        super().__init__()
         self.h1_only = h1_only
         self.pings_policy = pings
         self.max_concurrent_streams = max_concurrent_streams
@@ -88,8 +88,6 @@ class TlsH2Origin:
         }
         self._refusals = 0
         self._protocols: set[H2ServerProtocol | H1Protocol] = set()
-        self._loop: asyncio.AbstractEventLoop | None = None
-        self._thread: threading.Thread | None = None
         self._server: asyncio.Server | None = None
         self._context: ssl.SSLContext | None = None
         self._port: int | None = None
@@ -212,7 +210,7 @@ class TlsH2Origin:
 
     def start(self) -> TlsH2Origin:
         """Bind and start serving; returns when the port is known. Idempotent."""
-        if self._thread is not None:
+        if self.running:
             return self
         if self._certs is None:
             self._own_cert_dir = Path(tempfile.mkdtemp(prefix="sidecar-fsm-origin-"))
@@ -221,18 +219,12 @@ class TlsH2Origin:
         context.minimum_version = ssl.TLSVersion.TLSv1_2
         context.load_cert_chain(self._certs.cert_pem, self._certs.key_pem)
         context.set_alpn_protocols(["http/1.1"] if self.h1_only else ["h2"])
+        self._context = context
+        return super().start()
 
-        loop = asyncio.new_event_loop()
-        self._loop = loop
-        self._thread = threading.Thread(target=loop.run_forever, name="sidecar-fsm-origin", daemon=True)
-        self._thread.start()
-        try:
-            self._context = context
-            self._run(self._serve(context), _STARTUP_SECONDS)
-        except BaseException:
-            self.stop()
-            raise
-        return self
+    async def _begin(self) -> None:
+        assert self._context is not None
+        await self._serve(self._context)
 
     async def _serve(self, context: ssl.SSLContext, port: int = 0) -> None:
         loop = asyncio.get_running_loop()
@@ -251,14 +243,10 @@ class TlsH2Origin:
         )
         self._port = self._server.sockets[0].getsockname()[1]
 
-    def _run(self, coro: Coroutine[Any, Any, None], timeout: float) -> None:
-        assert self._loop is not None
-        asyncio.run_coroutine_threadsafe(coro, self._loop).result(timeout)
-
     def goaway(self) -> None:
         """Send a graceful GOAWAY on every open connection; each closes once its streams end."""
-        if self._loop is not None and self._thread is not None and self._thread.is_alive():
-            self._run(self._goaway_all(), _STARTUP_SECONDS)
+        if self.running:
+            self.call(self._goaway_all())
 
     async def _goaway_all(self) -> None:
         with self._lock:
@@ -274,15 +262,15 @@ class TlsH2Origin:
         sockets, and requests in flight get no answer and no promise that they were not
         processed. ``come_back()`` listens again on the same port.
         """
-        if self._loop is not None and self._thread is not None and self._thread.is_alive():
-            self._run(self._crash(), CLOSE_FLUSH_SECONDS * 4 + 5)
+        if self.running:
+            self.call(self._crash(), CLOSE_FLUSH_SECONDS * 4 + 5)
 
     def come_back(self) -> None:
         """Listen again on the port ``go_down()`` closed; idempotent while listening."""
-        if self._context is None or self._loop is None:
+        if self._context is None or not self.running:
             raise RuntimeError("TlsH2Origin: not started; call start() first")
         if self._server is None:
-            self._run(self._serve(self._context, self.port), _STARTUP_SECONDS)
+            self.call(self._serve(self._context, self.port))
 
     def restart(self, down: float) -> None:
         """``go_down()``, ``down`` seconds refusing connections, ``come_back()``; blocks meanwhile."""
@@ -302,8 +290,8 @@ class TlsH2Origin:
 
     def drop_connections(self) -> None:
         """Close every open connection (GOAWAY first) but keep listening: an upstream restart."""
-        if self._loop is not None and self._thread is not None and self._thread.is_alive():
-            self._run(self._close_all(), CLOSE_FLUSH_SECONDS * 4 + 5)
+        if self.running:
+            self.call(self._close_all(), CLOSE_FLUSH_SECONDS * 4 + 5)
 
     async def _close_all(self) -> None:
         with self._lock:
@@ -325,27 +313,8 @@ class TlsH2Origin:
 
     def stop(self) -> None:
         """Close every connection, cancel every handler, stop and join the thread. Idempotent."""
-        loop, thread = self._loop, self._thread
-        if loop is not None and thread is not None:
-            if thread.is_alive():
-                with contextlib.suppress(Exception):
-                    self._run(self._shutdown(), CLOSE_FLUSH_SECONDS * 4 + 5)
-                loop.call_soon_threadsafe(loop.stop)
-                thread.join(10)
-            if not thread.is_alive():
-                loop.close()
-        self._loop, self._thread, self._server = None, None, None
+        super().stop()
+        self._server = None
         if self._own_cert_dir is not None:
             shutil.rmtree(self._own_cert_dir, ignore_errors=True)
             self._own_cert_dir, self._certs = None, None
-
-    def __enter__(self) -> TlsH2Origin:
-        return self.start()
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        traceback: TracebackType | None,
-    ) -> None:
-        self.stop()

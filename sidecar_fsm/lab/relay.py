@@ -19,7 +19,8 @@ import socket
 import struct
 import threading
 import time
-from types import TracebackType
+
+from .loopthread import StartStop
 
 _CHUNK = 64 * 1024
 # Per direction: once this much is waiting for a slow receiver, the sender is no longer read.
@@ -51,7 +52,7 @@ class _Pair:
         return self.upstream if side is self.client else self.client
 
 
-class IdleRelay:
+class IdleRelay(StartStop):
     """Relay ``127.0.0.1:<port>`` → ``target_host:target_port``, dropping pairs idle for ``idle`` s.
 
     ``connections`` counts accepted clients, ``drops`` the pairs closed for idleness, ``active``
@@ -152,17 +153,6 @@ class IdleRelay:
                 self._wake_w.send(b"x")
         thread.join(10)
         self._thread = None
-
-    def __enter__(self) -> IdleRelay:
-        return self.start()
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        traceback: TracebackType | None,
-    ) -> None:
-        self.stop()
 
     # --- the relay thread ------------------------------------------------------------------
 

@@ -26,6 +26,8 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Literal
 
+from sidecar_fsm.base import fanout
+
 __all__ = ["CheckTarget", "Verdict", "await_verdicts", "waiting_line"]
 
 # Between two asks of one proxy that answered at once (a build without ``?wait``, or one whose
@@ -247,40 +249,50 @@ def await_verdicts(
     sum. Read-only (loopback GETs); never raises for a proxy: one that does not answer is
     ``no verdict``. A thread still asking at the deadline is a daemon whose ask times out
     within ``_ASK_TIMEOUT_SECONDS``; its late answer is dropped. ``on_slow``, when given, is
-    called once (in this thread) with the names still awaited if the wait passes
-    ``SLOW_NOTICE_SECONDS``.
+    called once (from a timer thread, always before this returns) with the names still awaited
+    if the wait passes ``SLOW_NOTICE_SECONDS``.
     """
     deadline = time.monotonic() + timeout
-    results: dict[int, Verdict] = {}
+    unchecked = {
+        index: Verdict(target.name, target.upstream, "not checked", target.unchecked_because)
+        for index, target in enumerate(targets)
+        if target.metrics is None
+    }
+    asked = {index: target for index, target in enumerate(targets) if index not in unchecked}
+    done: set[int] = set()
     lock = threading.Lock()
 
-    def work(index: int, target: CheckTarget) -> None:
-        verdict = _wait_one(target, deadline, timeout)
+    def work(item: tuple[int, CheckTarget]) -> Verdict:
+        verdict = _wait_one(item[1], deadline, timeout)
         with lock:
-            results[index] = verdict
+            done.add(item[0])
+        return verdict
 
-    threads = []
-    for index, target in enumerate(targets):
-        if target.metrics is None:
-            results[index] = Verdict(target.name, target.upstream, "not checked", target.unchecked_because)
-            continue
-        thread = threading.Thread(
-            target=work, args=(index, target), name=f"upcheck {target.name}", daemon=True
-        )
-        thread.start()
-        threads.append(thread)
-    notice_at = time.monotonic() + SLOW_NOTICE_SECONDS
-    if on_slow is not None and threads and notice_at < deadline:
-        for thread in threads:
-            thread.join(max(0.0, notice_at - time.monotonic()))
+    def notice() -> None:
         with lock:
-            waiting = [t.name for i, t in enumerate(targets) if i not in results]
-        if waiting:
+            waiting = [target.name for index, target in asked.items() if index not in done]
+        if waiting and on_slow is not None:
             on_slow(waiting)
-    for thread in threads:
-        thread.join(max(0.0, deadline - time.monotonic()) + _ASK_TIMEOUT_SECONDS)
-    with lock:
-        return [
-            results.get(index) or Verdict(target.name, target.upstream, "no verdict")
-            for index, target in enumerate(targets)
-        ]
+
+    timer = threading.Timer(SLOW_NOTICE_SECONDS, notice)
+    timer.daemon = True
+    if on_slow is not None and asked and timeout > SLOW_NOTICE_SECONDS:
+        timer.start()
+    try:
+        # Each ask ends within _ASK_TIMEOUT_SECONDS of the deadline (its own socket timeout): that
+        # slack is waited for, so an answer the proxy gave just at the deadline is not lost.
+        answered = fanout.each_by_deadline(
+            {index: (index, target) for index, target in asked.items()},
+            work,
+            deadline + _ASK_TIMEOUT_SECONDS,
+            name="upcheck",
+        )
+    finally:
+        timer.cancel()
+        if timer.is_alive():
+            timer.join()  # a notice being said is said before the verdicts, never after
+    results = {**unchecked, **answered}
+    return [
+        results.get(index) or Verdict(target.name, target.upstream, "no verdict")
+        for index, target in enumerate(targets)
+    ]

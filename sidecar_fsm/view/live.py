@@ -17,13 +17,14 @@ from __future__ import annotations
 import dataclasses
 import http.client
 import json
-import threading
 import time
 from collections.abc import Hashable, Mapping
 from dataclasses import dataclass, field
 from typing import TypeVar
 
 from prometheus_client.parser import text_string_to_metric_families
+
+from sidecar_fsm.base import fanout
 
 __all__ = ["NO_ANSWER", "SCRAPE_TIMEOUT_SECONDS", "ERROR_KINDS", "Figures", "Scrape", "parse", "scrape_all"]
 
@@ -178,23 +179,7 @@ def scrape_all(addresses: Mapping[K, str], timeout: float = SCRAPE_TIMEOUT_SECON
     being a daemon it can never hold the process open. Read-only; never raises for a sidecar.
     """
     deadline = time.monotonic() + timeout
-    results: dict[K, Scrape] = {}
-    lock = threading.Lock()
-
-    def work(key: K, address: str) -> None:
-        outcome = _scrape_one(address, deadline)
-        with lock:
-            results[key] = outcome
-
-    threads = [
-        threading.Thread(target=work, args=(key, address), name=f"scrape {address}", daemon=True)
-        for key, address in addresses.items()
-    ]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join(max(0.0, deadline - time.monotonic()))
-    with lock:
-        return {
-            key: results.get(key) or Scrape(address, None, NO_ANSWER) for key, address in addresses.items()
-        }
+    results = fanout.each_by_deadline(
+        addresses, lambda address: _scrape_one(address, deadline), deadline, name="scrape"
+    )
+    return {key: results.get(key) or Scrape(address, None, NO_ANSWER) for key, address in addresses.items()}

@@ -18,14 +18,12 @@ from typing import Any
 
 import pytest
 import yaml
-from helpers import ProcessRegistry, http11_request, sidecar_cli, wait_until
+from helpers import SIDECAR_FSM, ProcessRegistry, http11_request, sidecar_cli, wait_until
 
 from sidecar_fsm.base import procs
 from sidecar_fsm.lab import TlsH2Origin
 from sidecar_fsm.state.fsm import InstanceMachine
 from sidecar_fsm.state.store import Store, database_path, schema_version
-
-SCRIPT = Path(sys.executable).with_name("sidecar-fsm")
 
 
 def cli_json(log_dir: Path, *args: str) -> Any:
@@ -74,7 +72,7 @@ class StartedCli:
         self.output = log_dir.parent / "start.out"
         with open(self.output, "wb") as out:
             self.proc = subprocess.Popen(
-                [str(SCRIPT), "start", str(config), "--log-dir", str(log_dir), *extra],
+                [str(SIDECAR_FSM), "start", str(config), "--log-dir", str(log_dir), *extra],
                 stdout=out,
                 stderr=subprocess.STDOUT,
                 stdin=subprocess.DEVNULL,
@@ -387,7 +385,10 @@ def test_history_of_an_unknown_run_or_instance_fails_with_one_line(
 
 def test_build_prints_the_cached_binary(cache_dir: Path, sidecar_binary: Path, tmp_path: Path) -> None:
     done = subprocess.run(
-        [str(SCRIPT), "build", "--cache-dir", str(cache_dir)], capture_output=True, text=True, timeout=600
+        [str(SIDECAR_FSM), "build", "--cache-dir", str(cache_dir)],
+        capture_output=True,
+        text=True,
+        timeout=600,
     )
     assert done.returncode == 0, done.stderr
     path = Path(done.stdout.strip())
@@ -494,7 +495,7 @@ def test_start_and_build_use_the_users_cache_not_the_working_directory(
     config = write_gym_config(tmp_path / "gym.yaml", tls_origin, None)
 
     built = subprocess.run(
-        [str(SCRIPT), "build"], capture_output=True, text=True, timeout=600, env=env, cwd=elsewhere
+        [str(SIDECAR_FSM), "build"], capture_output=True, text=True, timeout=600, env=env, cwd=elsewhere
     )
     assert built.returncode == 0, built.stderr
     assert Path(built.stdout.strip()) == xdg / "sidecar-fsm" / sidecar_binary.relative_to(cache_dir)

@@ -19,12 +19,10 @@ from typing import Any
 
 import pytest
 import yaml
-from helpers import ProcessRegistry, http11_request, sidecar_cli, wait_until
+from helpers import SIDECAR_FSM, ProcessRegistry, http11_request, sidecar_cli, wait_until
 
 from sidecar_fsm.lab import TlsH2Origin, h2_request
 from sidecar_fsm.state.dbfile import DB_DIR_NAME
-
-SCRIPT = Path(sys.executable).with_name("sidecar-fsm")
 
 
 def status_json(log_dir: Path, *args: str) -> Any:
@@ -59,7 +57,7 @@ class Started:
         self.output = config.with_suffix(".out")
         with open(self.output, "wb") as out:
             self.proc = subprocess.Popen(
-                [str(SCRIPT), "start", str(config), "--log-dir", str(log_dir), *extra],
+                [str(SIDECAR_FSM), "start", str(config), "--log-dir", str(log_dir), *extra],
                 stdout=out,
                 stderr=subprocess.STDOUT,
                 stdin=subprocess.DEVNULL,
@@ -149,7 +147,7 @@ def test_logs_follows_every_instance_until_the_run_ends(
     follow_out = log_dir.parent / "follow.out"
     with open(follow_out, "wb") as out:
         follower = subprocess.Popen(
-            [str(SCRIPT), "--log-dir", str(log_dir), "logs", started.run_id[:8], "-f"],
+            [str(SIDECAR_FSM), "--log-dir", str(log_dir), "logs", started.run_id[:8], "-f"],
             stdout=out,
             stderr=subprocess.STDOUT,
         )
@@ -281,7 +279,7 @@ def test_lab_prints_an_upstream_and_ca_file_that_work(
 ) -> None:
     output = tmp_path / "lab.out"
     with open(output, "wb") as out:
-        lab = subprocess.Popen([str(SCRIPT), "lab", "--idle", "5"], stdout=out, stderr=subprocess.STDOUT)
+        lab = subprocess.Popen([str(SIDECAR_FSM), "lab", "--idle", "5"], stdout=out, stderr=subprocess.STDOUT)
     process_registry.add(lab)
     wait_until(lambda: "serving until Ctrl-C" in output.read_text() or lab.poll() is not None, 20, "the lab")
     values = dict(
@@ -300,7 +298,7 @@ def test_lab_prints_an_upstream_and_ca_file_that_work(
 def test_a_closed_stdout_pipe_is_quiet(log_dir: Path) -> None:
     (log_dir / "x").mkdir()
     proc = subprocess.Popen(
-        [str(SCRIPT), "--log-dir", str(log_dir / "x"), "status", "--json"],
+        [str(SIDECAR_FSM), "--log-dir", str(log_dir / "x"), "status", "--json"],
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
     )
@@ -318,7 +316,7 @@ def test_a_stop_killed_after_its_signal_still_stops_the_run(
     lives to see it (crash point ``stop-requested``)."""
     started = Started(log_dir, config, process_registry)
     crashed = subprocess.run(
-        [str(SCRIPT), "--log-dir", str(log_dir), "stop"],
+        [str(SIDECAR_FSM), "--log-dir", str(log_dir), "stop"],
         capture_output=True,
         text=True,
         timeout=30,

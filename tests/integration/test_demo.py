@@ -8,14 +8,11 @@ import os
 import re
 import signal
 import subprocess
-import sys
 import time
 from pathlib import Path
 
 import psutil
-from helpers import ProcessRegistry, wait_until
-
-SCRIPT = Path(sys.executable).with_name("sidecar-fsm")
+from helpers import SIDECAR_FSM, ProcessRegistry, wait_until
 
 
 def sidecars_started_since(binary: Path, since: float) -> list[int]:
@@ -32,7 +29,7 @@ def test_demo_shows_failure_success_and_history(
     started = time.time()
     begin = time.monotonic()
     done = subprocess.run(
-        [str(SCRIPT), "demo", "--cache-dir", str(cache_dir)],
+        [str(SIDECAR_FSM), "demo", "--cache-dir", str(cache_dir)],
         capture_output=True,
         text=True,
         timeout=120,
@@ -77,7 +74,7 @@ def test_demo_that_fails_says_which_step_and_why_and_keeps_its_scratch_folder(
     started = time.time()
     with open(output, "wb") as out:
         demo = subprocess.Popen(
-            [str(SCRIPT), "demo", "--cache-dir", str(cache_dir)],
+            [str(SIDECAR_FSM), "demo", "--cache-dir", str(cache_dir)],
             stdout=out,
             stderr=subprocess.STDOUT,
             stdin=subprocess.DEVNULL,
@@ -118,7 +115,7 @@ def test_demo_that_fails_says_which_step_and_why_and_keeps_its_scratch_folder(
     assert sidecars_started_since(sidecar_binary, started) == []
     assert list(work.iterdir()) == []
     history = subprocess.run(
-        [str(SCRIPT), "history", result[4].split()[-1], "--log-dir", str(scratch), "--json"],
+        [str(SIDECAR_FSM), "history", result[4].split()[-1], "--log-dir", str(scratch), "--json"],
         capture_output=True,
         text=True,
         timeout=60,
@@ -134,7 +131,7 @@ def test_demo_that_cannot_build_says_so_in_words_and_leaves_no_folder(tmp_path: 
     scratch_root = tmp_path / "tmp"
     scratch_root.mkdir()
     done = subprocess.run(
-        [str(SCRIPT), "demo", "--cache-dir", str(blocker / "cache")],
+        [str(SIDECAR_FSM), "demo", "--cache-dir", str(blocker / "cache")],
         capture_output=True,
         text=True,
         timeout=120,

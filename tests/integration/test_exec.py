@@ -19,13 +19,12 @@ from pathlib import Path
 
 import psutil
 import pytest
-from helpers import ProcessRegistry, wait_until
+from helpers import SIDECAR_FSM, ProcessRegistry, wait_until
 
 import sidecar_fsm
 from sidecar_fsm.gymexec import EXIT_CANNOT_RUN, EXIT_NOT_FOUND, REDIRECTED_MODULES
 from sidecar_fsm.lab import IdleRelay, TlsH2Origin
 
-SCRIPT = Path(sys.executable).with_name("sidecar-fsm")
 REPO = Path(sidecar_fsm.__file__).resolve().parents[1]
 STANDIN = Path(__file__).resolve().parents[1] / "gym_standin"
 
@@ -41,7 +40,7 @@ def _exec(
     *command: str, env: dict[str, str] | None = None, timeout: float = 60
 ) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        [str(SCRIPT), "exec", *command],
+        [str(SIDECAR_FSM), "exec", *command],
         env=env if env is not None else _env(),
         capture_output=True,
         text=True,
@@ -99,7 +98,7 @@ def test_gym_entry_point_serves_a_slow_request_and_stops_on_sigint(
     out_path = tmp_path / "out.txt"
     with out_path.open("w") as out:
         proc = subprocess.Popen(
-            [str(SCRIPT), "exec", "--", sys.executable, "-m", "nemo_gym.env_start", str(config),
+            [str(SIDECAR_FSM), "exec", "--", sys.executable, "-m", "nemo_gym.env_start", str(config),
              "--path", "/slow?first_byte=2.5"],
             env=_env(STANDIN),
             stdout=out,

@@ -11,7 +11,6 @@ cannot, the full-filesystem test skips saying why.
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
 import shutil
@@ -25,7 +24,7 @@ from pathlib import Path
 
 import psutil
 import pytest
-from helpers import ProcessRegistry, wait_until
+from helpers import SIDECAR_FSM, ProcessRegistry, fill_filesystem, wait_until
 
 from sidecar_fsm.base import procs
 from sidecar_fsm.config import H2PingSidecarConfig
@@ -37,27 +36,11 @@ from sidecar_fsm.state.store import DB_DIR_NAME, Store, database_path
 
 HOST = "node7"
 REPO = Path(__file__).resolve().parents[2]
-CLI = Path(sys.executable).with_name("sidecar-fsm")
 
 
 @pytest.fixture(autouse=True)
 def one_host(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("SIDECAR_FSM_HOST", HOST)
-
-
-def fill(point: Path) -> Path:
-    """Write a file until the filesystem is full (ENOSPC); the file, to free the space later."""
-    filler = point / "filler"
-    fd = os.open(filler, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
-    try:
-        for size in (65536, 4096, 1):
-            with contextlib.suppress(OSError):
-                for _ in range(200_000):  # bounded: far above any tmpfs made here
-                    os.write(fd, b"\0" * size)
-    finally:
-        os.close(fd)
-    assert os.statvfs(point).f_bavail == 0
-    return filler
 
 
 def make_sidecars(
@@ -148,7 +131,7 @@ def test_a_full_filesystem_stops_the_sidecars_it_cannot_record(
     try:
         db = database_path(log_dir, HOST)
         started = pids_of(sidecars)
-        filler = fill(log_dir)
+        filler = fill_filesystem(log_dir)
         if trigger.startswith("check"):
             # One sidecar dies: check() must record `fail` (or, with a restart allowed, the
             # `restart` of a process it has already started) and cannot.
@@ -312,7 +295,7 @@ def test_the_cli_exits_1_in_one_line_when_the_log_dir_is_cleaned_under_it(
     env = {**os.environ, "PYTHONPATH": str(REPO)}
     with open(output, "wb") as out:
         started = subprocess.Popen(
-            [str(CLI), "start", str(config), "--log-dir", str(log_dir)],
+            [str(SIDECAR_FSM), "start", str(config), "--log-dir", str(log_dir)],
             stdout=out,
             stderr=subprocess.STDOUT,
             stdin=subprocess.DEVNULL,

@@ -26,10 +26,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from helpers import ProcessRegistry, wait_until
+from helpers import SIDECAR_FSM, ProcessRegistry, wait_until
 from querycluster import (
     README,
-    SCRIPT,
     Run,
     get_json,
     open_files,
@@ -223,7 +222,7 @@ def test_a_statement_past_its_deadline_is_interrupted_with_one_line(cluster: Pat
 
 def test_ctrl_c_stops_a_long_query_with_one_line(cluster: Path, process_registry: ProcessRegistry) -> None:
     reader = subprocess.Popen(
-        [str(SCRIPT), "--log-dir", str(cluster), "query", f"{FOREVER}, run_summary", "--timeout", "60"],
+        [str(SIDECAR_FSM), "--log-dir", str(cluster), "query", f"{FOREVER}, run_summary", "--timeout", "60"],
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
@@ -270,7 +269,7 @@ def test_a_long_query_beside_a_live_run_never_blocks_its_writes(
 
     # A statement that holds its read snapshot of every database until its deadline.
     reader = subprocess.Popen(
-        [str(SCRIPT), "--log-dir", str(log_dir), "query", f"{FOREVER}, run_summary", "--timeout", "3"],
+        [str(SIDECAR_FSM), "--log-dir", str(log_dir), "query", f"{FOREVER}, run_summary", "--timeout", "3"],
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,

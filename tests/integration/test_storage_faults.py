@@ -11,7 +11,6 @@ root and a kernel that lets this container mount: where it cannot, the test skip
 
 from __future__ import annotations
 
-import contextlib
 import os
 import shutil
 import sqlite3
@@ -21,6 +20,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 import pytest
+from helpers import SIDECAR_FSM, fill_filesystem
 
 from sidecar_fsm.errors import SchemaTooNewError, SidecarError, UnusableStateError
 from sidecar_fsm.state.fsm import InstanceMachine
@@ -28,7 +28,6 @@ from sidecar_fsm.state.store import Store, database_path, open_all_hosts, schema
 
 HOST = "node7"
 REPO = Path(__file__).resolve().parents[2]
-CLI = Path(sys.executable).with_name("sidecar-fsm")
 # Root ignores file permissions through CAP_DAC_OVERRIDE / CAP_DAC_READ_SEARCH; a child started
 # without them in its bounding set meets the permissions of the directories root owns.
 WITHOUT_OVERRIDE = ["setpriv", "--bounding-set=-dac_override,-dac_read_search"]
@@ -51,7 +50,13 @@ def snapshot(root: Path) -> dict[str, tuple[bytes, int] | None]:
 def cli_status(log_dir: Path, without_override: bool = False) -> subprocess.CompletedProcess[str]:
     env = {**os.environ, "PYTHONPATH": str(REPO), "SIDECAR_FSM_HOST": HOST}
     return subprocess.run(
-        [*(WITHOUT_OVERRIDE if without_override else []), str(CLI), "--log-dir", str(log_dir), "status"],
+        [
+            *(WITHOUT_OVERRIDE if without_override else []),
+            str(SIDECAR_FSM),
+            "--log-dir",
+            str(log_dir),
+            "status",
+        ],
         capture_output=True,
         text=True,
         env=env,
@@ -80,21 +85,6 @@ def assert_one_line(error: BaseException, path: Path, reason: str) -> None:
 
 def remount(point: Path, option: str) -> None:
     subprocess.run(["mount", "-o", f"remount,{option}", str(point)], check=True)
-
-
-def fill(point: Path) -> Path:
-    """Write a file until the filesystem is full (ENOSPC); the file, to free the space later."""
-    filler = point / "filler"
-    fd = os.open(filler, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
-    try:
-        for size in (65536, 4096, 1):
-            with contextlib.suppress(OSError):
-                for _ in range(200_000):  # bounded: far above any tmpfs made here
-                    os.write(fd, b"\0" * size)
-    finally:
-        os.close(fd)
-    assert os.statvfs(point).f_bavail == 0
-    return filler
 
 
 def made_db(log_dir: Path) -> Path:
@@ -142,7 +132,7 @@ def test_a_log_dir_under_proc() -> None:
 
 def test_missing_directories_made_for_a_refused_database_are_removed(make_tmpfs: Callable[..., Path]) -> None:
     point = make_tmpfs("4m")
-    filler = fill(point)
+    filler = fill_filesystem(point)
     before = snapshot(point)
     # The directories can be made on a full tmpfs (they cost no data pages); the database cannot.
     with pytest.raises(UnusableStateError) as refused:
@@ -244,7 +234,7 @@ def test_a_read_only_filesystem(make_tmpfs: Callable[..., Path]) -> None:
 def test_a_full_filesystem_refuses_a_new_or_existing_database(make_tmpfs: Callable[..., Path]) -> None:
     point = make_tmpfs("4m")
     db = made_db(point / "old")
-    filler = fill(point)
+    filler = fill_filesystem(point)
     before = snapshot(point)
 
     for log_dir in (point / "new", point / "old"):
@@ -265,7 +255,7 @@ def test_a_full_filesystem_during_a_run_rolls_the_transition_back(make_tmpfs: Ca
             opened.create_instance("r", f"i{k}", "127.0.0.1:0", "https://x.example.com", None, None, None)
             for k in range(2000)
         ]
-        filler = fill(point)
+        filler = fill_filesystem(point)
         failure: SidecarError | None = None
         machine = None
         # Each commit appends to the WAL until there is no page left for it; bounded by the count.

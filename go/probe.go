@@ -105,7 +105,7 @@ func parseProbeConfig(args []string, getenv func(string) string, usage io.Writer
 // connEvents.
 type probeConn struct {
 	mu       sync.Mutex
-	opened   time.Time
+	opened   time.Time // when its handshake completed
 	closedAt time.Time // zero while open
 	how      string
 	pings    int
@@ -341,6 +341,9 @@ func runProbe(args []string, getenv func(string) string, stdin io.Reader, stdout
 	silent, pinged := &probeConn{}, &probeConn{}
 	up.onConn = func(ctx context.Context, w *watchedConn) {
 		if c, ok := ctx.Value(probeConnKey{}).(*probeConn); ok {
+			c.mu.Lock()
+			c.opened = time.Now() // TLS and ALPN h2 done: from here on it is the path's to keep
+			c.mu.Unlock()
 			w.events = c
 		}
 	}
@@ -353,9 +356,7 @@ func runProbe(args []string, getenv func(string) string, stdin io.Reader, stdout
 		}
 		tr.HTTP2 = &h2
 		ctx := context.WithValue(context.Background(), probeConnKey{}, c)
-		cc, err := tr.NewClientConn(ctx, "https", p.cfg.UpstreamAddr)
-		c.opened = time.Now()
-		return cc, err
+		return tr.NewClientConn(ctx, "https", p.cfg.UpstreamAddr)
 	}
 	type dialed struct {
 		cc  *http.ClientConn

@@ -22,8 +22,8 @@ package main
 //
 // Must not: modify, delay or reorder the stream (closing it on the verdict, and writing
 // the one whole frame armed with injectFrame between two whole frames of the client, are
-// the only actions it takes); record anything but frame types, flags, PING payloads and error codes
-// (header blocks carry Authorization).
+// the only actions it takes); record anything but frame types, flags, PING payloads and
+// error codes (header blocks carry Authorization).
 
 import (
 	"crypto/tls"
@@ -90,7 +90,7 @@ type watchedConn struct {
 	events connEvents
 	// inject is one whole frame to write at the next frame boundary of the outgoing stream
 	// (injectFrame); nil when none. Set before the HTTP/2 client has the connection, then
-	// touched only inside Write, which the client calls under its write lock.
+	// touched only inside Write, which the client never calls from two goroutines at once.
 	inject []byte
 
 	goaway atomic.Bool // a GOAWAY arrived: the end of the connection is expected
@@ -147,8 +147,9 @@ func (c *watchedConn) Write(p []byte) (int, error) {
 // before anything else can write. It must be called before the client has the connection.
 //
 // This is how the start-up check sends its PING with net/http alone (http.ClientConn has
-// no Ping method): the frame goes between two whole frames of the client, inside the
-// Write the client makes under its write lock, so no frame of the client is split and no
+// no Ping method): the frame goes between two whole frames of the client, inside one of
+// the client's own Writes (its first, made before its read loop or any request exists;
+// any later one is made under its write lock), so no frame of the client is split and no
 // other writer can interleave; the TLS layer below sees two writes in order, as it would
 // from the client itself. The ack is read by the client, which ignores an ack whose
 // payload it did not send (Go's processPing), and by this watcher, which matches it.

@@ -13,9 +13,11 @@ package main
 // the check arms one PING frame on the connection's watcher before the HTTP/2 client has
 // it (framewatch.go, injectFrame), and the watcher writes it right after the client's
 // first write: its preface, SETTINGS and WINDOW_UPDATE, flushed in one write before the
-// client's read loop or any request exists. The frame sits between whole frames, inside
-// a write the client makes under its own write lock, so the stream stays exactly what the
-// client would have sent, plus one PING. The client ignores the ack (its payload is not
+// client's read loop or any request exists. The frame sits between whole frames, in a
+// write no other goroutine can interleave with, so the stream stays exactly what the
+// client would have sent, plus one PING. (Writing it on the TLS connection from outside
+// the client, as an earlier idea had it, could land inside one of the client's frames:
+// the corruption coalesce.go's comment records, by another route.) The client ignores the ack (its payload is not
 // one of its own); the watcher matches it and tells the check (connEvents). The first
 // connection that completes its handshake carries the PING, whoever dialled it: the
 // check's own dial, or a request's that came first.

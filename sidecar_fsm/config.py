@@ -21,6 +21,7 @@ already live in their own modules.
 
 from __future__ import annotations
 
+import difflib
 import math
 import re
 import warnings
@@ -561,6 +562,14 @@ def h2_ping_sidecar_config_from_global_config(global_config_dict: Any) -> H2Ping
     """
     block = _resolved_block(global_config_dict)
     if block is None:
+        misspelled = misspelled_block(global_config_dict)
+        if misspelled is not None:
+            warnings.warn(
+                f"'{misspelled}': top-level key not read; did you mean '{SIDECAR_KEY}'? "
+                "without a sidecar block no sidecar starts",
+                ConfigWarning,
+                stacklevel=2,
+            )
         return H2PingSidecarConfig()
     if not isinstance(block, Mapping):
         raise config_error(
@@ -570,6 +579,22 @@ def h2_ping_sidecar_config_from_global_config(global_config_dict: Any) -> H2Ping
             "keys like enabled: true, or remove it",
         ) from None
     return H2PingSidecarConfig.model_validate(dict(block))
+
+
+def misspelled_block(global_config_dict: Any) -> str | None:
+    """The top-level key that looks like a misspelled ``sidecar`` (``sidcar``, ``Sidecar``,
+    ``side_car``) when there is no ``sidecar`` key; None otherwise. Read-only.
+
+    An absent block means disabled, so a typo in its name would silently start nothing.
+    """
+    if not isinstance(global_config_dict, Mapping):
+        return None
+    keys = [str(key) for key in global_config_dict]
+    if SIDECAR_KEY in keys:
+        return None
+    folded = {key.lower().replace("_", "").replace("-", ""): key for key in keys}
+    close = difflib.get_close_matches(SIDECAR_KEY, list(folded), n=1, cutoff=0.8)
+    return folded[close[0]] if close else None
 
 
 def _resolved_block(global_config_dict: Any) -> Any:

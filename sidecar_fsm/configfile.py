@@ -22,7 +22,42 @@ from yaml import MarkedYAMLError, YAMLError
 from sidecar_fsm.base.atomicfile import write_atomically
 from sidecar_fsm.errors import ConfigError
 
-__all__ = ["config_to_write", "load_config", "load_yaml", "write_atomically", "yaml_error_line"]
+__all__ = [
+    "EXAMPLE_CONFIG",
+    "EXAMPLE_MODEL_BASE_URL",
+    "config_to_write",
+    "load_config",
+    "load_yaml",
+    "write_atomically",
+    "yaml_error_line",
+]
+
+# The README's example config, word for word (tests/unit/test_first_hour.py holds them equal):
+# ``sidecar-fsm lab`` writes it and prints the overrides that point it at the lab.
+EXAMPLE_CONFIG = """\
+sidecar:
+  enabled: true
+  instances:
+    - name: nvcf
+      upstream: https://integrate.api.nvidia.com
+      listen: 127.0.0.1:1250        # 127.0.0.1:0 picks a free port
+      # metrics_listen: 127.0.0.1:9464  # a fixed /metrics address for Prometheus (default: a free port)
+  ping_interval: 60s               # < 340s, the Global Accelerator idle limit
+  ping_timeout: 15s
+  shutdown_grace: 60s
+  max_conn_age: 50m                # rotate before the ALB's 3600 s GOAWAY; 0 disables
+  exit_with_owner: true            # a sidecar never outlives a killed launcher
+  restart: {max_restarts: 0, backoff: 1s}
+  metrics: true                    # /metrics on a free loopback port, read by status and top
+  upstream_check: warn             # wait for each proxy's first upstream dial and print it; fail | off
+
+policy_model:
+  responses_api_models:
+    openai_model:
+      base_url: https://integrate.api.nvidia.com/v1   # rewritten to http://127.0.0.1:1250/v1
+"""
+# Its model server's base_url, as a dotlist key: what the lab's start line overrides.
+EXAMPLE_MODEL_BASE_URL = "policy_model.responses_api_models.openai_model.base_url"
 
 
 def yaml_error_line(name: str, error: YAMLError) -> str:

@@ -209,10 +209,13 @@ def _through_sidecar(
     say.ok(f"status 200, {len(body)} bytes after {elapsed:.1f}s")
 
 
-def _print_history(say: _Narrator, log_dir: str, run_id: str | None) -> None:
+def _print_history(say: _Narrator, log_dir: str, run_id: str | None, kept: bool) -> None:
+    """The run's transitions; the database is named only when it is ``kept`` (a scratch folder
+    removed after a success would leave the user a path to nothing)."""
     if run_id is None or not database_path(log_dir).exists():
         return
-    say.step(f"the instance's persisted state history ({database_path(log_dir)})")
+    where = database_path(log_dir) if kept else "removed with the scratch folder; --log-dir DIR keeps it"
+    say.step(f"the instance's persisted state history ({where})")
     with Store.open_existing(database_path(log_dir)) as store:
         run = store.get_run(run_id)
         if run is None:
@@ -300,7 +303,7 @@ def run_demo(
         )
         started[0].check()
         started[0].stop()
-        _print_history(say, state_dir, started[0].run_id)
+        _print_history(say, state_dir, started[0].run_id, kept=keep)
         _tell_success(say, None if own_log_dir else state_dir)
         return 0
     except KeyboardInterrupt:
@@ -316,7 +319,8 @@ def run_demo(
         _stop_all(started, relay, origin)
         if started:
             with contextlib.suppress(Exception):
-                _print_history(say, state_dir, started[0].run_id)
+                # A failure keeps the folder when it holds the database (_tell_failure).
+                _print_history(say, state_dir, started[0].run_id, kept=True)
         run_id = started[0].run_id if started else None
         keep = _tell_failure(say, failed_step, why, state_dir, run_id) or keep
         return 1

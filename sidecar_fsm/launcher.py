@@ -20,7 +20,7 @@ import os
 # Not used here: NeMo Gym's own tests choose the Go toolchain by patching launcher.shutil.which,
 # which find_go reads, so the name stays where Gym's callers look for it.
 import shutil  # noqa: F401
-from collections.abc import Callable
+from collections.abc import Callable, MutableMapping
 from pathlib import Path
 from typing import Any
 
@@ -36,7 +36,7 @@ from sidecar_fsm.base.buildcache import (
     ensure_binary,
 )
 from sidecar_fsm.base.resources import SIDECAR_SOURCE_DIR, default_log_dir
-from sidecar_fsm.base.urls import redact_url
+from sidecar_fsm.base.urls import redact_url, split_url
 from sidecar_fsm.config import (
     H2PingSidecarConfig,
     SidecarInstanceConfig,
@@ -80,6 +80,11 @@ def _global_get(global_config_dict: Any, key: str) -> Any:
         return global_config_dict.get(key)
     except (AttributeError, TypeError):
         return None
+
+
+def _say(line: str) -> None:
+    """A line of a running run (a restart), as ``start()`` prints its own."""
+    print(f"h2-ping-sidecar {line}", flush=True)
 
 
 def _progress(message: str) -> None:
@@ -177,10 +182,10 @@ class H2PingSidecarManager:
         )
         self._sidecars = sidecars
         self.run_id = sidecars.run_id
-        # The "listening on" lines are printed as soon as the proxies are ready, before the
-        # upstream check's wait. NodeSidecars.start() stops its children before any
+        # notify also says the "listening on" lines, as soon as the proxies are ready (before
+        # the upstream check's wait). NodeSidecars.start() stops its children before any
         # exception leaves it.
-        sidecars.announce = lambda line: print(f"h2-ping-sidecar {line}", flush=True)
+        sidecars.notify = _say
         sidecars.start()
         for line in sidecars.upstream_verdicts:
             print(f"h2-ping-sidecar {line}", flush=True)
@@ -222,22 +227,65 @@ def _check_readable_file(field: str, value: str | None) -> None:
         )
 
 
-def start_h2_ping_sidecar(global_config_dict: DictConfig) -> H2PingSidecarManager | None:
+def _url_listens(
+    configured: list[SidecarInstanceConfig], bound: list[SidecarInstanceConfig]
+) -> list[SidecarInstanceConfig]:
+    """The instances as the rewritten URLs name them: the bound port, and for a listen off
+    loopback the host the user wrote (``0.0.0.0:21350`` stays ``0.0.0.0``, as NeMo Gym writes
+    it, not the ``[::]`` the kernel reports for a wildcard bind). A loopback listen keeps the
+    bound address: ``localhost`` may resolve to an address the proxy did not bind."""
+    written = {instance.name: instance for instance in configured}
+    urls = []
+    for instance in bound:
+        mine = written.get(instance.name)
+        if mine is not None and not is_loopback_host(mine.listen_host):
+            host = mine.listen.rpartition(":")[0]
+            instance = instance.model_copy(update={"listen": f"{host}:{instance.listen_port}"})
+        urls.append(instance)
+    return urls
+
+
+def _not_routed_warnings(instances: list[SidecarInstanceConfig], changes: list[RewrittenUrl]) -> list[str]:
+    """One warning per instance no model base_url was pointed at, by name, even when another
+    instance is routed: a sidecar nothing calls protects nothing."""
+    # The address each new URL names, without the userinfo a client authenticates with.
+    routed = {split_url(change.new).netloc.rpartition("@")[2] for change in changes}
+    lines = []
+    for instance in instances:
+        if instance.listen in routed:
+            continue
+        lines.append(
+            f"WARNING: h2-ping-sidecar '{instance.name}' is running but no model base_url points at its "
+            f"upstream ({instance.upstream}), so nothing is routed through it; only *base_url keys of "
+            "servers under <top-level>.responses_api_models are rewritten"
+        )
+    return lines
+
+
+def start_h2_ping_sidecar(global_config_dict: DictConfig | dict[str, Any]) -> H2PingSidecarManager | None:
     """Start the sidecars when ``sidecar.enabled`` and point model base URLs at them, in place.
 
-    Returns the manager to poll and stop, or None when the block is absent or disabled. Call it
-    before the config is serialized for the servers. Order, which is the guarantee:
+    ``global_config_dict`` is a ``DictConfig`` or a plain ``dict`` (rewritten in place the same
+    way); anything else raises ``TypeError`` naming its type. Returns the manager to poll and
+    stop, or None when the block is absent or disabled. Call it before the config is serialized
+    for the servers. Order, which is the guarantee:
     1. validate the block, dry-run the rewrite (unparseable URLs), check ``ca_file``,
        resolve (and if needed build) the binary and, for a ``sidecar.binary``, learn its flags
        (``binaryflags``: warnings printed, what it cannot honour refused): a failure here starts
        no process and leaves ``global_config_dict`` exactly as it was;
     2. start every instance and await them together;
-    3. rewrite ``global_config_dict`` with the addresses actually bound (``:0`` resolved), print
-       each change, warn when nothing matched.
+    3. rewrite ``global_config_dict`` with the addresses actually bound (``:0`` resolved; a
+       listen off loopback keeps the host written), print each change, and warn by name for
+       each instance no base_url was pointed at.
     Raises ``ConfigError`` (a ``SidecarError``) for bad input, ``SidecarError`` otherwise. Once a
     process exists, any exception or ``KeyboardInterrupt`` stops every sidecar of this run
     before it propagates; the config is only changed by step 3, which SIGINT cannot cut in half.
     """
+    if not isinstance(global_config_dict, MutableMapping):
+        raise TypeError(
+            "start_h2_ping_sidecar: global_config_dict must be a DictConfig or a dict, "
+            f"not {type(global_config_dict).__name__}"
+        )
     config = h2_ping_sidecar_config_from_global_config(global_config_dict)
     if not config.enabled:
         return None
@@ -276,20 +324,16 @@ def start_h2_ping_sidecar(global_config_dict: DictConfig) -> H2PingSidecarManage
             # In memory and short, but a KeyboardInterrupt in the middle would leave the
             # caller's config half rewritten with its sidecars stopped: SIGINT waits until it
             # is done, and is then handled by the except below like any other interrupt.
+            targets = _url_listens(instances, manager.instances_actual)
             with interrupts_deferred():
-                changes = rewrite_base_urls(global_config_dict, manager.instances_actual)
+                changes = rewrite_base_urls(global_config_dict, targets)
             crashpoints.hit("rewritten")
             for change in changes:
                 # Base URLs may carry credentials (userinfo, ?api-key=): never print them.
                 old, new = redact_url(change.old), redact_url(change.new)
                 print(f"h2-ping-sidecar: {change.location}: {old} -> {new}", flush=True)
-            if not changes:
-                upstreams = ", ".join(instance.upstream for instance in instances)
-                print(
-                    f"WARNING: h2-ping-sidecar is running but no model base_url points at its upstream "
-                    f"({upstreams}), so nothing is routed through it",
-                    flush=True,
-                )
+            for warning in _not_routed_warnings(targets, changes):
+                print(warning, flush=True)
     except BaseException:
         # The original error is the one to report; stop() has ended the processes even if it
         # then complains that a state write failed.

@@ -1,4 +1,4 @@
-"""Base-URL rewriting: points the model servers' URLs at the sidecars, in a live ``DictConfig``.
+"""Base-URL rewriting: points the model servers' URLs at the sidecars, in a live ``DictConfig`` (or dict).
 
 Owns finding every ``*base_url`` of a model server (``<top-level>.responses_api_models.<server>``)
 whose resolved value is aimed at an instance's upstream origin, and replacing it with the
@@ -12,8 +12,9 @@ change before making any, so a value that raises leaves the config exactly as it
 
 from __future__ import annotations
 
+import copy
 import dataclasses
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, MutableMapping, Sequence
 from typing import Any
 
 from omegaconf import DictConfig, ListConfig, OmegaConf, open_dict, read_write
@@ -96,7 +97,7 @@ class BaseUrlPlan:
 
 
 def rewrite_base_urls(
-    global_config_dict: DictConfig, instances: Sequence[SidecarInstanceConfig]
+    global_config_dict: DictConfig | MutableMapping[Any, Any], instances: Sequence[SidecarInstanceConfig]
 ) -> list[RewrittenUrl]:
     """Point every model ``*base_url`` aimed at an instance's upstream at that instance, in place.
 
@@ -112,8 +113,71 @@ def rewrite_base_urls(
     keys values come from are never changed. Values that cannot be resolved, non-strings and
     non-https URLs are left alone. Raises ``ConfigError`` (a ``SidecarError``) naming the field
     and value for a value that is not a parseable URL, before anything was changed.
+
+    A plain ``dict`` (what a Gym user may pass instead of a ``DictConfig``) is rewritten in place
+    the same way: its ``"${...}"`` strings mean what OmegaConf makes of them, and an object it
+    reaches from two places (a YAML anchor loaded by PyYAML) is copied for the field that
+    changes, as an alias is, so the other place keeps its value.
     """
+    if not isinstance(global_config_dict, DictConfig):
+        return _rewrite_plain(global_config_dict, instances)
     return find_base_urls(global_config_dict, instances).apply(global_config_dict, instances)
+
+
+def _rewrite_plain(
+    root: MutableMapping[Any, Any], instances: Sequence[SidecarInstanceConfig]
+) -> list[RewrittenUrl]:
+    """``rewrite_base_urls`` of a plain mapping: matched on an OmegaConf copy, written into ``root``."""
+    try:
+        view = OmegaConf.create(dict(root))
+    except (OmegaConfBaseException, ValueError) as exc:
+        raise ConfigError(
+            f"global config: cannot be read as a config ({exc}); pass a DictConfig or a plain dict"
+        ) from None
+    plan = find_base_urls(view, instances)
+    changes = plan.changes(instances)
+    shared = _shared_containers(root)
+    for match, change in zip(plan._matches, changes, strict=True):
+        _apply_plain(root, view, match.path, change.new, shared)
+    return changes
+
+
+def _shared_containers(root: object) -> set[int]:
+    """The ids of the dicts and lists reachable from ``root`` by more than one path."""
+    seen: set[int] = set()
+    shared: set[int] = set()
+    stack = [root]
+    while stack:
+        node = stack.pop()
+        if id(node) in seen:
+            shared.add(id(node))
+            continue
+        seen.add(id(node))
+        children = node.values() if isinstance(node, Mapping) else node if isinstance(node, list) else ()
+        stack.extend(child for child in children if isinstance(child, (Mapping, list)))
+    return shared
+
+
+def _apply_plain(
+    root: MutableMapping[Any, Any], view: DictConfig, path: tuple[Key, ...], new: str, shared: set[int]
+) -> None:
+    container: Any = root
+    node: Any = view
+    for depth, key in enumerate(path[:-1]):
+        child = container[key]
+        if isinstance(child, DictConfig):
+            _apply(child, path[depth + 1 :], new)  # a DictConfig inside the dict: its own rules
+            return
+        if not isinstance(child, (MutableMapping, list)):
+            # A "${...}" string standing for a whole block: this field gets the resolved copy.
+            child = _resolved_copy(node[key])
+            container[key] = child
+        elif id(child) in shared:
+            # Reached from another place too: writing into it would change that place.
+            child = copy.deepcopy(child)
+            container[key] = child
+        container, node = child, node[key]
+    container[path[-1]] = new
 
 
 def plan_base_urls(

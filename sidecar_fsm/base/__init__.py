@@ -5,8 +5,8 @@ place a pid is proven ours), the build cache (``buildcache``), the ready-file pr
 (``ready``), who can write a path (``trust``), which addresses a process listens on
 (``sockets``, through ``procs``), URLs, listen addresses and Go durations (``urls``,
 ``addresses``, ``gosyntax``), asking many processes at once against one deadline
-(``fanout``), config error wording (``configerrors``) and where bundled files live
-(``resources``).
+(``fanout``), config error wording (``configerrors``), how a process ended in words
+(``exitstatus``) and where bundled files live (``resources``).
 
 May import only ``sidecar_fsm.errors`` and each other; must not import ``config``, ``state``,
 ``run``, ``view`` or the public modules: a leaf that reached up would make every layer depend

@@ -15,6 +15,7 @@ its group's ``register``.
 
 from __future__ import annotations
 
+import argparse
 import contextlib
 import os
 import signal
@@ -34,11 +35,19 @@ def build_parser() -> Parser:
     parser = Parser(
         prog=PROG,
         description="Launch, inspect and reap h2-ping-sidecar proxies, each a persisted state machine.",
-        parents=[global_options(True, "machine-readable output (status, history, reap)")],
+        parents=[global_options(False)],
     )
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True, parser_class=Parser)
     for group in (launch, show, upkeep, query, probe):
         group.register(sub)
+    # Named from the commands as registered, so the help never lags behind one that gains --json.
+    takes_json = [name for name, command in sub.choices.items() if command.get_default("accepts_json")]
+    parser.add_argument(
+        "--json",
+        action="store_true",
+        default=argparse.SUPPRESS,
+        help=f"machine-readable output ({', '.join(takes_json)})",
+    )
     return parser
 
 

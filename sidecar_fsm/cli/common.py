@@ -31,8 +31,38 @@ class UsageError(Exception):
 class Parser(argparse.ArgumentParser):
     """argparse that reports a usage error as one line (``where: what; what to do``), exit 2."""
 
+    # Options whose value may start with "-" (``prune --older-than -1d``): argparse would take
+    # such a value for an unknown option and say "expected one argument", hiding the real
+    # problem with the value, which the command then reports itself.
+    dash_values: frozenset[str] = frozenset()
+
     def error(self, message: str) -> NoReturn:
         raise UsageError(f"{self.prog}: {message}; see {self.prog} --help")
+
+    def parse_known_args(  # type: ignore[override]
+        self, args: Sequence[str] | None = None, namespace: argparse.Namespace | None = None
+    ) -> tuple[argparse.Namespace, list[str]]:
+        if self.dash_values:
+            args = _joined_dash_values(list(sys.argv[1:] if args is None else args), self.dash_values)
+        return super().parse_known_args(args, namespace)
+
+
+def _joined_dash_values(args: list[str], options: frozenset[str]) -> list[str]:
+    """``[--older-than, -1d]`` as ``[--older-than=-1d]``; stops at ``--``, which ends options."""
+    joined: list[str] = []
+    index = 0
+    while index < len(args):
+        arg = args[index]
+        if arg == "--":
+            return joined + args[index:]
+        value = args[index + 1] if index + 1 < len(args) else ""
+        if arg in options and value.startswith("-") and not value.startswith("--"):
+            joined.append(f"{arg}={value}")
+            index += 2
+            continue
+        joined.append(arg)
+        index += 1
+    return joined
 
 
 def log_dir_of(args: argparse.Namespace) -> tuple[str, bool]:
@@ -83,29 +113,38 @@ def warn_if_untrusted(log_dir: str, where: str) -> None:
         err(f"{PROG} {where}: warning: {problem}")
 
 
+def require_log_dir(log_dir: str, where: str) -> None:
+    """Raise unless ``log_dir`` is a directory: ``LookupError`` (exit 1) when nothing is there,
+    ``UsageError`` (exit 2) when it is, or runs through, a file. Read-only; creates nothing.
+
+    A missing log dir and a missing run answer alike: both mean "nothing was recorded where you
+    looked", most often a mistyped or forgotten ``--log-dir``, which no command may answer with
+    "nothing to do".
+    """
+    if os.path.isdir(log_dir):
+        return
+    blocker = _file_in_the_way(log_dir)
+    if blocker is None:
+        raise LookupError(
+            f"{PROG} {where}: log dir '{log_dir}' does not exist; "
+            f"give the --log-dir (or {LOG_DIR_ENV}) the run was started with"
+        )
+    # The store may name it first (UnusableStateError, exit 2); if it finds nothing, we do.
+    for store in open_all_hosts(log_dir):
+        store.close()
+    raise UsageError(
+        f"{PROG} {where}: log dir '{log_dir}': '{blocker}' is a file, not a directory; use another --log-dir"
+    )
+
+
 @contextlib.contextmanager
 def all_stores(log_dir: str, where: str) -> Iterator[list[Store]]:
     """Every host's database under ``log_dir``, read side; a missing log dir is a lookup failure.
 
-    A missing log dir and a missing run answer alike (exit 1, one line): both mean "nothing was
-    recorded where you looked", most often a mistyped ``--log-dir``. A log dir that is, or runs
-    through, a file cannot be used at all: exit 2, as for an unusable database. Opening creates
-    nothing.
+    See ``require_log_dir``: exit 1 for a missing log dir, 2 for one that is a file, as for an
+    unusable database. Opening creates nothing.
     """
-    if not os.path.isdir(log_dir):
-        blocker = _file_in_the_way(log_dir)
-        if blocker is None:
-            raise LookupError(
-                f"{PROG} {where}: log dir '{log_dir}' does not exist; "
-                f"give the --log-dir (or {LOG_DIR_ENV}) the run was started with"
-            )
-        # The store may name it first (UnusableStateError, exit 2); if it finds nothing, we do.
-        for store in open_all_hosts(log_dir):
-            store.close()
-        raise UsageError(
-            f"{PROG} {where}: log dir '{log_dir}': '{blocker}' is a file, not a directory; "
-            "use another --log-dir"
-        )
+    require_log_dir(log_dir, where)
     warn_if_untrusted(log_dir, where)
     stores = open_all_hosts(log_dir)
     try:

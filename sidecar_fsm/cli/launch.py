@@ -10,7 +10,9 @@ from __future__ import annotations
 
 import argparse
 import os
+import shlex
 import signal
+import tempfile
 from pathlib import Path
 from types import FrameType
 from typing import TYPE_CHECKING, Any
@@ -31,7 +33,14 @@ from sidecar_fsm.cli.common import (
     os_reason,
     out,
 )
-from sidecar_fsm.configfile import OVERRIDE_EXAMPLE, config_to_write, load_config, write_atomically
+from sidecar_fsm.configfile import (
+    EXAMPLE_CONFIG,
+    EXAMPLE_MODEL_BASE_URL,
+    OVERRIDE_EXAMPLE,
+    config_to_write,
+    load_config,
+    write_atomically,
+)
 from sidecar_fsm.errors import ConfigError, SidecarError
 from sidecar_fsm.gymexec import ExecFailed, exec_command
 from sidecar_fsm.run.foreground import catching_stop_signals, watch_until_signal
@@ -88,12 +97,20 @@ def cmd_start(args: argparse.Namespace) -> int:
     # Imported here: the launcher pulls pydantic and the supervisor, which read commands never need.
     from pydantic import ValidationError
 
-    from sidecar_fsm.config import describe_error
+    from sidecar_fsm.config import describe_error, h2_ping_sidecar_config_from_global_config, misspelled_block
     from sidecar_fsm.launcher import start_h2_ping_sidecar
 
     config = load_config(args.configs, f"{PROG} start")
     chosen, explicit = log_dir_of(args)
     sidecar_block = config.get("sidecar")
+    misspelled = misspelled_block(config)
+    if misspelled is not None:
+        raise UsageError(f"{PROG} start: '{misspelled}': top-level key not read; did you mean 'sidecar'?")
+    if isinstance(sidecar_block, DictConfig) and not sidecar_block.get("enabled", False):
+        try:  # a misspelled key inside the block ("enabeld") is the likelier mistake: name it
+            h2_ping_sidecar_config_from_global_config(config)
+        except ValidationError as error:
+            raise ConfigError(describe_error(error)) from None
     if not isinstance(sidecar_block, DictConfig) or not sidecar_block.get("enabled", False):
         raise UsageError(f"{PROG} start: sidecar.enabled is not true in the config; set sidecar.enabled=true")
     if args.write_config and not Path(args.write_config).resolve().parent.is_dir():
@@ -182,13 +199,26 @@ def cmd_lab(args: argparse.Namespace) -> int:
         idle = -1.0
     if not (0 < idle < float("inf")):
         raise UsageError(f"{PROG} lab: --idle '{args.idle}' must be a number of seconds above 0; try 20")
-    with catching_stop_signals() as signals:
+    with (
+        catching_stop_signals() as signals,
+        tempfile.TemporaryDirectory(prefix="sidecar-fsm-lab-") as scratch,
+    ):
         origin = TlsH2Origin().start()
         try:
             relay = IdleRelay("127.0.0.1", origin.port, idle=idle).start()
             try:
+                upstream = f"https://localhost:{relay.port}"
+                config = Path(scratch) / "gym.yaml"
+                write_atomically(str(config), EXAMPLE_CONFIG)
                 out(
-                    render.lab_lines(f"https://localhost:{relay.port}", str(origin.ca_file), idle, origin.url)
+                    render.lab_lines(
+                        upstream,
+                        str(origin.ca_file),
+                        idle,
+                        origin.url,
+                        _lab_start_line(config, upstream, str(origin.ca_file), idle),
+                        f"curl -sS 'http://{_EXAMPLE_LISTEN}/slow?first_byte={2 * idle:g}'",
+                    )
                 )
                 while not signals.received:
                     signals.wait(3600)
@@ -198,6 +228,26 @@ def cmd_lab(args: argparse.Namespace) -> int:
             origin.stop()
     err(f"{signals.received[0].name}: lab stopped")
     return 0
+
+
+# The example config's listen, where the lab's printed request goes.
+_EXAMPLE_LISTEN = "127.0.0.1:1250"
+
+
+def _lab_start_line(config: Path, upstream: str, ca_file: str, idle: float) -> str:
+    """A ``start`` of the example config that works against the lab as printed: its CA, its
+    upstream, a ping interval well below its idle limit (the example's 60s is for Global
+    Accelerator's 340s; the lab's relay would drop the connection first, and the request would
+    get a 502), and the model's base_url pointed at the upstream, so it is rewritten to the
+    sidecar rather than warned about."""
+    ping = min(idle / 4, 60.0)
+    overrides = [
+        f"sidecar.ca_file={ca_file}",
+        f"sidecar.instances.0.upstream={upstream}",
+        f"sidecar.ping_interval={ping:g}s",
+        f"{EXAMPLE_MODEL_BASE_URL}={upstream}/v1",
+    ]
+    return shlex.join([PROG, "start", str(config), *overrides])
 
 
 def _draining_lines(manager: H2PingSidecarManager, signal_name: str) -> list[str]:

@@ -9,11 +9,14 @@ signal processes itself: ``run.reap`` and ``run.remotestop`` prove every process
 from __future__ import annotations
 
 import argparse
+import os
 from typing import Any
 
+from sidecar_fsm.base import trust
 from sidecar_fsm.base.resources import command_hint
 from sidecar_fsm.cli.common import (
     PROG,
+    Parser,
     UsageError,
     add_command,
     all_stores,
@@ -23,20 +26,40 @@ from sidecar_fsm.cli.common import (
     find_run,
     log_dir_of,
     out,
+    require_log_dir,
 )
+from sidecar_fsm.errors import UnusableStateError
 from sidecar_fsm.run import remotestop
 from sidecar_fsm.run.cluster import DEFAULT_ADDRESS, ClusterUnavailableError, reap_cluster
 from sidecar_fsm.run.prune import DEFAULT_OLDER_THAN_SECONDS, parse_age, prune_here
 from sidecar_fsm.run.reap import reap_here, recorded_grace_seconds
+from sidecar_fsm.state.dbfile import DB_DIR_NAME, database_files
 from sidecar_fsm.state.hostname import host_name
 from sidecar_fsm.view import reap_report, status, upkeep_report
 from sidecar_fsm.view.cells import short_run_id
+
+
+def _usable_log_dir(log_dir: str, where: str) -> None:
+    """Raise unless ``reap``/``prune`` can act on ``log_dir``: never "nothing to do" for a log
+    dir that is not there (exit 1) or cannot be used (exit 2: a file, a state folder that is a
+    file or cannot be listed, a folder others can write), dry run or not. Read-only.
+
+    Without this, an operator who forgot ``--log-dir`` after a crash is told all is well: the
+    run layer finds no database where there is none, which is not the same as nothing to reap.
+    """
+    require_log_dir(log_dir, where)
+    try:
+        trust.check_log_dir(log_dir, os.path.join(log_dir, DB_DIR_NAME))
+        database_files(log_dir)
+    except UnusableStateError as error:
+        raise UsageError(f"{PROG} {where}: {error}") from None
 
 
 def cmd_reap(args: argparse.Namespace) -> int:
     log_dir, _ = log_dir_of(args)
     if args.ray or args.ray_address:
         return _reap_ray(args, log_dir)
+    _usable_log_dir(log_dir, "reap")
     # Only this host's database: a reap can signal only processes on its own host.
     report = reap_here(log_dir, dry_run=args.dry_run)
     out(reap_report.reap_json(report) if args.json else reap_report.reap_lines(report, color=color()))
@@ -123,14 +146,33 @@ def cmd_stop(args: argparse.Namespace) -> int:
 
 def cmd_prune(args: argparse.Namespace) -> int:
     log_dir, _ = log_dir_of(args)
-    older = parse_age(args.older_than)
-    if older is None:
-        raise UsageError(
-            f"{PROG} prune: --older-than '{args.older_than}' is not a duration; try 7d, 36h or 90m"
-        )
+    older = _age(args.older_than)
+    _usable_log_dir(log_dir, "prune")
     report = prune_here(log_dir, older_than_seconds=older, dry_run=args.dry_run)
     out(upkeep_report.prune_json(report) if args.json else upkeep_report.prune_lines(report, log_dir))
     return 0
+
+
+def _age(text: str) -> float:
+    """``--older-than``'s seconds; a usage error for a bare number, a negative or malformed age.
+
+    A bare number is refused rather than read as seconds: ``--older-than 60`` meant as days
+    removed every run older than a minute. Prune is destructive; the unit is never guessed.
+    """
+    where = f"{PROG} prune: --older-than '{text}'"
+    number = text.strip()
+    if number.startswith("-"):
+        raise UsageError(f"{where} is negative; give an age such as 7d, 36h or 90m")
+    try:
+        float(number)
+    except ValueError:
+        pass
+    else:
+        raise UsageError(f"{where} has no unit; add a unit: {number}s, {number}m, {number}h or {number}d")
+    older = parse_age(number)
+    if older is None:
+        raise UsageError(f"{where} is not a duration; try 7d, 36h or 90m")
+    return older
 
 
 def register(sub: Any) -> None:
@@ -158,11 +200,15 @@ def register(sub: Any) -> None:
         json_option=True,
         example="sidecar-fsm prune --older-than 2d --dry-run",
     )
+    # "-1d" is a (refused) value, not an unknown option: argparse would say "expected one argument".
+    assert isinstance(prune, Parser)  # the subparsers' parser_class
+    prune.dash_values = frozenset({"--older-than"})
     prune.add_argument(
         "--older-than",
         metavar="DURATION",
         default="7d",
-        help=f"only runs that ended longer ago than this (default 7d = {DEFAULT_OLDER_THAN_SECONDS:g}s)",
+        help=f"only runs that ended longer ago than this, with a unit: 90m, 36h, 7d (default 7d = "
+        f"{DEFAULT_OLDER_THAN_SECONDS:g}s)",
     )
     prune.add_argument("--dry-run", action="store_true", help="print what would go, remove nothing")
 

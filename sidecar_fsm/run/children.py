@@ -98,13 +98,16 @@ class SidecarRun:
         # (``upstream_check``): kept apart from start()'s summary, which NeMo Gym's callers
         # read as exactly one line per instance.
         self.upstream_verdicts: list[str] = []
-        # When set, start() calls it with each "listening on" line as soon as every proxy is
-        # ready (before the upstream check's wait), and once more if that wait passes 2 s.
-        self.announce: Callable[[str], None] | None = None
         self.stopped = False
         self.record: storagefault.RecordWatch | None = None
         # Set when a transition could not be recorded: the rest of the stop records nothing.
         self.unrecordable: SidecarError | None = None
+        # Where a line the operator must see while the run goes on is said (a restart; each
+        # "listening on" line as soon as every proxy is ready, before the upstream check's
+        # wait, and that wait once it passes 2 s); the launcher prints it. Called in the thread
+        # that drives the run (the check's notice: from a timer thread while that thread
+        # waits), never in a handler.
+        self.notify: Callable[[str], None] = _say_nothing
 
     @property
     def running(self) -> bool:
@@ -173,6 +176,10 @@ class SidecarRun:
             crashpoints.hit(point)
         except Exception as exc:
             problems.append(exc)
+
+
+def _say_nothing(line: str) -> None:
+    """``SidecarRun.notify`` of a run nobody listens to (a test driving ``NodeSidecars``)."""
 
 
 def process_facts(child: Child) -> dict[str, Any]:

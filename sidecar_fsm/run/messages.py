@@ -11,6 +11,7 @@ from __future__ import annotations
 import os
 
 from sidecar_fsm.base import procs
+from sidecar_fsm.base.exitstatus import signal_name
 from sidecar_fsm.base.resources import command_hint
 from sidecar_fsm.config import is_loopback_host
 from sidecar_fsm.state.fsm import NON_TERMINAL
@@ -74,7 +75,13 @@ def exit_message(
     if port_clash is not None and clash_lines:
         return port_clash
     when = "before it was ready" if before_ready else "unexpectedly"
-    return f"{place}: exited with code {exit_code} {when}; see {log_path}"
+    name = signal_name(exit_code)
+    if name is None:
+        return f"{place}: exited with code {exit_code} {when}; see {log_path}"
+    # 128 + N is how a shell, Docker and Kubernetes report a death by signal N; the words
+    # "exited with code ... unexpectedly" are also what the instance_summary view's reason
+    # reads ("exited while ready"), in every database already written.
+    return f"{place}: exited with code {128 - exit_code} (killed by {name}) {when}; see {log_path}"
 
 
 def port_clash_message(index: int, listen: str, store: Store | None, run_id: str) -> str:

@@ -67,9 +67,8 @@ def start(run: SidecarRun) -> list[str]:
         ]
         # Said now, before the check's wait (up to upstream_check_seconds): the proxies serve
         # already, and a start that printed nothing for 10 s looked hung.
-        if run.announce is not None:
-            for line in listening:
-                run.announce(line)
+        for line in listening:
+            run.notify(line)
         run.upstream_verdicts = [f"{run.host}: {line}" for line in _check_upstreams(run)]
     except BaseException:
         # The original error is the one worth reporting; a state write failing during this
@@ -91,13 +90,10 @@ def _check_upstreams(run: SidecarRun) -> list[str]:
         return []
     why = "metrics: false" if not run.config.metrics else "its binary serves no metrics"
     timeout = float(run.config.upstream_check_seconds)
-    announce = run.announce
     verdicts = upcheck.await_verdicts(
         [upcheck.CheckTarget(c.name, c.instance.upstream, c.metrics, why) for c in run.children],
         timeout,
-        None
-        if announce is None
-        else lambda names: announce(f"{run.host}: {upcheck.waiting_line(names, timeout)}"),
+        lambda names: run.notify(f"{run.host}: {upcheck.waiting_line(names, timeout)}"),
     )
     if run.config.upstream_check == "fail":
         failed = [(c, v) for c, v in zip(run.children, verdicts, strict=True) if v.failed]

@@ -2,7 +2,8 @@
 
 Owns ``failures`` (the ``NodeSidecars.failures()`` of ``supervise``): a ``ready`` child whose
 process exited is respawned on the address it had bound (``start.launch``, awaited with
-``start.await_ready``) while ``restart.max_restarts`` allows, else failed. When a transition
+``start.await_ready``) while ``restart.max_restarts`` allows, else failed; each restart is
+said in one line through ``run.notify`` (the launcher prints it). When a transition
 cannot be recorded it gives up recording and stops the run (``stop.stop``): a sidecar the record
 does not show could outlive us with nothing left to reap it. Never sets a state (it fires
 ``restart`` and ``fail``); every fire and spawn is followed by ``crashpoints.hit``.
@@ -13,6 +14,7 @@ from __future__ import annotations
 import contextlib
 import time
 
+from sidecar_fsm.base.exitstatus import ended_words, exit_cell
 from sidecar_fsm.errors import SidecarError
 from sidecar_fsm.run import crashpoints
 from sidecar_fsm.run.children import Child, SidecarRun, process_facts
@@ -66,6 +68,13 @@ def _failures(run: SidecarRun) -> list[str]:
 
 
 def _restart(run: SidecarRun, dead: list[tuple[Child, int]]) -> None:
+    # Said before the backoff, where the operator looks (the start's console, Gym's log): a
+    # restart only recorded in the database is a crash nobody hears about.
+    for child, code in dead:
+        run.notify(
+            f"{run.host}: {child.name} {ended_words(code)}; restarting (attempt {child.restart_count + 1} "
+            f"of {run.config.restart.max_restarts}) on {child.listen}"
+        )
     # The backoff is a real wait, not ordering: a proxy that dies at once (upstream refused
     # its flags, port taken) must not be respawned in a tight loop.
     time.sleep(run.config.restart.backoff_seconds)
@@ -91,7 +100,7 @@ def _respawn(run: SidecarRun, child: Child, env: dict[str, str], exit_code: int)
         child.machine.fire(
             "restart",
             detail=(
-                f"exit {exit_code}; attempt {attempt} of {run.config.restart.max_restarts}, "
+                f"{exit_cell(exit_code)}; attempt {attempt} of {run.config.restart.max_restarts}, "
                 f"pid {child.process.pid} on {child.listen}"
             ),
             restart_count=attempt,

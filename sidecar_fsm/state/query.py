@@ -234,6 +234,7 @@ def _present_views(conn: sqlite3.Connection, files: list[Path], created: list[Pa
     snapshot per statement. Past it, each host is attached in turn and its rows copied into a
     TEMP table, so a cluster of any size can be queried (each host then in its own snapshot).
     """
+    _list_in_main_schema(conn)
     # Connection.getlimit is Python 3.11+; 10 is SQLite's compiled-in default.
     getlimit = getattr(conn, "getlimit", None)
     limit = 10 if getlimit is None else int(getlimit(7))  # 7: SQLITE_LIMIT_ATTACHED
@@ -253,6 +254,24 @@ def _present_views(conn: sqlite3.Connection, files: list[Path], created: list[Pa
                 conn.execute(f'INSERT INTO temp."{view}" SELECT {select} FROM h."{view}"')
             conn.execute(f"DETACH {schema}")
     conn.execute("PRAGMA query_only = 1")
+
+
+def _list_in_main_schema(conn: sqlite3.Connection) -> None:
+    """Make ``SELECT * FROM sqlite_master`` list each view, as it does on one host's file.
+
+    The views over every host are TEMP (a view in ``main`` may not read an attached database),
+    and ``sqlite_master`` is ``main``'s schema, which would then be empty: the first thing a
+    user asks a database shows nothing. ``main`` (this connection's own in-memory database)
+    gets a view of each name with the same columns and no rows; every unqualified use of the
+    name finds the TEMP view first (SQLite searches temp, then main), so only
+    ``main.<view>`` reads the empty one, and its SQL says so.
+    """
+    for view, columns in VIEWS.items():
+        nulls = ", ".join(f'NULL AS "{column}"' for column in columns)
+        conn.execute(
+            f'CREATE VIEW main."{view}" AS -- empty: {view} means temp.{view}, every host\'s rows\n'
+            f"SELECT {nulls} WHERE 0"
+        )
 
 
 def _attach(conn: sqlite3.Connection, path: Path, schema: str, created: list[Path]) -> str:
@@ -338,10 +357,12 @@ def _run_refusing_writes(conn: sqlite3.Connection, sql: str) -> tuple[list[str],
         raise QueryRefused(f"{_quoted(sql)}: {str(exc).lower().rstrip('.')}; give one SELECT") from None
     except sqlite3.DatabaseError as exc:
         if refused:
-            # "create temp table 'x'" says more than the insert into sqlite_temp_master it makes.
-            named = [words for words in refused if "'sqlite_" not in words] or refused
+            # SQLite authorizes a CREATE or DROP as the write to its schema table it makes
+            # (sqlite_temp_master): a name the user never wrote, so it is not shown.
+            named = [words for words in refused if "'sqlite_" not in words]
+            what = f" would {named[0]}" if named else " would change the schema"
             raise QueryRefused(
-                f"{_quoted(sql)} would {named[0]}; query runs one read-only SELECT (or WITH)"
+                f"{_quoted(sql)}{what}: writes are refused; query runs one read-only SELECT (or WITH)"
             ) from None
         if isinstance(exc, sqlite3.OperationalError) and str(exc) == "interrupted":
             raise

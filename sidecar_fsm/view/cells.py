@@ -14,6 +14,8 @@ from collections.abc import Iterable, Mapping, Sequence
 from datetime import datetime, timezone
 from typing import TYPE_CHECKING, Any
 
+from sidecar_fsm.base.exitstatus import exit_cell
+
 if TYPE_CHECKING:
     from sidecar_fsm.state.store import InstanceRecord
 
@@ -103,7 +105,8 @@ def instance_detail(instance: InstanceRecord) -> str:
     parts: list[str] = []
     error = first_line(instance.error)
     if instance.exit_code is not None:
-        parts.append(f"exit {instance.exit_code}: {error}" if error else f"exit {instance.exit_code}")
+        ended = exit_cell(instance.exit_code)  # "killed by SIGKILL", not "exit -9"
+        parts.append(f"{ended}: {error}" if error else ended)
     elif error:
         parts.append(error)
     if instance.restart_count:

@@ -319,15 +319,20 @@ def started_lines(run_id: str | None, log_dir: str, instances: Sequence[tuple[st
     return lines
 
 
-def lab_lines(upstream: str, ca_file: str, idle: float, origin_url: str) -> list[str]:
-    """What ``lab`` prints: the two values to put in a config, and what is behind them."""
+def lab_lines(
+    upstream: str, ca_file: str, idle: float, origin_url: str, start_line: str, request_line: str
+) -> list[str]:
+    """What ``lab`` prints: the two values to put in a config, what is behind them, and the
+    two commands that try it: a ``start`` that works as printed, and a request through it."""
     return [
         f"upstream: {upstream}",
         f"ca_file: {ca_file}",
         f"the relay drops connections idle {idle:g}s; the origin ({origin_url}) serves /echo, "
         "/slow?first_byte=SECONDS and /sse",
-        "put both in a config's sidecar block, e.g.",
-        f"  sidecar.ca_file={ca_file} sidecar.instances.0.upstream={upstream}",
+        "in another shell, start a sidecar for it (the README's example config, pointed at the lab):",
+        f"  {start_line}",
+        "then, in a third, a request whose first byte takes twice the idle limit:",
+        f"  {request_line}",
         "serving until Ctrl-C",
     ]
 

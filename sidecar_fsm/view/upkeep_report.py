@@ -11,6 +11,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
+from sidecar_fsm.base.exitstatus import signal_name
 from sidecar_fsm.base.resources import command_hint
 from sidecar_fsm.view.cells import (
     STATE_STYLES,
@@ -34,14 +35,18 @@ def stopped_lines(
     run: RunRecord, instances: Sequence[InstanceRecord], waited: float, *, color: bool = False
 ) -> list[str]:
     """``stop``'s report: the run's outcome, then a row per instance (state, exit code, detail)."""
-    head = f"run {short_run_id(run.run_id)} {run.outcome or 'ended'} after {waited:.1f}s"
+    # The wait is this command's, not the run's life: "ended after 0.1s" read as a run that
+    # lasted 0.1s.
+    head = (
+        f"run {short_run_id(run.run_id)} {run.outcome or 'ended'}; stop waited {waited:.1f}s for it to close"
+    )
     rows = table(
         ["NAME", "STATE", "EXIT", "DETAIL"],
         [
             [
                 inst.name,
                 (inst.state, STATE_STYLES.get(inst.state)),
-                str(inst.exit_code) if inst.exit_code is not None else UNKNOWN,
+                _exit_column(inst.exit_code),
                 instance_detail(inst),
             ]
             for inst in instances
@@ -50,6 +55,13 @@ def stopped_lines(
         color=color,
     )
     return [head, *rows]
+
+
+def _exit_column(code: int | None) -> str:
+    """``0``, ``1``, or the signal's name (``SIGKILL``) for a process a signal ended."""
+    if code is None:
+        return UNKNOWN
+    return signal_name(code) or str(code)
 
 
 def live_runs_lines(runs: Sequence[RunRecord]) -> list[str]:
@@ -105,10 +117,12 @@ def draining_lines(
     """What ``start`` prints at its first signal: per instance, what it is waiting for.
 
     ``draining nvcf: 1 request in flight, up to 60s; Ctrl-C again to stop now``. An instance
-    whose figures could not be read says so rather than guessing zero.
+    whose figures could not be read says so rather than guessing zero. "Ctrl-C again" only
+    after a Ctrl-C: a drain begun by SIGTERM (``sidecar-fsm stop``, a scheduler) may have no
+    terminal to press it in, and any second signal ends the drain.
     """
     grace = f"{grace_seconds:g}s"
-    again = "Ctrl-C again to stop now"
+    again = "Ctrl-C again to stop now" if signal_name == "SIGINT" else "a second signal stops it now"
     lines = []
     for name, scrape in instances:
         if scrape is None or scrape.figures is None:

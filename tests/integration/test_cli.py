@@ -331,16 +331,16 @@ def test_history_on_a_missing_log_dir_or_run_fails_alike(tmp_path: Path) -> None
         )
 
 
-def test_reap_on_a_missing_log_dir_has_nothing_to_do_and_creates_nothing(tmp_path: Path) -> None:
+def test_reap_on_a_missing_log_dir_says_so_and_creates_nothing(tmp_path: Path) -> None:
+    """Not "nothing to reap": an operator who forgot --log-dir after a crash must hear it."""
     missing = tmp_path / "never-created"
-    done = sidecar_cli(missing, "reap")
-    assert (done.returncode, done.stderr) == (0, "")
-    assert done.stdout == "nothing to reap: every recorded run has a live owner or is already closed\n"
-    assert json.loads(sidecar_cli(missing, "reap", "--json").stdout) == {
-        "dry_run": False,
-        "runs": [],
-        "temp_files": [],
-    }
+    for args in (["reap"], ["reap", "--json"]):
+        done = sidecar_cli(missing, *args)
+        assert (done.returncode, done.stdout) == (1, "")
+        assert done.stderr == (
+            f"sidecar-fsm reap: log dir '{missing}' does not exist; "
+            "give the --log-dir (or SIDECAR_FSM_LOG_DIR) the run was started with\n"
+        )
     assert not missing.exists()
 
 

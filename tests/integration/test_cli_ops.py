@@ -92,7 +92,7 @@ def test_stop_from_another_shell_drains_the_run_and_says_how_each_instance_ended
     done = sidecar_cli(log_dir, "stop", "--timeout", "30")
     assert done.returncode == 0, done.stderr
     assert started.proc.wait(timeout=10) == 0, started.text()
-    assert f"run {started.run_id} ended after" in done.stdout
+    assert f"run {started.run_id} ended; stop waited " in done.stdout
     rows = {line.split()[0]: line.split()[1:3] for line in done.stdout.splitlines()[2:]}
     assert rows == {"policy": ["stopped", "0"], "judge": ["stopped", "0"]}
     (run,) = status_json(log_dir)["runs"]

@@ -58,6 +58,8 @@ def test_demo_shows_failure_success_and_history(
         ("draining", "stopped", "stop"),
     ], out
     assert out.rstrip().endswith("nothing left running")
+    # The scratch folder is removed after a success: its database is not named as if it stayed.
+    assert ".db" not in out and "(removed with the scratch folder; --log-dir DIR keeps it)" in out
     assert sidecars_started_since(sidecar_binary, started) == []
     assert list(tmp_path.iterdir()) == []  # no state or cache left in the working directory
 

@@ -841,7 +841,8 @@ def test_killed_sidecar_is_reported_with_exit_code_and_log(
     error = wait_until(failure_of(manager), 10, "check() to report the killed sidecar")
     message = str(error)
     assert "h2-ping-sidecar 'nvcf'" in message
-    assert f"exited with code {-signal.SIGKILL} unexpectedly" in message
+    assert "exited with code 137 (killed by SIGKILL) unexpectedly" in message
+    assert "-9" not in message.splitlines()[0]
     assert "listening" in message.lower()  # the log tail: the proxy's own startup line
     # Reported again on the next poll, not forgotten.
     with pytest.raises(SidecarError, match="nvcf"):
@@ -859,6 +860,7 @@ def test_restart_policy_brings_it_back_on_the_same_address(
     log_dir: Path,
     wait_until: Callable[..., Any],
     managers: list[H2PingSidecarManager],
+    capsys: pytest.CaptureFixture[str],
 ) -> None:
     config = gym_config(
         tls_origin.url,
@@ -890,6 +892,12 @@ def test_restart_policy_brings_it_back_on_the_same_address(
         record = wait_until(restarted, 20, f"restart {attempt}")
         assert record.restart_count == attempt
         assert record.listen == listen
+        # Said where the operator looks, once per restart, the signal by its name.
+        said = [line for line in capsys.readouterr().out.splitlines() if "restarting" in line]
+        assert said == [
+            f"h2-ping-sidecar {host_name()}: nvcf killed by SIGKILL; restarting (attempt {attempt} of 2) "
+            f"on {listen}"
+        ]
         assert [instance.listen for instance in manager.instances_actual] == [listen]
         assert http11_request(host, int(port), "/echo").status == 200
 
@@ -915,7 +923,7 @@ def test_restart_policy_brings_it_back_on_the_same_address(
     assert record.pid is not None
     os.kill(record.pid, signal.SIGKILL)
     error = wait_until(failure_of(manager), 10, "check() to give up after max_restarts")
-    assert "exited with code -9" in str(error)
+    assert "exited with code 137 (killed by SIGKILL)" in str(error)
     manager.stop()
     assert_nothing_left(log_dir)
 

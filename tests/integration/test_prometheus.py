@@ -11,6 +11,7 @@ from the file and from Prometheus.
 from __future__ import annotations
 
 import json
+import re
 import shutil
 import subprocess
 import urllib.parse
@@ -24,6 +25,7 @@ import pytest
 import yaml
 from helpers import ProcessRegistry, http11_request, wait_until
 from omegaconf import OmegaConf
+from querycluster import README, Run, write_config
 
 from sidecar_fsm.lab import TlsH2Origin
 from sidecar_fsm.launcher import start_h2_ping_sidecar
@@ -78,13 +80,30 @@ class PrometheusServer:
         return result
 
 
+def readme_node_files(log_dir: Path, host: str) -> str:
+    """The ``files`` of the README's per-node scrape config, on ``log_dir`` and ``host``."""
+    section = README.read_text().split("**On a cluster**", 1)[1]
+    files = re.search(r'- files: \["(.*?)"\]', section)
+    assert files is not None, "the README's cluster Prometheus config"
+    return files.group(1).replace("/path/to/log_dir", str(log_dir)).replace("$(hostname)", host)
+
+
 @pytest.fixture
 def prometheus(
-    tmp_path: Path, log_dir: Path, process_registry: ProcessRegistry
+    request: pytest.FixtureRequest, tmp_path: Path, log_dir: Path, process_registry: ProcessRegistry
 ) -> Iterator[PrometheusServer]:
-    """Prometheus scraping every target file under ``log_dir`` each second; ended at teardown."""
+    """Prometheus scraping every target file under ``log_dir`` each second; ended at teardown.
+
+    Parametrized (indirect) with a host name, it reads only that host's file, as the README's
+    per-node config does.
+    """
     assert PROMETHEUS is not None
-    files = log_dir / "sidecar-fsm" / "prometheus" / "*.json"
+    host = getattr(request, "param", None)
+    files = (
+        log_dir / "sidecar-fsm" / "prometheus" / "*.json"
+        if host is None
+        else readme_node_files(log_dir, host)
+    )
     config = tmp_path / "prometheus.yml"
     config.write_text(
         yaml.safe_dump(
@@ -200,3 +219,44 @@ def test_prometheus_scrapes_every_sidecar_of_a_live_run_through_the_target_file(
         return prometheus.api("targets", state="active")["activeTargets"] == []
 
     wait_until(no_targets, 30, "prometheus to drop the stopped sidecars")
+
+
+@pytest.mark.parametrize("prometheus", ["node-a"], indirect=True)
+def test_the_readmes_per_node_config_scrapes_only_its_own_nodes_sidecars(
+    prometheus: PrometheusServer,
+    tls_origin: TlsH2Origin,
+    sidecar_binary: Path,
+    log_dir: Path,
+    tmp_path: Path,
+    process_registry: ProcessRegistry,
+) -> None:
+    """Two nodes share one log dir; node-a's Prometheus, configured as the README shows, finds
+    node-a's sidecars and never node-b's, whose loopback ports mean nothing on node-a."""
+    runs = {
+        host: Run(
+            log_dir,
+            write_config(tmp_path / f"{host}.yaml", tls_origin, sidecar_binary),
+            host,
+            process_registry,
+        )
+        for host in ("node-a", "node-b")
+    }
+    try:
+        files = {
+            host: json.loads((log_dir / "sidecar-fsm" / "prometheus" / f"{host}.json").read_text())
+            for host in runs
+        }
+        assert all(len(entries) == 2 for entries in files.values())  # both nodes' sidecars are listed
+        mine = sorted(target for entry in files["node-a"] for target in entry["targets"])
+
+        def scraped() -> list[dict[str, Any]]:
+            active = prometheus.api("targets", state="active")["activeTargets"]
+            return active if len(active) == 2 and all(t["health"] == "up" for t in active) else []
+
+        active = wait_until(scraped, 30, "node-a's two sidecars scraped")
+        assert sorted(t["labels"]["instance"] for t in active) == mine
+        assert {t["labels"]["host"] for t in active} == {"node-a"}
+        assert {t["labels"]["run"] for t in active} == {runs["node-a"].run_id}
+    finally:
+        for run in runs.values():
+            run.stop(expect=0)

@@ -242,13 +242,13 @@ def test_a_proxy_dying_after_ready_is_restarted_with_backoff_then_failed(
         restart_at = max(at for event, _, _, at in _history_times(log_dir) if event == "restart")
         assert restart_at - killed_at >= 0.5
 
-    assert "exited with code -9 unexpectedly" in str(error).splitlines()[1]
+    assert "exited with code 137 (killed by SIGKILL) unexpectedly" in str(error).splitlines()[1]
     record, history = _records(log_dir)["policy"]
     assert (record.state, record.exit_code, record.restart_count) == ("failed", -signal.SIGKILL, 2)
     restarts = [detail for event, _, detail in history if event == "restart"]
     assert len(restarts) == 2
     for attempt, detail in enumerate(restarts, 1):
-        assert detail is not None and detail.startswith(f"exit -9; attempt {attempt} of 2, pid ")
+        assert detail is not None and detail.startswith(f"killed by SIGKILL; attempt {attempt} of 2, pid ")
         assert detail.endswith(f" on {listen}")
     assert [dest for _, dest, _ in history] == [
         "building", "spawned", "ready", "spawned", "ready", "spawned", "ready", "failed",

@@ -547,3 +547,33 @@ def test_progress_shows_on_a_terminal_and_not_in_a_pipe(
     assert b"\r\x1b[Kprobe: 1.0s of 2.5s; silent open; pinged open (" in seen, seen
     assert "probe: " not in stdout  # the report on stdout has no progress in it
     assert line_of(stdout, "verdict: ").startswith("verdict: no idle drop within 2.5s")
+
+
+def test_the_lab_command_told_to_ignore_pings_fails_the_probe(
+    log_dir: Path, probe_env: dict[str, str], tmp_path: Path, process_registry: ProcessRegistry
+) -> None:
+    out = tmp_path / "lab.out"
+    with open(out, "wb") as sink:
+        lab = subprocess.Popen(
+            [sys.executable, "-m", "sidecar_fsm", "lab", "--idle", "20", "--pings", "ignore"],
+            stdin=subprocess.DEVNULL,
+            stdout=sink,
+            stderr=subprocess.STDOUT,
+        )
+    process_registry.add(lab)
+    try:
+        wait_until(lambda: "serving until Ctrl-C" in out.read_text() or lab.poll() is not None, 30, "the lab")
+        printed = dict(
+            line.split(": ", 1)
+            for line in out.read_text().splitlines()
+            if line.startswith(("upstream:", "ca_file:"))
+        )
+        done = probe(
+            log_dir, probe_env, printed["upstream"], *SHORT, "--json", ca_file=Path(printed["ca_file"])
+        )
+        assert done.returncode == 1, done.stdout + done.stderr
+        assert json.loads(done.stdout)["verdict"].startswith("PINGs are not answered (")
+    finally:
+        lab.terminate()
+        lab.wait(20)
+    assert "lab stopped" in out.read_text()

@@ -16,6 +16,9 @@ import (
 
 // maxPingInterval is AWS Global Accelerator's idle limit: a connection that carries no
 // application data for this long is dropped, so PINGs must come strictly more often.
+// sidecar_fsm/config.py holds the same limit and duration rules (the launcher refuses a
+// config before any process exists); tests/integration/test_config_agrees_with_proxy.py
+// reads this binary's -h and limits and fails when the two differ.
 const maxPingInterval = 340 * time.Second
 
 // Config is the validated command line. Nothing is bound or dialled before parseConfig

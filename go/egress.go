@@ -201,10 +201,20 @@ func allProxyNote(cfg *Config, getenv func(string) string) string {
 	return ""
 }
 
+// routeOf is how the ready file names the upstream's route: "direct", or "via egress proxy
+// X" with X without userinfo. The launcher prints it as is, so this process is the one
+// voice on which route it takes (net/http decided it, above).
+func routeOf(e *egressProxy) string {
+	if e == nil {
+		return "direct"
+	}
+	return "via egress proxy " + e.String()
+}
+
 // describeEgress is how the log names the route: "" direct, else " via egress proxy X".
 func describeEgress(e *egressProxy) string {
 	if e == nil {
 		return ""
 	}
-	return " via egress proxy " + e.String()
+	return " " + routeOf(e)
 }

@@ -12,6 +12,7 @@ import (
 	"net/url"
 	"os"
 	"os/exec"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -404,6 +405,10 @@ func TestE2EEgressNoProxyIsHonoured(t *testing.T) {
 		if proxied := noProxy == ""; (len(targets) == 1) != proxied || named != proxied {
 			t.Fatalf("NO_PROXY=%q: got CONNECTs %q, log %q; want proxied=%v", noProxy, targets, p.stderr, proxied)
 		}
+		// The route the ready file says is the one taken (the launcher prints it).
+		if want := map[bool]string{true: "via egress proxy " + cp.url, false: "direct"}[noProxy == ""]; p.info.Route != want {
+			t.Fatalf("NO_PROXY=%q: ready file's route %q; want %q", noProxy, p.info.Route, want)
+		}
 	}
 }
 
@@ -428,5 +433,93 @@ func TestE2EEgressSocksProxyIsRefusedAtStart(t *testing.T) {
 	if !errors.As(err, &ee) || ee.ExitCode() != 2 || strings.Contains(string(out), "pw") ||
 		!strings.Contains(string(out), `scheme "socks5" is not supported`) {
 		t.Fatalf("socks5 proxy: got %v %q; want exit 2 naming the scheme, no credentials", err, out)
+	}
+}
+
+// routeOfEnv names the upstream whose route a run of this test binary prints and exits
+// (init, before TestMain): net/http reads the proxy variables once per process, so each
+// case of TestRouteFollowsNetHTTPsRules is a process of its own.
+const routeOfEnv = "H2PING_TEST_ROUTE_OF"
+
+func init() {
+	upstream := os.Getenv(routeOfEnv)
+	if upstream == "" {
+		return
+	}
+	u, err := url.Parse(upstream)
+	if err == nil {
+		var e *egressProxy
+		if e, err = egressFromEnvironment(u, os.Getenv); err == nil {
+			fmt.Print(routeOf(e))
+		}
+	}
+	if err != nil {
+		fmt.Print("error: ", err)
+	}
+	os.Exit(0)
+}
+
+// TestRouteFollowsNetHTTPsRules is the route the ready file says (and `sidecar-fsm start`
+// prints) for each rule of net/http's ProxyFromEnvironment that README promises: the
+// upper-case name first, HTTP_PROXY and ALL_PROXY unused, a bare host:port taken as
+// http://, never localhost or loopback, NO_PROXY's suffix, port, CIDR and * entries; and
+// never the credentials. The proxies are loopback addresses nothing listens on: nothing is
+// dialled, each case only decides.
+func TestRouteFollowsNetHTTPsRules(t *testing.T) {
+	const proxy = "http://alice:s3cret@127.0.0.1:3128"
+	const via = "via egress proxy http://127.0.0.1:3128"
+	cases := []struct {
+		env      map[string]string
+		upstream string
+		want     string
+	}{
+		{nil, "https://api.example.com", "direct"},
+		{map[string]string{"HTTPS_PROXY": proxy}, "https://api.example.com", via},
+		{map[string]string{"https_proxy": proxy}, "https://api.example.com", via},
+		{map[string]string{"HTTPS_PROXY": proxy, "https_proxy": "http://127.0.0.9:1"}, "https://api.example.com", via},
+		{map[string]string{"HTTP_PROXY": proxy, "ALL_PROXY": proxy, "all_proxy": proxy}, "https://api.example.com", "direct"},
+		{map[string]string{"HTTPS_PROXY": "127.0.0.1:3128"}, "https://api.example.com", via},
+		{map[string]string{"HTTPS_PROXY": "https://127.0.0.1"}, "https://api.example.com", "via egress proxy https://127.0.0.1"},
+		{map[string]string{"HTTPS_PROXY": proxy}, "https://localhost:8443", "direct"},
+		{map[string]string{"HTTPS_PROXY": proxy}, "https://127.0.0.2", "direct"},
+		{map[string]string{"HTTPS_PROXY": proxy}, "https://[::1]:8443", "direct"},
+		// 0.0.0.0 is not loopback to net/http (the tinyproxy tests reach a local origin so).
+		{map[string]string{"HTTPS_PROXY": proxy}, "https://0.0.0.0:8443", via},
+		{map[string]string{"HTTPS_PROXY": proxy, "NO_PROXY": "example.com"}, "https://api.example.com", "direct"},
+		{map[string]string{"HTTPS_PROXY": proxy, "NO_PROXY": "example.com"}, "https://example.com", "direct"},
+		{map[string]string{"HTTPS_PROXY": proxy, "NO_PROXY": ".example.com"}, "https://example.com", via},
+		{map[string]string{"HTTPS_PROXY": proxy, "NO_PROXY": "*.example.com"}, "https://api.example.com", "direct"},
+		{map[string]string{"HTTPS_PROXY": proxy, "NO_PROXY": "ample.com"}, "https://api.example.com", via},
+		{map[string]string{"HTTPS_PROXY": proxy, "no_proxy": " Other.org , EXAMPLE.com "}, "https://api.example.com", "direct"},
+		{map[string]string{"HTTPS_PROXY": proxy, "NO_PROXY": "other.org", "no_proxy": "example.com"}, "https://api.example.com", via},
+		{map[string]string{"HTTPS_PROXY": proxy, "NO_PROXY": "example.com:8443"}, "https://api.example.com", via},
+		{map[string]string{"HTTPS_PROXY": proxy, "NO_PROXY": "other.org,*"}, "https://api.example.com", "direct"},
+		{map[string]string{"HTTPS_PROXY": proxy, "NO_PROXY": "10.0.0.0/8"}, "https://10.1.2.3", "direct"},
+		{map[string]string{"HTTPS_PROXY": proxy, "NO_PROXY": "10.0.0.0/8"}, "https://11.1.2.3", via},
+		{map[string]string{"HTTPS_PROXY": proxy, "NO_PROXY": "10.1.2.3:8443"}, "https://10.1.2.3:8443", "direct"},
+		{map[string]string{"HTTPS_PROXY": proxy, "NO_PROXY": "10.1.2.3:8443"}, "https://10.1.2.3", via},
+		{map[string]string{"HTTPS_PROXY": proxy, "NO_PROXY": "[2001:db8::1]:443"}, "https://[2001:db8::1]", "direct"},
+		{map[string]string{"HTTPS_PROXY": proxy, "NO_PROXY": "example.com"}, "https://10.1.2.3", via},
+	}
+	unset := []string{"HTTPS_PROXY", "https_proxy", "HTTP_PROXY", "http_proxy", "ALL_PROXY", "all_proxy", "NO_PROXY", "no_proxy", "REQUEST_METHOD"}
+	for _, c := range cases {
+		cmd := exec.Command(os.Args[0], "-test.run=^$")
+		for _, kv := range os.Environ() {
+			name, _, _ := strings.Cut(kv, "=")
+			if !slices.Contains(unset, name) {
+				cmd.Env = append(cmd.Env, kv)
+			}
+		}
+		cmd.Env = append(cmd.Env, routeOfEnv+"="+c.upstream)
+		for name, value := range c.env {
+			cmd.Env = append(cmd.Env, name+"="+value)
+		}
+		out, err := cmd.Output()
+		if got := string(out); err != nil || got != c.want {
+			t.Errorf("%v %s: got %q, %v; want %q", c.env, c.upstream, got, err, c.want)
+		}
+		if strings.Contains(string(out), "s3cret") || strings.Contains(string(out), "alice") {
+			t.Errorf("%v %s: got %q; want no credentials", c.env, c.upstream, out)
+		}
 	}
 }

@@ -11,8 +11,8 @@ package main
 // upstream connection handed to the HTTP/2 client is the TLS connection wrapped in a
 // watchedConn, which reads the frame headers (9 bytes: length, type, flags, stream) as
 // the plaintext passes through Read and Write. It never changes, holds back or reorders a
-// byte: it looks at what was already read or written. The HTTP/2 client itself
-// still parses and answers everything.
+// byte: it looks at what was already read, and at what is written just before it goes.
+// The HTTP/2 client itself still parses and answers everything.
 //
 // The wrapper is accepted as HTTP/2 because it has *tls.Conn's ConnectionState (promoted
 // from the embedded connection): Transport.NewClientConn then runs HTTP/2 on it as it
@@ -128,15 +128,20 @@ func (m *meters) watch(tc *tls.Conn, pingTimeout time.Duration) *watchedConn {
 	return c
 }
 
+// Write looks at p before it leaves: the HTTP/2 client's read loop can read a PING's ack
+// before this Write returns, and an ack read before its PING was recorded would match
+// nothing, leaving the PING pending to be judged lost. A Write that fails has ended the
+// connection, so bytes looked at but not sent mislead nothing.
 func (c *watchedConn) Write(p []byte) (int, error) {
+	c.out.feed(p, c)
 	n, err := c.Conn.Write(p)
-	c.out.feed(p[:n], c)
 	if c.inject != nil && err == nil && c.out.atFrameBoundary() {
 		frame := c.inject
 		c.inject = nil
-		if _, werr := c.Conn.Write(frame); werr == nil {
-			c.out.feed(frame, c)
-		}
+		// Looked at before it leaves, for the same reason as p; a failed write has ended
+		// the connection, which the client sees at its next read or write.
+		c.out.feed(frame, c)
+		c.Conn.Write(frame)
 	}
 	return n, err
 }

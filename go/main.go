@@ -72,7 +72,7 @@ func run(args []string, getenv func(string) string, stdout, stderr io.Writer) in
 
 	pid := os.Getpid()
 	if cfg.ReadyFile != "" {
-		info := readyInfo{PID: pid, Listen: ln.Addr().String(), Metrics: metricsAddr}
+		info := readyInfo{PID: pid, Listen: ln.Addr().String(), Metrics: metricsAddr, Route: routeOf(cfg.Egress)}
 		if err := writeReadyFile(cfg.ReadyFile, info); err != nil {
 			fmt.Fprintln(stderr, err)
 			ln.Close()

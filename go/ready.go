@@ -1,8 +1,8 @@
 package main
 
-// ready.go owns the ready file: {"pid": N, "listen": "host:port"} written once the listener
-// is bound, atomically, and removed at exit if it is still ours. sidecar_fsm/ready.py reads
-// it; the launcher removes leftover ".<ready name>.tmp-*" files of a proxy that died between
+// ready.go owns the ready file: {"pid": N, "listen": "host:port", "route": "direct"} written
+// once the listener is bound, atomically, and removed at exit if it is still ours.
+// sidecar_fsm/base/ready.py reads it; the launcher removes leftover ".<ready name>.tmp-*" files of a proxy that died between
 // CreateTemp and rename, so the temp name keeps exactly that pattern.
 
 import (
@@ -20,6 +20,9 @@ type readyInfo struct {
 	Listen string `json:"listen"`
 	// Metrics is the -metrics-listen address actually bound, when metrics are on.
 	Metrics string `json:"metrics,omitempty"`
+	// Route is the upstream's route (egress.go's routeOf): "direct" or "via egress proxy
+	// scheme://host:port", never with userinfo; `sidecar-fsm start` prints it.
+	Route string `json:"route,omitempty"`
 }
 
 func (r readyInfo) marshal() []byte {

@@ -137,10 +137,9 @@ func (u *upstream) dialTLS(ctx context.Context, network, addr string) (net.Conn,
 	if err != nil {
 		return nil, err
 	}
-	cc := newCoalescingConn(raw)
-	tc := tls.Client(cc, u.tlsConfig())
+	tc := tls.Client(raw, u.tlsConfig())
 	if err := tc.HandshakeContext(ctx); err != nil {
-		cc.Close()
+		raw.Close()
 		if strings.Contains(err.Error(), "no application protocol") {
 			return nil, &dialError{kindALPN, fmt.Errorf("upstream %s refused ALPN h2 (%v); it does not speak HTTP/2", addr, err)}
 		}

@@ -3,7 +3,6 @@ package main
 import (
 	"runtime"
 	"runtime/debug"
-	"runtime/metrics"
 )
 
 // Runtime defaults for this proxy's load, measured with bench/proxy.py on a 2-core machine
@@ -20,20 +19,16 @@ import (
 // an LLM endpoint sees.
 const defaultProcs = 1
 
-// GC headroom: the collector may let the heap grow by gcHeadroom before the next cycle
-// (GOGC = gcHeadroom / (live heap + stacks + globals)), clamped to [gcPercentMin,
-// gcPercentMax]. A small heap (a proxy at c=16 has under 1 MB live) gets 4x the runtime's
-// 4 MB minimum instead of a cycle every 4 MB; a large one (thousands of waiting requests,
-// their stacks counted in the base) is collected at 50 % growth instead of 100 %.
-//
-// Why it is kept (paired bench/proxy.py run, builds alternated, bench/results/proxy.md):
-// without it, 10,000 concurrent waits peaked at 473 MiB RSS instead of 412 (+15 %), and
-// c=16 served 0.91x the requests/s at 1.13x the CPU per request (medians).
-const (
-	gcHeadroom   = 16 << 20
-	gcPercentMin = 50
-	gcPercentMax = 400
-)
+// gcPercent is GOGC when the environment does not set it. A node's heaviest load is
+// thousands of requests waiting minutes for a first byte: the heap is then their
+// goroutine stacks and net/http's per-connection buffers, and the runtime's 100 lets the
+// peak grow past what such a node is promised. Kept for that user-felt figure, peak RSS at
+// 10,000 waits under 500 MiB (bench/proxy.py --phases paired, issue 27): with 50, 405 MiB
+// (median of 5 runs, 393-429); with the runtime's default, 488 (7 runs, 423-510, 3 of them
+// over 500). Its cost, CPU per request at 16 connections, stays under 0.75x NeMo Gym's
+// sidecar: 0.60-0.69x in the same runs. (A finalizer-driven tuner that re-derived GOGC
+// after every cycle gave 414 MiB and 0.53-0.60x: no figure a user feels.)
+const gcPercent = 50
 
 // limitProcs applies defaultProcs; getenv is os.Getenv outside tests. main calls it first
 // thing, before any goroutine of its own exists: while the runtime has an idle P, each new
@@ -45,57 +40,9 @@ func limitProcs(getenv func(string) string) {
 	}
 }
 
-// tuneGC arms the GC tuner unless GOGC is set; getenv is os.Getenv outside tests. It starts
-// at gcPercentMax, which is what adjust computes for any live size under gcHeadroom /
-// gcPercentMax (4 MB), as at every start: the first metrics.Read (which builds the
-// runtime's table of metrics) then happens at the first GC, not while a run's proxies are
-// still starting.
+// tuneGC applies gcPercent unless GOGC is set; getenv is os.Getenv outside tests.
 func tuneGC(getenv func(string) string) {
 	if getenv("GOGC") == "" {
-		t := &gcTuner{samples: []metrics.Sample{
-			{Name: "/gc/heap/live:bytes"},
-			{Name: "/gc/scan/stack:bytes"},
-			{Name: "/gc/scan/globals:bytes"},
-		}, percent: gcPercentMax}
-		debug.SetGCPercent(gcPercentMax)
-		t.arm()
-	}
-}
-
-// gcTuner re-derives GOGC after every GC cycle from the live size that cycle measured.
-// It runs on the finalizer goroutine, one cycle behind: a burst that grows the heap is
-// collected at most gcHeadroom later than with the final percentage.
-type gcTuner struct {
-	samples []metrics.Sample
-	percent int
-}
-
-// gcSentinel is garbage as soon as it is armed; its finalizer marks the end of a cycle.
-// It holds a pointer so that it is never batched by the tiny allocator (whose blocks
-// may live on, and then the finalizer would never run).
-type gcSentinel struct{ t *gcTuner }
-
-func (t *gcTuner) arm() {
-	runtime.SetFinalizer(&gcSentinel{t: t}, func(s *gcSentinel) {
-		s.t.adjust()
-		s.t.arm()
-	})
-}
-
-func (t *gcTuner) adjust() {
-	metrics.Read(t.samples)
-	var base uint64
-	for _, s := range t.samples {
-		if s.Value.Kind() == metrics.KindUint64 {
-			base += s.Value.Uint64()
-		}
-	}
-	p := gcPercentMax
-	if base > 0 {
-		p = int(min(uint64(gcPercentMax), max(uint64(gcPercentMin), gcHeadroom*100/base)))
-	}
-	if p != t.percent {
-		t.percent = p
-		debug.SetGCPercent(p)
+		debug.SetGCPercent(gcPercent)
 	}
 }

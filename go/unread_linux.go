@@ -10,9 +10,6 @@ import (
 // (ioctl SIOCINQ), or -1 when that cannot be told. At a lost PING it says which side was
 // late: bytes waiting mean the upstream answered and this process had not read it yet.
 func unreadBytes(conn net.Conn) int {
-	if c, ok := conn.(*coalescingConn); ok {
-		conn = c.Conn
-	}
 	sc, ok := conn.(syscall.Conn)
 	if !ok {
 		return -1

@@ -24,8 +24,6 @@ package main
 //
 // The connection goes into the pool, so the first request finds it ready instead of
 // paying for a dial of its own; unused, it closes after the idle timeout like any other.
-// (Closing it at once would also cut the TLS handshake's last bytes, still queued in the
-// write coalescer, and the upstream would log a failed handshake.)
 //
 // It starts a moment after the ready file (upstreamCheckDelay), not at once: a launcher
 // starts one sidecar per upstream together, and a check that parses the system roots and

@@ -85,6 +85,9 @@ H2_PING_SIDECAR_KEY_NAME = SIDECAR_KEY  # NeMo Gym's name for the same key
 
 # AWS Global Accelerator drops a connection that carried no application data for this long; a
 # PING interval at or above it lets the very drop through that the sidecar exists to prevent.
+# go/config.go (maxPingInterval, parseConfig) holds the same limit and duration rules: the
+# proxy checks its flags, this checks a config before any process exists.
+# tests/integration/test_config_agrees_with_proxy.py fails when the defaults or limits differ.
 GLOBAL_ACCELERATOR_IDLE_TIMEOUT_SECONDS = 340.0
 # AWS ALB sends GOAWAY to connections this old; rotating earlier keeps unbuffered bodies away from it.
 LOAD_BALANCER_KEEP_ALIVE_SECONDS = 3600.0

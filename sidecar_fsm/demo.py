@@ -27,7 +27,7 @@ from urllib.parse import urlsplit
 
 from omegaconf import DictConfig, OmegaConf
 
-from sidecar_fsm.base.buildcache import ensure_binary, user_cache_dir
+from sidecar_fsm.base.buildcache import choose_binary, user_cache_dir
 from sidecar_fsm.errors import SidecarError
 from sidecar_fsm.lab.h2client import H2ClientError, h2_request
 from sidecar_fsm.lab.origin import TlsH2Origin
@@ -78,7 +78,7 @@ class _Narrator:
 
 
 def _ensure_binary(say: _Narrator, cache: Path) -> Path:
-    say.step("[1/4] the proxy binary (built from go/ into the shared cache on first use)")
+    say.step("[1/4] the proxy binary (packaged in the wheel, else built from go/ into the shared cache)")
     # A cold build takes about 40 s on 2 cores (32 s CPU, 97 MB of Go cache; up to 2 min on a
     # loaded machine): buildcache says so, then tells the elapsed time every 10 s.
     started: list[float] = []
@@ -88,12 +88,13 @@ def _ensure_binary(say: _Narrator, cache: Path) -> Path:
         say.line(f"  {message}")
 
     begin = time.monotonic()
-    binary = ensure_binary(cache, progress=progress)
+    choice = choose_binary(cache, progress=progress)
     if started:
-        say.line(f"  built {binary} in {time.monotonic() - begin:.1f}s")
+        say.line(f"  built {choice.path} in {time.monotonic() - begin:.1f}s")
     else:
-        say.line(f"  cached: {binary}")
-    return binary
+        say.line(f"  {choice.path}")
+    say.line(f"  ({choice.why})")
+    return choice.path
 
 
 def _demo_config(upstream: str, ca_file: str, log_dir: str, cache_dir: Path) -> DictConfig:

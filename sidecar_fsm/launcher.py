@@ -28,12 +28,11 @@ from omegaconf import DictConfig
 
 from sidecar_fsm.base import trust
 from sidecar_fsm.base.buildcache import (
-    CACHE_DIR_KEY,
     SIDECAR_BINARY_NAME,
     build_sidecar,
     cache_dir_of,
+    choose_binary,
     default_binary_path,
-    ensure_binary,
 )
 from sidecar_fsm.base.resources import SIDECAR_SOURCE_DIR, default_log_dir
 from sidecar_fsm.base.urls import redact_url, split_url
@@ -92,22 +91,26 @@ def _progress(message: str) -> None:
 
 
 def resolve_binary(config: H2PingSidecarConfig, global_config_dict: Any) -> Path:
-    """The proxy executable: ``sidecar.binary`` if set, else the build cache; built if missing and allowed.
+    """The proxy executable: ``sidecar.binary`` if set, else the packaged one or the build cache.
 
-    The cache lookup runs no subprocess when warm (the Go version is remembered against the
-    toolchain file). A build, when needed, runs under the cache's lock so concurrent runs build
-    once. Raises ``SidecarError`` when there is no usable executable and none can be built, and
-    ``ConfigError`` when another user could replace it: it, or a folder from the cache root (``/``
-    for ``sidecar.binary``) down to it, is not ours or root's or is writable by group or others.
+    ``sidecar.binary`` is built if missing and allowed; without it ``buildcache.choose_binary``
+    decides (the wheel's packaged binary when it was built from the installed sources, else the
+    cache's, built if missing and allowed). The cache lookup runs no subprocess when warm (the
+    Go version is remembered against the toolchain file). A build, when needed, runs under the
+    cache's lock so concurrent runs build once. Raises ``SidecarError`` when there is no usable
+    executable and none can be built, and ``ConfigError`` when another user could replace it:
+    it, or a folder from the cache root (``/`` for ``sidecar.binary`` and the packaged binary)
+    down to it, is not ours or root's or is writable by group or others. That check runs before
+    any build too, so a refused folder wastes none.
     """
-    # Where the trust check (see below) starts: `/` for a named binary, else the cache's root.
-    root = Path("/") if config.binary else cache_dir_of(global_config_dict)
-    if config.binary:
-        path = Path(os.path.abspath(os.path.expanduser(config.binary)))
-        if not path.exists() and config.build_if_missing:
-            build_sidecar(path, progress=_progress)
-    else:
-        path = ensure_binary(root, build_if_missing=config.build_if_missing, progress=_progress)
+    if not config.binary:
+        return choose_binary(
+            cache_dir_of(global_config_dict), build_if_missing=config.build_if_missing, progress=_progress
+        ).path
+    path = Path(os.path.abspath(os.path.expanduser(config.binary)))
+    if not path.exists() and config.build_if_missing:
+        trust.check_binary("sidecar.binary", path)
+        build_sidecar(path, progress=_progress)
     # NeMo Gym's words ("does not exist", "not executable"), one line each.
     if not path.exists():
         raise SidecarError(
@@ -119,7 +122,7 @@ def resolve_binary(config: H2PingSidecarConfig, global_config_dict: Any) -> Path
             f"sidecar.binary: '{path}' is not executable; "
             "make it executable (chmod +x) or point it at a built h2-ping-sidecar"
         )
-    trust.check_binary("sidecar.binary" if config.binary else CACHE_DIR_KEY, path, root)
+    trust.check_binary("sidecar.binary", path)
     return path
 
 
@@ -169,6 +172,12 @@ class H2PingSidecarManager:
         if self._sidecars is None:
             return list(self.instances)
         return self._sidecars.instances_actual
+
+    @property
+    def routes(self) -> dict[str, str | None]:
+        """Each instance's upstream route as its proxy said it ("direct", "via egress proxy URL");
+        None for a binary that does not say (NeMo Gym's); empty before ``start()``."""
+        return {} if self._sidecars is None else self._sidecars.routes
 
     def start(self) -> None:
         """Start every instance as a new run and await them together; on any failure nothing is left running.
@@ -310,8 +319,8 @@ def start_h2_ping_sidecar(global_config_dict: DictConfig | dict[str, Any]) -> H2
     binary = resolve_binary(config, global_config_dict)
     if config.binary:
         # A user-named binary may be NeMo Gym's, which lacks some of our flags: refuse what it
-        # cannot honour now, with nothing started; the build cache's binary is built from our
-        # go/ and has every flag, so it is not asked (that costs a process start).
+        # cannot honour now, with nothing started. Ours (the build cache's, or a copy of it:
+        # binaryflags knows it by its stamp) has every flag and is not asked.
         _, notes = binaryflags.check(binary, config, instances)
         for note in notes:
             print(note, flush=True)

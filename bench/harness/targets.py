@@ -141,6 +141,25 @@ def start_sidecar(
     return Sidecar(p, json.loads(ready.read_text())["listen"])
 
 
+def start_gym_sidecar(kids: Children, binary: Path, work: Path, upstream: str, name: str = "gym") -> Sidecar:
+    """A proxy with NeMo Gym's contract (tests/gymproxy): Gym's flags only, a fixed port (its
+    ready file is a bare pid, which names no port), the origin's certificate not verified
+    (Gym's proxy has no -ca-file). Ended with ``kids``: it has no -exit-with-pid either."""
+    ready = work / f"{name}.ready"
+    ready.unlink(missing_ok=True)
+    listen = f"127.0.0.1:{free_port()}"
+    argv = [str(binary), "-listen", listen, "-upstream", f"https://{upstream}", "-insecure-skip-verify"]
+    log = open(work / f"{name}.log", "wb")  # noqa: SIM115 - handed to the child, closed below
+    try:
+        p = kids.start([*argv, "-ready-file", str(ready)], stderr=log)
+    finally:
+        log.close()
+    wait_until(lambda: p.poll() is None and ready.exists() or p.poll() is not None, 10, "gym ready file")
+    if p.poll() is not None:
+        raise BenchError(f"{binary}: exited with {p.returncode} before ready")
+    return Sidecar(p, listen)
+
+
 def start_haproxy(
     kids: Children, work: Path, origin_addr: str, ca: str, threads: int, name: str = "haproxy"
 ) -> tuple[subprocess.Popen[bytes], str]:

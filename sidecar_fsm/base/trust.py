@@ -6,6 +6,9 @@ write it, as OpenSSH's ``StrictModes`` judges a home folder: owned by this user 
 writable by group or others. A sticky folder (``/tmp``) above a binary is fine, since no one
 else can rename or delete what is in it; a sticky log dir is not, since anyone may still plant
 a new file there (a ready file before the proxy writes its own, a database before ours).
+A group that holds no other user is no other user (Debian's OpenSSH ``user-group-modes`` rule):
+what only this user's private group can write is trusted, so a tree made under umask 002, the
+default of Debian and Ubuntu for users with a private group, works unchanged.
 
 Owns those judgements and making folders writable by their owner only whatever the umask
 (``make_dirs``). Read-only otherwise: it never changes a mode or an owner (the fix is the
@@ -16,6 +19,7 @@ subclasses with one line naming the path, its owner and mode, and the fix.
 from __future__ import annotations
 
 import errno
+import grp
 import os
 import pwd
 import stat
@@ -50,17 +54,59 @@ def describe(st: os.stat_result) -> str:
     return f"owner {owner_name(st.st_uid)}, mode {stat.S_IMODE(st.st_mode):04o}"
 
 
+def _group_name(gid: int) -> str:
+    try:
+        return grp.getgrgid(gid).gr_name
+    except KeyError:
+        return str(gid)
+
+
+def other_group_members(gid: int) -> list[str] | None:
+    """The users of group ``gid`` other than this one; None when it is this user's private group.
+
+    Debian's OpenSSH rule (``secure_permissions``, its user-group-modes patch): the group must
+    exist and have exactly one member, this user, counting both its listed members and every
+    account whose primary group it is. A group with no member at all is not private (set-gid
+    programs use those), nor is one NSS does not know. Accounts are read as ``getpwent`` lists
+    them (a directory service that does not enumerate shows only its local ones, as it does to
+    OpenSSH). Read-only; called only for a group-writable entry, so a start pays nothing else.
+    """
+    try:
+        group = grp.getgrgid(gid)
+        me = pwd.getpwuid(os.geteuid())
+    except KeyError:
+        return [f"group {gid} unknown"]
+    others = {name for name in group.gr_mem if name != me.pw_name}
+    primary = [account for account in pwd.getpwall() if account.pw_gid == gid]
+    others.update(account.pw_name for account in primary if account.pw_uid != me.pw_uid)
+    if others:
+        return sorted(others)
+    if me.pw_name not in group.gr_mem and not primary:
+        return ["no member at all"]
+    return None
+
+
 def _entry_problem(path: str, st: os.stat_result, *, sticky_ok: bool) -> str | None:
     """Why another user could change ``path`` (its stat ``st``); None when only we or root can."""
     if st.st_uid not in trusted_uids():
         return f"'{path}' ({describe(st)}) belongs to another user"
     if stat.S_ISLNK(st.st_mode):
         return None  # a symlink's own mode means nothing; its owner and its folder decide
-    if st.st_mode & _GROUP_OTHER_WRITE and not (
+    if not st.st_mode & _GROUP_OTHER_WRITE or (
         sticky_ok and stat.S_ISDIR(st.st_mode) and st.st_mode & stat.S_ISVTX
     ):
+        return None
+    if st.st_mode & stat.S_IWOTH:
         return f"'{path}' ({describe(st)}) is writable by group or others"
-    return None
+    others = other_group_members(st.st_gid)
+    if others is None:
+        return None  # only this user's private group can write it: no other user can
+    group = _group_name(st.st_gid)
+    shown = ", ".join(others[:3]) + (f" and {len(others) - 3} more" if len(others) > 3 else "")
+    return (
+        f"'{path}' (owner {owner_name(st.st_uid)}, group {group}, mode {stat.S_IMODE(st.st_mode):04o}) "
+        f"is writable by group {group}, which is not yours alone ({shown})"
+    )
 
 
 def _lstat(path: str) -> os.stat_result | None:

@@ -4,6 +4,11 @@ Owns the global options (``--log-dir``, ``--json``, accepted before or after the
 one-line usage error (exit 2), printing to stdout and stderr, opening every host's database of
 a log dir for reading, and resolving a run id prefix. Must not judge processes (``view.status``)
 or format tables (``view.render``).
+
+Every command's parser is built on each start, ``--help`` included, so this module and the
+command modules import at their top only what building the parser needs; a command imports its
+layers (the store, the views, the launcher) inside its ``cmd_`` function
+(tests/unit/test_cli_imports.py holds ``--help`` to that).
 """
 
 from __future__ import annotations
@@ -13,12 +18,14 @@ import contextlib
 import os
 import sys
 from collections.abc import Callable, Iterator, Sequence
-from typing import Any, Literal, NoReturn
+from typing import TYPE_CHECKING, Any, Literal, NoReturn
 
 from sidecar_fsm.base import trust
 from sidecar_fsm.base.resources import command_hint, default_log_dir
-from sidecar_fsm.state.store import DB_DIR_NAME, InstanceRecord, RunRecord, Store, open_all_hosts
 from sidecar_fsm.view import cells
+
+if TYPE_CHECKING:
+    from sidecar_fsm.state.store import InstanceRecord, RunRecord, Store
 
 PROG = "sidecar-fsm"
 LOG_DIR_ENV = "SIDECAR_FSM_LOG_DIR"
@@ -107,6 +114,8 @@ _warned: set[str] = set()
 def warn_if_untrusted(log_dir: str, where: str) -> None:
     """Reads go on in a log dir others can write (inspecting it is the point), with one warning
     per process (``top`` reopens it every frame); writers refuse it (``trust``)."""
+    from sidecar_fsm.state.store import DB_DIR_NAME
+
     problem = trust.log_dir_problem(log_dir, os.path.join(log_dir, DB_DIR_NAME))
     if problem is not None and log_dir not in _warned:
         _warned.add(log_dir)
@@ -129,6 +138,10 @@ def require_log_dir(log_dir: str, where: str) -> None:
             f"{PROG} {where}: log dir '{log_dir}' does not exist; "
             f"give the --log-dir (or {LOG_DIR_ENV}) the run was started with"
         )
+    # Imported past the cheap answer: a missing log dir (``status`` on a fresh node) is told
+    # without loading the store.
+    from sidecar_fsm.state.store import open_all_hosts
+
     # The store may name it first (UnusableStateError, exit 2); if it finds nothing, we do.
     for store in open_all_hosts(log_dir):
         store.close()
@@ -145,6 +158,8 @@ def all_stores(log_dir: str, where: str) -> Iterator[list[Store]]:
     unusable database. Opening creates nothing.
     """
     require_log_dir(log_dir, where)
+    from sidecar_fsm.state.store import open_all_hosts
+
     warn_if_untrusted(log_dir, where)
     stores = open_all_hosts(log_dir)
     try:

@@ -17,10 +17,6 @@ from pathlib import Path
 from types import FrameType
 from typing import TYPE_CHECKING, Any
 
-from omegaconf import DictConfig, open_dict
-
-from sidecar_fsm.base.buildcache import CACHE_DIR_KEY, ensure_binary, user_cache_dir
-from sidecar_fsm.base.egress import egress_route
 from sidecar_fsm.cli.common import (
     PROG,
     UsageError,
@@ -33,21 +29,16 @@ from sidecar_fsm.cli.common import (
     os_reason,
     out,
 )
-from sidecar_fsm.configfile import (
-    EXAMPLE_CONFIG,
-    EXAMPLE_MODEL_BASE_URL,
-    OVERRIDE_EXAMPLE,
-    config_to_write,
-    load_config,
-    write_atomically,
-)
 from sidecar_fsm.errors import ConfigError, SidecarError
-from sidecar_fsm.gymexec import ExecFailed, exec_command
-from sidecar_fsm.run.foreground import catching_stop_signals, watch_until_signal
-from sidecar_fsm.view import render, status, upkeep_report
+
+# The layers (omegaconf, the build cache, the launcher, the views) are imported inside each
+# cmd_ function: ``--help`` never loads them (cli/common says why).
 
 # ``lab``'s default idle limit: long enough to type a request, short enough to watch it bite.
 LAB_IDLE_SECONDS = 20.0
+# ``start``'s example override (``configfile.OVERRIDE_EXAMPLE``, held equal by a test), here so
+# that building the parser does not load OmegaConf.
+OVERRIDE_EXAMPLE = "sidecar.instances.0.upstream=https://api.example.com"
 
 if TYPE_CHECKING:
     from sidecar_fsm.launcher import H2PingSidecarManager
@@ -59,26 +50,31 @@ def _cli_cache_dir(configured: Any) -> Path:
     Not ``./cache`` (the Python API's default, NeMo Gym's): a command run from another folder
     would otherwise build the proxy again there.
     """
+    from sidecar_fsm.base.buildcache import user_cache_dir
+
     if configured:
         return Path(os.path.abspath(os.path.expanduser(str(configured))))
     return user_cache_dir()
 
 
 def cmd_build(args: argparse.Namespace) -> int:
+    from sidecar_fsm.base.buildcache import choose_binary
+
     cache_dir = _cli_cache_dir(args.cache_dir)
     try:
-        binary = ensure_binary(cache_dir, progress=err)
+        choice = choose_binary(cache_dir, progress=err)
     except OSError as error:
         raise UsageError(
             f"{PROG} build: cache dir '{cache_dir}' cannot be used ({os_reason(error)}); "
             "give a --cache-dir you can write"
         ) from error
-    out(str(binary))
+    # Which binary and why on stderr; stdout stays the bare path, for $(sidecar-fsm build).
+    err(f"{PROG} build: {choice.why}")
+    out(str(choice.path))
     return 0
 
 
 def cmd_demo(args: argparse.Namespace) -> int:
-    # Imported here: the demo's lab (a TLS HTTP/2 origin) pulls cryptography and h2.
     from sidecar_fsm.demo import run_demo
 
     chosen, explicit = log_dir_of(args)
@@ -94,10 +90,12 @@ def _raise_interrupt(signum: int, frame: FrameType | None) -> None:
 
 
 def cmd_start(args: argparse.Namespace) -> int:
-    # Imported here: the launcher pulls pydantic and the supervisor, which read commands never need.
+    from omegaconf import DictConfig, open_dict
     from pydantic import ValidationError
 
+    from sidecar_fsm.base.buildcache import CACHE_DIR_KEY
     from sidecar_fsm.config import describe_error, h2_ping_sidecar_config_from_global_config, misspelled_block
+    from sidecar_fsm.configfile import config_to_write, load_config
     from sidecar_fsm.launcher import start_h2_ping_sidecar
 
     config = load_config(args.configs, f"{PROG} start")
@@ -145,6 +143,10 @@ def cmd_start(args: argparse.Namespace) -> int:
 
 def _run_in_foreground(manager: H2PingSidecarManager, write_config: str | None, written: str | None) -> int:
     """Print what started, watch the sidecars until a signal or a failure, drain; the exit code."""
+    from sidecar_fsm.configfile import write_atomically
+    from sidecar_fsm.run.foreground import catching_stop_signals, watch_until_signal
+    from sidecar_fsm.view import render
+
     failed = False
     hurried: list[str] = []
 
@@ -159,10 +161,11 @@ def _run_in_foreground(manager: H2PingSidecarManager, write_config: str | None, 
         try:
             if write_config and written is not None:
                 write_atomically(write_config, written)
-            # The route ("direct" or "via egress proxy URL", never with credentials) is what the
-            # proxy decides from the same environment, which the launcher passes through unchanged.
+            # The route ("direct" or "via egress proxy URL", never with credentials) is the
+            # proxy's own word, from its ready file; a binary that gives none (Gym's) gets none.
+            routes = manager.routes
             instances = [
-                (inst.name, inst.listen, f"{inst.upstream} ({egress_route(inst.upstream, os.environ)})")
+                (inst.name, inst.listen, _with_route(inst.upstream, routes.get(inst.name)))
                 for inst in manager.instances_actual
             ]
             out(render.started_lines(manager.run_id, manager.log_dir, instances))
@@ -188,10 +191,16 @@ def _run_in_foreground(manager: H2PingSidecarManager, write_config: str | None, 
     return 1 if failed else 0
 
 
+def _with_route(upstream: str, route: str | None) -> str:
+    return upstream if route is None else f"{upstream} ({route})"
+
+
 def cmd_lab(args: argparse.Namespace) -> int:
     """The lab origin behind the idle relay, in the foreground until Ctrl-C or SIGTERM."""
-    # Imported here: the lab (a TLS HTTP/2 origin) pulls cryptography and h2.
+    from sidecar_fsm.configfile import EXAMPLE_CONFIG, write_atomically
     from sidecar_fsm.lab import IdleRelay, TlsH2Origin
+    from sidecar_fsm.run.foreground import catching_stop_signals
+    from sidecar_fsm.view import render
 
     try:
         idle = float(args.idle)
@@ -240,6 +249,8 @@ def _lab_start_line(config: Path, upstream: str, ca_file: str, idle: float) -> s
     Accelerator's 340s; the lab's relay would drop the connection first, and the request would
     get a 502), and the model's base_url pointed at the upstream, so it is rewritten to the
     sidecar rather than warned about."""
+    from sidecar_fsm.configfile import EXAMPLE_MODEL_BASE_URL
+
     ping = min(idle / 4, 60.0)
     overrides = [
         f"sidecar.ca_file={ca_file}",
@@ -253,6 +264,8 @@ def _lab_start_line(config: Path, upstream: str, ca_file: str, idle: float) -> s
 def _draining_lines(manager: H2PingSidecarManager, signal_name: str) -> list[str]:
     """What the drain waits for, per instance (its requests in flight, scraped now), and how
     long at most; just the first line when the figures cannot be read (the drain goes on)."""
+    from sidecar_fsm.view import status, upkeep_report
+
     grace = float(manager.config.shutdown_grace_seconds)
     try:
         with all_stores(manager.log_dir, "start") as stores:
@@ -270,6 +283,8 @@ def cmd_exec(args: argparse.Namespace) -> int:
 
     127 when COMMAND is not found, 126 when it is found but cannot be run, as a shell reports.
     """
+    from sidecar_fsm.gymexec import ExecFailed, exec_command
+
     command = args.argv[1:] if args.argv[:1] == ["--"] else args.argv
     if not command:
         raise UsageError(f"{PROG} exec: no COMMAND given; use {PROG} exec -- COMMAND [ARG...]")

@@ -9,14 +9,13 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import csv
 import io
 import math
 import os
 import signal
 import threading
 from collections.abc import Iterator
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from sidecar_fsm.cli.common import (
     LOG_DIR_ENV,
@@ -27,11 +26,19 @@ from sidecar_fsm.cli.common import (
     out,
     warn_if_untrusted,
 )
-from sidecar_fsm.state import query
 from sidecar_fsm.view import cells
+
+if TYPE_CHECKING:
+    from sidecar_fsm.state import query
+
+# ``--timeout``'s default, as ``state.query`` has it (a test holds the two equal): the parser is
+# built for ``--help`` too, which must not load the query layer (cli/common says why).
+DEFAULT_TIMEOUT_SECONDS = 10.0
 
 
 def cmd_query(args: argparse.Namespace) -> int:
+    from sidecar_fsm.state import query
+
     log_dir, _ = log_dir_of(args)
     timeout = _timeout(args.timeout)
     if args.json and args.csv:
@@ -122,6 +129,8 @@ def _json(result: query.QueryResult) -> str:
 
 
 def _csv(result: query.QueryResult) -> str:
+    import csv  # only --csv needs it
+
     buffer = io.StringIO()
     writer = csv.writer(buffer)
     writer.writerow(result.columns)
@@ -153,6 +162,6 @@ def register(sub: Any) -> None:
     command.add_argument(
         "--timeout",
         metavar="SECONDS",
-        default=str(query.DEFAULT_TIMEOUT_SECONDS),
-        help=f"interrupt the statement after this long (default {query.DEFAULT_TIMEOUT_SECONDS:g})",
+        default=str(DEFAULT_TIMEOUT_SECONDS),
+        help=f"interrupt the statement after this long (default {DEFAULT_TIMEOUT_SECONDS:g})",
     )

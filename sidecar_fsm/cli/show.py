@@ -8,11 +8,12 @@ writes a row or signals a process.
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import math
 import time
 from typing import Any
 
+# The views (and through them the store, the /metrics parser, rich) are imported inside each
+# cmd_ function: ``--help`` and a missing log dir never load them (cli/common says why).
 from sidecar_fsm.cli.common import (
     PROG,
     UsageError,
@@ -25,7 +26,6 @@ from sidecar_fsm.cli.common import (
     only_instance,
     out,
 )
-from sidecar_fsm.view import logs, render, status, top
 
 TOP_INTERVAL_SECONDS = 2.0
 # How often ``logs -f`` looks for new lines.
@@ -39,6 +39,9 @@ def cmd_status(args: argparse.Namespace) -> int:
     if args.ray or args.ray_address:
         return _status_ray(args, log_dir)
     with all_stores(log_dir, "status") as stores:
+        # Past all_stores' answer for a missing log dir, which needs none of this.
+        from sidecar_fsm.view import render, status
+
         runs = every_run(stores)
         if args.run:
             runs = [find_run(runs, args.run, "status --run", log_dir)]
@@ -62,7 +65,7 @@ def _status_ray(args: argparse.Namespace, log_dir: str) -> int:
     answer (the view is incomplete), else 3 if a run needs attention, else 0."""
     # Imported here: the cluster reach imports ray, which plain status never needs.
     from sidecar_fsm.run.cluster import DEFAULT_ADDRESS, ClusterUnavailableError
-    from sidecar_fsm.view import cluster_report, cluster_status
+    from sidecar_fsm.view import cluster_report, cluster_status, status
 
     if args.run:
         raise UsageError(f"{PROG} status: --run does not apply with --ray; use --all or drop --run")
@@ -95,6 +98,8 @@ def _top_interval(text: str) -> float:
 
 def cmd_top(args: argparse.Namespace) -> int:
     """Live runs (or ``--run``) with their proxies' figures, redrawn every interval until Ctrl-C."""
+    from sidecar_fsm.view import render, status, top
+
     log_dir, _ = log_dir_of(args)
     interval = _top_interval(args.interval)
     use_color = color()
@@ -117,6 +122,10 @@ def cmd_top(args: argparse.Namespace) -> int:
 
 
 def cmd_history(args: argparse.Namespace) -> int:
+    import dataclasses  # with inspect, a fifth of what --help would load
+
+    from sidecar_fsm.view import render, status
+
     log_dir, _ = log_dir_of(args)
     with all_stores(log_dir, "history") as stores:
         store, run = find_run(every_run(stores), args.run, "history", log_dir)
@@ -134,6 +143,8 @@ def cmd_history(args: argparse.Namespace) -> int:
 
 def cmd_logs(args: argparse.Namespace) -> int:
     """The proxies' logs of a run; with ``-f``, new lines until the run ends or Ctrl-C."""
+    from sidecar_fsm.view import logs
+
     log_dir, _ = log_dir_of(args)
     if args.lines is not None and args.lines < 0:
         raise UsageError(f"{PROG} logs: -n '{args.lines}' must be 0 or more")

@@ -29,14 +29,10 @@ from sidecar_fsm.cli.common import (
     require_log_dir,
 )
 from sidecar_fsm.errors import UnusableStateError
-from sidecar_fsm.run import remotestop
-from sidecar_fsm.run.cluster import DEFAULT_ADDRESS, ClusterUnavailableError, reap_cluster
-from sidecar_fsm.run.prune import DEFAULT_OLDER_THAN_SECONDS, parse_age, prune_here
-from sidecar_fsm.run.reap import reap_here, recorded_grace_seconds
-from sidecar_fsm.state.dbfile import DB_DIR_NAME, database_files
-from sidecar_fsm.state.hostname import host_name
-from sidecar_fsm.view import reap_report, status, upkeep_report
 from sidecar_fsm.view.cells import short_run_id
+
+# The run layer and the views are imported inside each cmd_ function: ``--help`` never loads
+# them (cli/common says why).
 
 
 def _usable_log_dir(log_dir: str, where: str) -> None:
@@ -48,6 +44,8 @@ def _usable_log_dir(log_dir: str, where: str) -> None:
     run layer finds no database where there is none, which is not the same as nothing to reap.
     """
     require_log_dir(log_dir, where)
+    from sidecar_fsm.state.dbfile import DB_DIR_NAME, database_files
+
     try:
         trust.check_log_dir(log_dir, os.path.join(log_dir, DB_DIR_NAME))
         database_files(log_dir)
@@ -60,6 +58,9 @@ def cmd_reap(args: argparse.Namespace) -> int:
     if args.ray or args.ray_address:
         return _reap_ray(args, log_dir)
     _usable_log_dir(log_dir, "reap")
+    from sidecar_fsm.run.reap import reap_here
+    from sidecar_fsm.view import reap_report
+
     # Only this host's database: a reap can signal only processes on its own host.
     report = reap_here(log_dir, dry_run=args.dry_run)
     out(reap_report.reap_json(report) if args.json else reap_report.reap_lines(report, color=color()))
@@ -68,6 +69,9 @@ def cmd_reap(args: argparse.Namespace) -> int:
 
 def _reap_ray(args: argparse.Namespace, log_dir: str) -> int:
     """``reap --ray``: the reap on every alive node of the Ray cluster; 1 if any node failed."""
+    from sidecar_fsm.run.cluster import DEFAULT_ADDRESS, ClusterUnavailableError, reap_cluster
+    from sidecar_fsm.view import reap_report
+
     try:
         result = reap_cluster(log_dir, address=args.ray_address or DEFAULT_ADDRESS, dry_run=args.dry_run)
     except ClusterUnavailableError as error:
@@ -93,6 +97,11 @@ def _seconds(text: str, where: str) -> float:
 
 
 def cmd_stop(args: argparse.Namespace) -> int:
+    from sidecar_fsm.run import remotestop
+    from sidecar_fsm.run.reap import recorded_grace_seconds
+    from sidecar_fsm.state.hostname import host_name
+    from sidecar_fsm.view import status, upkeep_report
+
     log_dir, _ = log_dir_of(args)
     here = host_name()
     timeout = _seconds(args.timeout, "stop --timeout") if args.timeout is not None else None
@@ -121,8 +130,7 @@ def cmd_stop(args: argparse.Namespace) -> int:
         short = short_run_id(run.run_id)
         observed = status.observe(store, run)
         if observed.owner != "alive" or not remotestop.ask_owner_to_stop(run):
-            hint = status.reap_hint(observed)
-            err(f"{PROG} stop: run {short}: its owner (pid {run.owner_pid}) is gone; {hint}")
+            err(f"{PROG} stop: run {short}: {status.owner_refusal(observed)}")
             return 1
         wait = timeout if timeout is not None else recorded_grace_seconds(run) + remotestop.WAIT_SLACK_SECONDS
         err(f"stopping run {short}: SIGTERM sent to its owner (pid {run.owner_pid}); waiting up to {wait:g}s")
@@ -145,6 +153,9 @@ def cmd_stop(args: argparse.Namespace) -> int:
 
 
 def cmd_prune(args: argparse.Namespace) -> int:
+    from sidecar_fsm.run.prune import prune_here
+    from sidecar_fsm.view import upkeep_report
+
     log_dir, _ = log_dir_of(args)
     older = _age(args.older_than)
     _usable_log_dir(log_dir, "prune")
@@ -159,6 +170,8 @@ def _age(text: str) -> float:
     A bare number is refused rather than read as seconds: ``--older-than 60`` meant as days
     removed every run older than a minute. Prune is destructive; the unit is never guessed.
     """
+    from sidecar_fsm.run.prune import parse_age
+
     where = f"{PROG} prune: --older-than '{text}'"
     number = text.strip()
     if number.startswith("-"):
@@ -207,8 +220,7 @@ def register(sub: Any) -> None:
         "--older-than",
         metavar="DURATION",
         default="7d",
-        help=f"only runs that ended longer ago than this, with a unit: 90m, 36h, 7d (default 7d = "
-        f"{DEFAULT_OLDER_THAN_SECONDS:g}s)",
+        help="only runs that ended longer ago than this, with a unit: 90m, 36h, 7d (default 7d)",
     )
     prune.add_argument("--dry-run", action="store_true", help="print what would go, remove nothing")
 

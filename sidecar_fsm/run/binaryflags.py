@@ -6,9 +6,12 @@ which port a ``:0`` listen bound. Passing it one of our flags makes it exit 2 be
 this module lets the launcher pass only what the binary knows and refuse, before anything
 starts, the settings it cannot honour.
 
-Owns asking a binary once (``<binary> -h``, Go's flag usage, under a timeout) and remembering the
-answer in memory per file identity (path, device, inode, size, mtime), and the pure functions
-the launcher calls with that answer: :func:`filter_command`, :func:`refusals`, :func:`warnings`.
+Our own proxy is never asked: a binary that carries the stamp the build cache gives every
+build of these sources (``-X main.version=<sources hash>``, ``buildcache``) has every flag
+``sidecar_command`` passes, wherever the user put it. Only a foreign binary (Gym's, an older
+sidecar-fsm's) is asked (``<binary> -h``, Go's flag usage, under a timeout) and its answer
+remembered in memory per file identity (path, device, inode, size, mtime). The pure functions
+the launcher calls with the answer: :func:`filter_command`, :func:`refusals`, :func:`warnings`.
 Must not start a sidecar, signal a process (the only child is the short-lived ``-h`` run, ended
 by ``subprocess`` on timeout, as ``buildcache`` does for ``go env``), change state or read the
 config file.
@@ -16,6 +19,7 @@ config file.
 
 from __future__ import annotations
 
+import mmap
 import os
 import re
 import subprocess
@@ -23,6 +27,7 @@ import threading
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from sidecar_fsm.base.buildcache import sources_hash
 from sidecar_fsm.config import H2PingSidecarConfig, SidecarInstanceConfig, parse_duration_seconds
 from sidecar_fsm.errors import ConfigError, SidecarError
 
@@ -49,9 +54,12 @@ _NO_VALUE_FLAGS = frozenset({"insecure-skip-verify"})
 _REQUIRED_FLAGS = ("listen", "upstream", "ready-file")
 
 # Go's flag.PrintDefaults: "  -name" or "  -name type", then usage lines indented by a tab
-# (a one-letter name keeps its usage on the same line, after a tab).
-_FLAG_LINE = re.compile(r"^  -(?P<name>[A-Za-z0-9][A-Za-z0-9_.-]*)(?P<type> [^\t]*)?(?:\t(?P<usage>.*))?$")
-_USAGE_LINE = re.compile(r"^\s*\t(?P<usage>.*)$")
+# (a one-letter name keeps its usage on the same line, after a tab). A flag's block runs to the
+# next line that is not a usage line.
+_FLAG_BLOCK = re.compile(
+    r"^  -(?P<name>[A-Za-z0-9][A-Za-z0-9_.-]*)(?P<type> [^\t\n]*)?(?P<usage>(?:\t.*)?(?:\n\s*\t.*)*)$",
+    re.MULTILINE,
+)
 
 _USE_OURS = "or leave sidecar.binary unset to use sidecar-fsm's proxy"
 
@@ -59,17 +67,8 @@ _USE_OURS = "or leave sidecar.binary unset to use sidecar-fsm's proxy"
 # double) is assumed to accept, since Gym's launcher passes exactly these and nothing else.
 # Passing it one of ours could make it exit 2; giving it fewer only costs the warnings below.
 GYM_FLAGS = frozenset(
-    {
-        "listen",
-        "upstream",
-        "ping-interval",
-        "ping-timeout",
-        "shutdown-grace",
-        "retry-body-limit",
-        "max-conn-age",
-        "ready-file",
-        "insecure-skip-verify",
-    }
+    ("listen", "upstream", "ping-interval", "ping-timeout", "shutdown-grace", "retry-body-limit")
+    + ("max-conn-age", "ready-file", "insecure-skip-verify")
 )
 
 
@@ -92,35 +91,19 @@ class BinaryFlags:
 
 def parse_usage(path: str, text: str) -> BinaryFlags:
     """The flags named in Go's ``PrintDefaults`` output ``text``. Pure; unknown lines are skipped."""
-    accepted: set[str] = set()
-    takes_value: set[str] = set()
-    usage: dict[str, list[str]] = {}
-    current: str | None = None
-    for line in text.splitlines():
-        flag = _FLAG_LINE.match(line)
-        if flag is not None:
-            current = flag["name"]
-            accepted.add(current)
-            if flag["type"]:
-                takes_value.add(current)
-            usage[current] = [flag["usage"] or ""]
-            continue
-        more = _USAGE_LINE.match(line)
-        if more is not None and current is not None:
-            usage[current].append(more["usage"])
-        else:
-            current = None
-    ready_usage = " ".join(usage.get("ready-file", [])).lower()
+    blocks = {match["name"]: match for match in _FLAG_BLOCK.finditer(text)}
+    ready_usage = blocks["ready-file"]["usage"].lower() if "ready-file" in blocks else ""
     return BinaryFlags(
         path=path,
-        accepted=frozenset(accepted),
-        takes_value=frozenset(takes_value),
+        accepted=frozenset(blocks),
+        takes_value=frozenset(name for name, match in blocks.items() if match["type"]),
         reports_listen="listen" in ready_usage and "json" in ready_usage,
     )
 
 
 _lock = threading.Lock()
-_cache: dict[tuple[str, int, int, int, int], BinaryFlags] = {}
+# None: our own proxy (stamped), which is passed the whole command.
+_cache: dict[tuple[str, int, int, int, int], BinaryFlags | None] = {}
 
 
 def _identity(path: str) -> tuple[str, int, int, int, int]:
@@ -128,11 +111,12 @@ def _identity(path: str) -> tuple[str, int, int, int, int]:
     return (path, st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns)
 
 
-def binary_flags(binary: str | os.PathLike[str]) -> BinaryFlags:
-    """The flags ``binary`` accepts: asked once with ``-h``, then remembered while the file is unchanged.
+def binary_flags(binary: str | os.PathLike[str]) -> BinaryFlags | None:
+    """The flags ``binary`` accepts, None for our own proxy; remembered while the file is unchanged.
 
-    The cache key is the path plus the file's device, inode, size and mtime, so a binary rebuilt
-    or replaced in place (a rename gives a new inode) is asked again, never judged by its
+    Ours is told by its stamp (``_is_ours``) and not run. A foreign binary is asked once with
+    ``-h``. The cache key is the path plus the file's device, inode, size and mtime, so a binary
+    rebuilt or replaced in place (a rename gives a new inode) is judged again, never by its
     predecessor's answer. Failures are not remembered: a timeout on a loaded node may pass.
     Thread-safe; two threads asking at once may both run ``-h`` (harmless, same answer).
     A binary that runs but prints no Go flag usage (a wrapper script, Gym's test doubles) is
@@ -148,13 +132,24 @@ def binary_flags(binary: str | os.PathLike[str]) -> BinaryFlags:
             f"'{path}': cannot read it ({error.strerror}); point sidecar.binary at a built h2-ping-sidecar"
         ) from None
     with _lock:
-        known = _cache.get(key)
-    if known is not None:
-        return known
-    flags = _ask(path)
+        if key in _cache:
+            return _cache[key]
+    flags = None if _is_ours(path) else _ask(path)
     with _lock:
         _cache[key] = flags
     return flags
+
+
+def _is_ours(path: str) -> bool:
+    """Whether ``path`` holds the build cache's stamp for these sources (their hash, the value
+    of the proxy's ``main.version``). Reads the file (mapped, a few ms for 11 MB); runs nothing.
+    A file that cannot be read is not ours: asking it with ``-h`` then says why."""
+    try:
+        stamp = sources_hash().encode()
+        with open(path, "rb") as file, mmap.mmap(file.fileno(), 0, access=mmap.ACCESS_READ) as data:
+            return data.find(stamp) != -1
+    except (OSError, ValueError, SidecarError):  # ValueError: an empty file cannot be mapped
+        return False
 
 
 def forget() -> None:
@@ -187,13 +182,7 @@ def _ask(path: str) -> BinaryFlags:
     text = result.stdout.decode("utf-8", errors="replace")
     flags = parse_usage(path, text)
     if not flags.accepted:
-        return BinaryFlags(
-            path,
-            GYM_FLAGS,
-            GYM_FLAGS - _NO_VALUE_FLAGS,
-            reports_listen=False,
-            learned=False,
-        )
+        return BinaryFlags(path, GYM_FLAGS, GYM_FLAGS - _NO_VALUE_FLAGS, reports_listen=False, learned=False)
     return flags
 
 
@@ -292,17 +281,19 @@ def warnings(config: H2PingSidecarConfig, flags: BinaryFlags) -> list[str]:
 
 def check(
     binary: str | os.PathLike[str], config: H2PingSidecarConfig, instances: Sequence[SidecarInstanceConfig]
-) -> tuple[BinaryFlags, list[str]]:
+) -> tuple[BinaryFlags | None, list[str]]:
     """Learn ``binary``'s flags and judge ``config`` against them: (flags, warnings to print).
 
     The launcher's one call, before any process starts, for a ``sidecar.binary`` the user
-    named; each spawn then runs ``filter_command(sidecar_command(...), flags)``. The build
-    cache's binary needs no asking (which costs a process start): it is built from this
-    package's ``go/``, so it has every flag ``sidecar_command`` passes. Raises ``ConfigError``
-    with every refusal, one per line, the first being the one-line message; ``SidecarError``
-    when the binary cannot be asked. Read-only apart from the short ``-h`` run.
+    named; each spawn then runs ``filter_command(sidecar_command(...), flags)`` unless flags is
+    None: our own proxy (stamped, or the build cache's, which is not asked at all) has every
+    flag ``sidecar_command`` passes, so it has nothing to refuse or warn about. Raises
+    ``ConfigError`` with every refusal, one per line, the first being the one-line message;
+    ``SidecarError`` when the binary cannot be asked. Read-only apart from the short ``-h`` run.
     """
     flags = binary_flags(binary)
+    if flags is None:
+        return None, []
     refused = refusals(config, instances, flags)
     if refused:
         raise ConfigError("\n".join(refused))

@@ -52,6 +52,9 @@ class Child:
     error: str | None = None
     # The proxy's /metrics address from its ready file; None without metrics or before ready.
     metrics: str | None = None
+    # The upstream's route as the proxy's ready file says ("direct", "via egress proxy URL");
+    # None before ready and for a binary whose ready file does not say (NeMo Gym's).
+    route: str | None = None
 
     @property
     def name(self) -> str:
@@ -68,7 +71,7 @@ class SidecarRun:
     ``store`` and ``run_id`` may be given by a caller that already holds them (tests, the CLI);
     otherwise the start opens this process's ``shared_store(log_dir)``. ``flags``, what a
     user-named binary accepts (``binaryflags.check``), trims every command to them; None passes
-    the whole command (the build cache's binary knows every flag).
+    the whole command (our own binary knows every flag).
     """
 
     def __init__(
@@ -120,6 +123,11 @@ class SidecarRun:
         if not self.children:
             return list(self.instances)
         return [child.instance.model_copy(update={"listen": child.listen}) for child in self.children]
+
+    @property
+    def routes(self) -> dict[str, str | None]:
+        """Each instance's upstream route as its proxy said it once ready (``Child.route``)."""
+        return {child.name: child.route for child in self.children}
 
     def path(self, instance: SidecarInstanceConfig, suffix: str) -> str:
         return run_file(self.log_dir, instance.name, self.host, self.run_id, suffix)

@@ -1,18 +1,20 @@
 """Reaping: closes the runs whose launcher is gone and ends only the sidecars proven to be theirs.
 
-Owns deciding whether a run's owner is alive (pid *and* start time, never the pid alone), the
-reap plan, and carrying it out: SIGTERM (then SIGKILL after the recorded grace) through
+Observe, then act on the plan. What runs is ``sidecar_fsm.observe``'s judgement (the owner's
+verdict, each instance's process verdict, the sidecars no row names), the very one ``status``
+shows; ``plan_run`` turns one observation into what to do, without touching anything; the
+rest carries the plan out: SIGTERM (then SIGKILL after the recorded grace) through
 ``procs.terminate``, the ``fail`` event through the state machine, removal of stale ready files
 and ``store.end_run(run, "reaped")``. Must not signal a process itself (``procs`` does, after
-proving pid, start time and executable), set a state column (``fsm`` does), touch a run whose
-owner is alive, or reach another host: only this host's database is reaped, because a reap can
-only signal processes on its own host.
+proving pid, start time and executable again), set a state column (``fsm`` does), touch a run
+whose owner is alive or cannot be proven gone, or reach another host: only this host's database
+is reaped, because a reap can only signal processes on its own host.
 
 An instance's processes are its recorded one and every one ``procs.find_ours`` proves ours
-without a pid (executable, the run's ready path in its argv, started after the run): a launcher
-killed between a spawn and its commit, or mid-restart, leaves exactly such a process, in any
-state. The search is what makes "every process a run may have started can be found" hold at
-every instant, which no order of commits can: a pid exists only after the spawn.
+without a pid (``RunObservation.to_end``): a launcher killed between a spawn and its commit, or
+mid-restart, leaves exactly such a process, in any state. The search is what makes "every
+process a run may have started can be found" hold at every instant, which no order of commits
+can: a pid exists only after the spawn.
 """
 
 from __future__ import annotations
@@ -22,7 +24,7 @@ import dataclasses
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any
 
 from filelock import FileLock
 
@@ -30,15 +32,15 @@ from sidecar_fsm.base import procs
 from sidecar_fsm.base.ready import temp_files
 from sidecar_fsm.config import parse_duration_seconds
 from sidecar_fsm.errors import ConfigError
+from sidecar_fsm.observe.runs import RunObservation, observe
+from sidecar_fsm.observe.verdicts import Owner, Process
 from sidecar_fsm.run import crashpoints, targets
 from sidecar_fsm.state import tempfiles
 
 # Imported for their types and machines; each owns its concern (SQL, state changes).
-from sidecar_fsm.state.fsm import TERMINAL, InstanceMachine
+from sidecar_fsm.state.fsm import DRAINABLE, TERMINAL, InstanceMachine
 from sidecar_fsm.state.hostname import host_name
 from sidecar_fsm.state.store import InstanceRecord, RunRecord, Store, database_path
-
-OwnerStatus = Literal["alive", "dead", "reused"]
 
 DEFAULT_GRACE_SECONDS = 60.0
 
@@ -53,6 +55,8 @@ class InstanceReap:
     pid: int | None
     action: str
     result: str | None = None
+    # The observed verdict on its recorded pid (``status --json``'s ``process``); None: no process.
+    process: Process | None = None
 
 
 @dataclass(frozen=True)
@@ -62,7 +66,7 @@ class RunReap:
     run_id: str
     host: str
     owner_pid: int
-    owner: OwnerStatus
+    owner: Owner
     reason: str
     instances: list[InstanceReap] = field(default_factory=list)
     ready_files: list[str] = field(default_factory=list)
@@ -76,13 +80,8 @@ class ReapReport:
     temp_files: list[str] = field(default_factory=list)
 
 
-def owner_status(run: RunRecord) -> OwnerStatus:
-    """Whether the process that started ``run`` is still alive (``procs.pid_status``). Read-only."""
-    return procs.pid_status(run.owner_pid, run.owner_start_time)
-
-
-def _reason(run: RunRecord, owner: OwnerStatus) -> str:
-    if owner == "reused":
+def _reason(run: RunRecord, owner: Owner) -> str:
+    if owner == Owner.REUSED:
         return f"owner pid {run.owner_pid} now belongs to another process"
     return f"owner pid {run.owner_pid} is gone"
 
@@ -105,13 +104,6 @@ def recorded_grace_seconds(run: RunRecord) -> float:
     return DEFAULT_GRACE_SECONDS
 
 
-def _identity(inst: InstanceRecord) -> procs.ProcessIdentity | None:
-    """The identity to match, or None when the record cannot prove one (never signal then)."""
-    if inst.pid is None or inst.pid_start_time is None or not inst.binary:
-        return None
-    return procs.ProcessIdentity(pid=inst.pid, start_time=inst.pid_start_time, exe=inst.binary)
-
-
 _RESULTS = {
     "exited": "drained and exited after SIGTERM",
     "exited-by-itself": "drained and exited by itself (exit_with_owner)",
@@ -119,43 +111,53 @@ _RESULTS = {
     "killed": "killed with SIGKILL after the {grace:g}s grace",
     "gone": "process had already exited",
     "not-ours": "pid {pid} belongs to another process; not signalled",
+    "unproven": "pid {pid} cannot be proven ours (no start time recorded); not signalled",
+}
+# What is recorded for an instance with nothing to end, by the verdict on its recorded pid.
+_NOTHING_TO_END = {
+    Process.REUSED: ("(pid not ours)", "not-ours"),
+    Process.UNPROVEN: ("(pid unproven)", "unproven"),
 }
 
 
-def _claim(run: RunRecord, inst: InstanceRecord) -> procs.Claim | None:
-    """What proves an unrecorded process of ``inst`` ours; None when the row lacks the facts."""
-    if not inst.binary or not inst.ready_path:
-        return None
-    return procs.Claim(inst.binary, inst.ready_path, run.started_at)
+@dataclass(frozen=True)
+class InstancePlan:
+    """What reap does with one instance: the processes to end (``RunObservation.to_end``),
+    whether they drain already (wait, do not SIGTERM), and the report line."""
+
+    inst: InstanceRecord
+    ends: list[procs.ProcessIdentity]
+    draining: bool
+    report: InstanceReap
 
 
-def _plan_instance(
-    inst: InstanceRecord, found: list[procs.ProcessIdentity], self_draining: bool
-) -> tuple[InstanceReap, list[procs.ProcessIdentity]]:
-    """What to do with ``inst``: its recorded process if still ours, plus ``found`` (unrecorded).
+def plan_instance(observed: RunObservation, inst: InstanceRecord, self_draining: bool) -> InstancePlan:
+    """What to do with ``inst``, from the observation alone. Pure: reads and signals nothing.
 
     Any state may have a process: a launcher killed between a spawn and its commit leaves one
     behind a ``configured`` row (or a ``ready`` row naming the process a restart replaced).
     """
-    identities = list(found)
-    recorded = _identity(inst)
-    if (
-        recorded is not None
-        and all(identity.pid != recorded.pid for identity in identities)
-        and procs.is_ours(recorded)
-    ):
-        identities.insert(0, recorded)
-    if identities:
-        draining = self_draining or inst.state == "draining"
+    process = observed.process_of(inst)
+    ends = observed.to_end(inst)
+    draining = self_draining or inst.state == "draining"
+    if ends:
         action = "wait for its drain, mark failed" if draining else "SIGTERM, mark failed"
-        unrecorded = [str(identity.pid) for identity in identities if identity.pid != inst.pid]
+        unrecorded = [str(identity.pid) for identity in ends if identity.pid != inst.pid]
         if unrecorded:
             action += f" (unrecorded pid {', '.join(unrecorded)})"
-        return InstanceReap(inst.id, inst.name, inst.state, inst.pid, action), identities
-    if inst.pid is not None and procs.identity_of(inst.pid) is not None:
-        # Something lives at the pid but the record does not prove it is our sidecar.
-        return InstanceReap(inst.id, inst.name, inst.state, inst.pid, "mark failed (pid not ours)"), []
-    return InstanceReap(inst.id, inst.name, inst.state, inst.pid, "mark failed"), []
+    else:
+        # Something may live at the pid, but the record does not prove it our sidecar.
+        why = _NOTHING_TO_END.get(process) if process is not None else None
+        action = f"mark failed {why[0]}" if why else "mark failed"
+    report = InstanceReap(inst.id, inst.name, inst.state, inst.pid, action, process=process)
+    return InstancePlan(inst, ends, draining, report)
+
+
+def plan_run(observed: RunObservation) -> list[InstancePlan]:
+    """The plan for every instance of ``observed`` not yet terminal. Pure."""
+    self_draining = _drains_by_itself(observed.run)
+    live = [inst for inst in observed.instances if inst.state not in TERMINAL]
+    return [plan_instance(observed, inst, self_draining) for inst in live]
 
 
 def _stale_ready_files(instances: list[InstanceRecord]) -> list[str]:
@@ -189,10 +191,9 @@ def reap(store: Store, *, dry_run: bool = False) -> ReapReport:
     with FileLock(str(reap_lock_path(store)), mode=0o644):
         report = ReapReport(dry_run=dry_run, runs=[])
         for run in store.list_runs("live"):
-            owner = owner_status(run)
-            if owner == "alive":
-                continue
-            report.runs.append(_reap_run(store, run, owner, dry_run))
+            observed = observe(store, run)
+            if observed.owner_gone:
+                report.runs.append(_reap_run(store, observed, dry_run))
         if report.runs and not dry_run:
             # The reaped runs' sidecars leave Prometheus' targets (SPEC: rewritten at reap).
             targets.refresh(store)
@@ -227,25 +228,14 @@ def _drains_by_itself(run: RunRecord) -> bool:
     return bool(dict(run.config_summary or {}).get("exit_with_owner", False))
 
 
-def _reap_run(store: Store, run: RunRecord, owner: OwnerStatus, dry_run: bool) -> RunReap:
-    reason = _reason(run, owner)
+def _reap_run(store: Store, observed: RunObservation, dry_run: bool) -> RunReap:
+    run = observed.run
+    reason = _reason(run, observed.owner)
     grace = recorded_grace_seconds(run)
-    self_draining = _drains_by_itself(run)
-    instances = store.instances_of(run.run_id)
-    result = RunReap(run.run_id, run.host, run.owner_pid, owner, reason)
-    live = [inst for inst in instances if inst.state not in TERMINAL]
-    claims = {inst.id: claim for inst in live if (claim := _claim(run, inst)) is not None}
-    found = procs.find_ours(list(claims.values()))
-    for inst in live:
-        claim = claims.get(inst.id)
-        planned, identities = _plan_instance(inst, found[claim.ready_path] if claim else [], self_draining)
-        if dry_run:
-            result.instances.append(planned)
-            continue
-        result.instances.append(
-            _reap_instance(store, inst, planned, identities, reason, grace, self_draining)
-        )
-    stale = _stale_ready_files(instances)
+    result = RunReap(run.run_id, run.host, run.owner_pid, observed.owner, reason)
+    for plan in plan_run(observed):
+        result.instances.append(plan.report if dry_run else _reap_instance(store, plan, reason, grace))
+    stale = _stale_ready_files(list(observed.instances))
     if not dry_run:
         for path in stale:
             # The run's ready files are per run id, so no other run can be using them; a
@@ -263,37 +253,31 @@ def _reap_run(store: Store, run: RunRecord, owner: OwnerStatus, dry_run: bool) -
 _SEVERITY = ("gone", "exited", "exited-by-itself", "exited-drained", "killed")
 
 
-def _reap_instance(
-    store: Store,
-    inst: InstanceRecord,
-    planned: InstanceReap,
-    identities: list[procs.ProcessIdentity],
-    reason: str,
-    grace: float,
-    self_draining: bool,
-) -> InstanceReap:
+def _reap_instance(store: Store, plan: InstancePlan, reason: str, grace: float) -> InstanceReap:
+    inst, planned = plan.inst, plan.report
     machine = InstanceMachine(store, inst.id, inst.state)
-    if not identities:
-        outcome: str = "not-ours" if planned.action.endswith("(pid not ours)") else "gone"
+    if not plan.ends:
+        outcome = _NOTHING_TO_END[planned.process][1] if planned.process in _NOTHING_TO_END else "gone"
     else:
         # Only a spawned or ready row can say "draining"; a configured or building row whose
         # process was found unrecorded goes straight to failed once the process is ended.
-        if machine.state in ("spawned", "ready"):
+        if machine.state in DRAINABLE:
             machine.fire("drain", detail=f"reap: {reason}")
             crashpoints.hit("reap-drain-recorded")
         # A row the launcher left `draining` had its SIGTERM sent (the drain is committed just
         # before it): a second SIGTERM would end that drain at once and cut the requests it is
         # finishing, so reap waits out the grace, as stop() would have, then SIGKILLs. Only a
         # launcher killed in the few lines between the commit and the signal leaves a draining
-        # row whose process got none: it serves until the same deadline, then is killed.
+        # row whose process got none: it serves until the same deadline, then is killed. A
+        # sidecar whose -exit-with-pid owner died drains by itself: the same wait.
         launcher_drain = inst.state == "draining"
         outcomes: list[str] = []
-        for identity in identities:
-            ended: str = procs.terminate(identity, grace, send_sigterm=not (self_draining or launcher_drain))
+        for identity in plan.ends:
+            ended: str = procs.terminate(identity, grace, send_sigterm=not plan.draining)
             crashpoints.hit("reap-ended")
             if ended == "exited" and launcher_drain:
                 ended = "exited-drained"
-            elif ended == "exited" and self_draining:
+            elif ended == "exited" and plan.draining:
                 ended = "exited-by-itself"
             outcomes.append(ended)
         outcome = max(outcomes, key=lambda each: _SEVERITY.index(each) if each in _SEVERITY else -1)
@@ -301,4 +285,4 @@ def _reap_instance(
     error = f"reaped: {reason}; {text}"
     machine.fire("fail", detail=error, error=error)
     crashpoints.hit("reap-failed-recorded")
-    return InstanceReap(inst.id, inst.name, inst.state, inst.pid, planned.action, text)
+    return dataclasses.replace(planned, result=text)

@@ -2,9 +2,10 @@
 
 Owns asking a run's owner (the launcher that started it: ``sidecar-fsm start``, or Gym) to stop
 as a Ctrl-C would, and waiting until the run is closed on record. The signal goes through
-``procs`` after the owner's identity (pid and start time) is proven, so a pid reused since the
-run started is never hit. The owner does the drain itself (it owns the children); this module
-never signals a sidecar, never writes a row and never decides what a stopped run looks like.
+``procs`` after the owner's identity (pid and start time, ``observe.verdicts.owner_identity``)
+is proven, so a pid reused since the run started is never hit. The owner does the drain itself
+(it owns the children); this module never signals a sidecar, never writes a row and never
+decides what a stopped run looks like.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ from dataclasses import dataclass
 from typing import Literal
 
 from sidecar_fsm.base import procs
+from sidecar_fsm.observe.verdicts import owner_identity
 from sidecar_fsm.run import crashpoints
 from sidecar_fsm.state.store import RunRecord, Store
 
@@ -36,13 +38,6 @@ class StopResult:
     outcome: Outcome
     run: RunRecord
     waited_seconds: float
-
-
-def owner_identity(run: RunRecord) -> procs.ProcessIdentity | None:
-    """The owner as recorded; None when no start time was recorded (it cannot be proven)."""
-    if run.owner_start_time is None:
-        return None
-    return procs.ProcessIdentity(pid=run.owner_pid, start_time=run.owner_start_time, exe=None)
 
 
 def ask_owner_to_stop(run: RunRecord) -> bool:

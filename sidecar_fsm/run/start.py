@@ -283,6 +283,7 @@ def await_ready(run: SidecarRun, children: list[Child]) -> list[str]:
         if child.name in bound:
             child.listen = bound[child.name].listen
             child.metrics = bound[child.name].metrics
+            child.route = bound[child.name].route
         else:
             errors.append(_startup_failure(run, child, outcomes.get(child.name)))
     return errors

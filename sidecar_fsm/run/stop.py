@@ -19,6 +19,7 @@ from sidecar_fsm.run import crashpoints, targets
 from sidecar_fsm.run.children import Child, SidecarRun
 from sidecar_fsm.run.messages import log_tail
 from sidecar_fsm.run.runfiles import remove_ready_files
+from sidecar_fsm.state.fsm import BEFORE_PROCESS, DRAINABLE
 
 # How often a stop asks its caller whether to cut the drains short (``stop(hurry=...)``).
 HURRY_POLL_SECONDS = 0.1
@@ -85,17 +86,17 @@ def _begin_drains(run: SidecarRun, problems: list[BaseException]) -> list[Child]
     draining: list[Child] = []
     for child in run.children:
         state = child.state
-        if state in ("configured", "building") and child.process is not None:
+        if state in BEFORE_PROCESS and child.process is not None:
             # Launched but its spawn never recorded (that write failed): not serving
             # yet, so no drain is owed; the record says what happened.
             code = kill(child)
             message = f"{run.where(child)}: stopped before its spawn was recorded; see {child.log_path}"
             run.fail(child, message, exit_code=code, problems=problems)
-        elif state in ("configured", "building"):
+        elif state in BEFORE_PROCESS:
             run.fire_collecting(
                 problems, child, "stop", "stop-recorded", detail="stopped before a process existed"
             )
-        elif state in ("spawned", "ready"):
+        elif state in DRAINABLE:
             code = child.process.poll() if child.process else None
             if code is not None:
                 message = (

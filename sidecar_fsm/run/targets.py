@@ -3,8 +3,10 @@
 Owns ``<log_dir>/sidecar-fsm/prometheus/<host>.json`` (SPEC, "Prometheus"), in Prometheus'
 ``file_sd_configs`` format: ``[{"targets": ["127.0.0.1:PORT"], "labels": {"run", "sidecar",
 "upstream", "host"}}]``. ``refresh`` rewrites it from the database (``Store.metrics_targets``)
-and the process table (``procs``: only a sidecar proven running is listed), and is called at
-every start, restart, stop and reap, so one scrape config finds every sidecar on a node.
+and what runs now, as ``sidecar_fsm.observe`` judges it for ``status`` too: only a sidecar
+proven running that itself listens on the address is listed, exactly those ``status`` scrapes.
+It is called at every start, restart, stop and reap, so one scrape config finds every sidecar
+on a node, and a start drops the targets a launcher killed with -9 left behind.
 
 The file is written to a temp name in its folder and renamed over the old one, so Prometheus
 (which re-reads it on every change) never reads half a file; the temp name does not end in
@@ -26,8 +28,9 @@ from urllib.parse import urlsplit
 
 from filelock import FileLock, Timeout
 
-from sidecar_fsm.base import atomicfile, procs, trust
-from sidecar_fsm.state.store import InstanceRecord, Store
+from sidecar_fsm.base import atomicfile, trust
+from sidecar_fsm.observe.verdicts import metrics_claimed, metrics_proven, process_of
+from sidecar_fsm.state.store import Store
 
 __all__ = ["refresh", "target_entries", "target_file"]
 
@@ -48,15 +51,10 @@ def _upstream_label(upstream: str) -> str:
     return parts.netloc.rpartition("@")[2] or upstream
 
 
-def _running(inst: InstanceRecord) -> bool:
-    if inst.pid is None:
-        return False
-    return procs.pid_status(inst.pid, inst.pid_start_time, inst.binary or None) == "alive"
-
-
 def target_entries(store: Store) -> list[dict[str, Any]]:
     """The file's content now: one entry per sidecar recorded serving ``/metrics`` whose process
-    ``procs`` proves is still ours (a dead one's port may belong to someone else). Read-only."""
+    is still ours and itself listens on the address (``observe.verdicts``: a dead one's port may
+    belong to someone else). Read-only."""
     return [
         {
             "targets": [inst.metrics],
@@ -68,7 +66,7 @@ def target_entries(store: Store) -> list[dict[str, Any]]:
             },
         }
         for inst in store.metrics_targets()
-        if inst.metrics and _running(inst)
+        if metrics_claimed(inst, process_of(store.host, inst)) and metrics_proven(inst)
     ]
 
 

@@ -35,11 +35,16 @@ if TYPE_CHECKING:
     from sidecar_fsm.state.store import Store
 
 __all__ = [
+    "BEFORE_PROCESS",
+    "DRAINABLE",
     "EVENTS",
+    "NON_TERMINAL",
+    "SERVING_METRICS",
     "Firing",
     "STATES",
     "TERMINAL",
     "TRANSITIONS",
+    "WITH_PROCESS",
     "InstanceMachine",
     "fire_together",
     "MachineError",
@@ -49,7 +54,16 @@ __all__ = [
 
 STATES = ("configured", "building", "spawned", "ready", "draining", "stopped", "failed")
 TERMINAL = frozenset({"stopped", "failed"})
+# The live states: everything not yet terminal (a live instance of an ended run is a record a
+# killed launcher left, which ``reap`` closes).
 NON_TERMINAL = tuple(state for state in STATES if state not in TERMINAL)
+# No process was spawned yet (configured, building): a stop needs no drain.
+BEFORE_PROCESS = frozenset({"configured", "building"})
+# A process may run (spawned, ready, draining): the states whose recorded pid is judged.
+WITH_PROCESS = frozenset({"spawned", "ready", "draining"})
+# The proxy serves ``/metrics``: ready, and draining, when an operator watches the requests in
+# flight go down (``status``, ``top``, the Prometheus target file).
+SERVING_METRICS = frozenset({"ready", "draining"})
 
 # (event, from, to, facts the event must carry). Read top to bottom it is SPEC's diagram:
 # configured -> building -> spawned -> ready -> draining -> stopped, failed from anywhere live.
@@ -69,6 +83,8 @@ TRANSITIONS: tuple[tuple[str, tuple[str, ...], str, tuple[str, ...]], ...] = (
 )
 
 EVENTS = tuple(dict.fromkeys(event for event, _, _, _ in TRANSITIONS))
+# The states a ``drain`` leaves from (spawned, ready): a process that serves, or is about to.
+DRAINABLE = frozenset(state for event, sources, _, _ in TRANSITIONS if event == "drain" for state in sources)
 
 
 def target_of(state: str, event: str) -> str | None:

@@ -34,17 +34,19 @@ from collections.abc import Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 from types import TracebackType
-from typing import Any, Literal, NoReturn
-
-import sqlite_utils
+from typing import TYPE_CHECKING, Any, Literal, NoReturn
 
 from sidecar_fsm.base.urls import redact_url
 from sidecar_fsm.errors import SidecarError
 from sidecar_fsm.state import dbfile
 from sidecar_fsm.state.dbfile import DB_DIR_NAME, database_path  # re-exported: callers and tests
+from sidecar_fsm.state.fsm import SERVING_METRICS, TERMINAL
 from sidecar_fsm.state.hostname import host_name
 from sidecar_fsm.state.records import InstanceRecord, NewInstance, RunRecord, TransitionRecord, run_record
 from sidecar_fsm.state.schema import Migration, load_migrations, schema_version  # know them as store's
+
+if TYPE_CHECKING:
+    import sqlite_utils
 
 __all__ = [
     "DB_DIR_NAME",
@@ -83,11 +85,26 @@ class Store:
         self.host = host
         # Driver-level autocommit (isolation_level=None): the driver never opens a transaction
         # behind our back, so BEGIN IMMEDIATE below is the only way a write transaction starts.
-        self._db = sqlite_utils.Database(conn, recursive_triggers=False, execute_plugins=False)
+        self._conn = conn
+        self._writer: sqlite_utils.Database | None = None
         self._lock = threading.RLock()
         # Writes open inside the current transaction() on the thread holding self._lock; a
         # nested write joins that transaction through a savepoint instead of committing alone.
         self._nesting = 0
+
+    @property
+    def _db(self) -> sqlite_utils.Database:
+        """sqlite-utils over our connection, made at the first write.
+
+        Reads go to the connection itself (``_rows``, ``_first``): importing sqlite-utils (with
+        click and dateutil) costs a read command such as ``status`` more than all its queries,
+        and reading rows as dicts needs none of it.
+        """
+        if self._writer is None:
+            import sqlite_utils
+
+            self._writer = sqlite_utils.Database(self._conn, recursive_triggers=False, execute_plugins=False)
+        return self._writer
 
     # -- opening -----------------------------------------------------------------------------
 
@@ -116,7 +133,7 @@ class Store:
     def close(self) -> None:
         """Close the connection (the last one to close checkpoints the WAL into the file)."""
         with self._lock:
-            dbfile.close(self._db.conn)
+            dbfile.close(self._conn)
 
     def __enter__(self) -> Store:
         return self
@@ -160,7 +177,7 @@ class Store:
                 with self._savepoint():
                     yield self._db
                 return
-            conn = self._db.conn
+            conn = self._conn
             waited = dbfile.BUSY_TIMEOUT_SECONDS if wait_seconds is None else wait_seconds
             try:
                 if wait_seconds is not None:
@@ -199,7 +216,7 @@ class Store:
     def _savepoint(self) -> Iterator[None]:
         # Savepoint names are per connection and nest like a stack: the depth makes them unique.
         name = f"write_{self._nesting}"
-        conn = self._db.conn
+        conn = self._conn
         conn.execute(f"SAVEPOINT {name}")
         self._nesting += 1
         try:
@@ -319,7 +336,7 @@ class Store:
                 inserted = table.insert(row).last_rowid
                 assert inserted is not None  # an INSERT that did not raise made its row
                 ids.append(inserted)
-            sql = f"SELECT * FROM instances WHERE id IN ({', '.join('?' for _ in ids)})"
+            sql = f"SELECT * FROM instances WHERE id IN ({_marks(ids)})"
             by_id = {row["id"]: row for row in db.query(sql, ids)}
         return [InstanceRecord(**by_id[instance_id]) for instance_id in ids]
 
@@ -351,12 +368,8 @@ class Store:
             columns[key] = _redact_text(value) if key == "error" else value
         # Column names come from FACT_COLUMNS only (checked above), never from the caller's text.
         assignments = ", ".join(f"{name} = ?" for name in columns)
-        # The hot path talks to the connection directly: sqlite-utils' execute() re-parses each
-        # statement's first keyword, and everything between BEGIN and COMMIT delays every other
-        # writer on the host.
         with self._write() as db:
-            conn = db.conn
-            cursor = conn.execute(
+            cursor = db.execute(
                 f"UPDATE instances SET {assignments} WHERE id = ? AND state = ?",
                 [*columns.values(), instance_id, source],
             )
@@ -368,10 +381,10 @@ class Store:
                     f"instance {instance_id}: state is '{found['state']}', not '{source}'; another "
                     f"process moved it, reload it before firing '{event}'"
                 )
-            conn.execute(
+            db.execute(
                 "INSERT INTO transitions (instance_id, source, dest, event, at, detail) "
                 "VALUES (?, ?, ?, ?, ?, ?)",
-                (instance_id, source, dest, event, now, detail),
+                [instance_id, source, dest, event, now, detail],
             )
 
     # -- reads -------------------------------------------------------------------------------
@@ -380,7 +393,9 @@ class Store:
         # list(): a half-read cursor would keep a read transaction open and stall checkpoints.
         with self._lock:
             try:
-                return list(self._db.query(sql, list(params)))
+                cursor = self._conn.execute(sql, list(params))
+                keys = [column[0] for column in cursor.description]
+                return [dict(zip(keys, row, strict=True)) for row in cursor]
             except sqlite3.Error as exc:
                 self._raise_failed(exc, "read failed")
 
@@ -428,27 +443,29 @@ class Store:
         wanted = sorted(set(states))
         if not wanted:
             return []
-        marks = ", ".join("?" for _ in wanted)
-        rows = self._rows(f"SELECT * FROM instances WHERE state IN ({marks}) ORDER BY id", wanted)
+        rows = self._rows(f"SELECT * FROM instances WHERE state IN ({_marks(wanted)}) ORDER BY id", wanted)
         return [InstanceRecord(**row) for row in rows]
 
     def metrics_targets(self) -> list[InstanceRecord]:
         """Instances serving ``/metrics`` as recorded: ready or draining, with a metrics address,
         in a run not ended; in creation order. Whether each process still runs is the caller's
         question (``procs``): a launcher killed with -9 leaves its rows saying ready."""
+        serving = sorted(SERVING_METRICS)
         rows = self._rows(
             "SELECT instances.* FROM instances JOIN runs ON runs.run_id = instances.run_id "
-            "WHERE runs.ended_at IS NULL AND instances.state IN ('ready', 'draining') "
-            "AND instances.metrics IS NOT NULL ORDER BY instances.id"
+            f"WHERE runs.ended_at IS NULL AND instances.state IN ({_marks(serving)}) "
+            "AND instances.metrics IS NOT NULL ORDER BY instances.id",
+            serving,
         )
         return [InstanceRecord(**row) for row in rows]
 
     def live_instance_on_listen(self, listen: str) -> InstanceRecord | None:
         """The newest non-terminal instance recorded on ``listen`` (host:port), if any."""
+        terminal = sorted(TERMINAL)
         rows = self._rows(
-            "SELECT * FROM instances WHERE listen = ? AND state NOT IN ('stopped', 'failed') "
+            f"SELECT * FROM instances WHERE listen = ? AND state NOT IN ({_marks(terminal)}) "
             "ORDER BY id DESC LIMIT 1",
-            [listen],
+            [listen, *terminal],
         )
         return InstanceRecord(**rows[0]) if rows else None
 
@@ -474,7 +491,14 @@ def open_all_hosts(log_dir: str | Path) -> list[Store]:
 # -- rows and redaction ------------------------------------------------------------------------
 
 
-def _first(db: sqlite_utils.Database, sql: str, params: list[Any]) -> dict[str, Any] | None:
+def _marks(values: Sequence[Any]) -> str:
+    """``?, ?, ?``: one placeholder per value, so a state group is bound, never spelled in SQL."""
+    return ", ".join("?" for _ in values)
+
+
+def _first(
+    db: sqlite_utils.Database | sqlite3.Connection, sql: str, params: list[Any]
+) -> dict[str, Any] | None:
     cursor = db.execute(sql, params)
     row = cursor.fetchone()
     if row is None:

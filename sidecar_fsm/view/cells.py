@@ -40,7 +40,7 @@ STATE_STYLES = {
     "stopped": "dim",
     "failed": "red",
 }
-OWNER_STYLES = {"alive": "green", "dead": "red", "reused": "red"}
+OWNER_STYLES = {"alive": "green", "dead": "red", "reused": "red", "unproven": "yellow"}
 
 # --------------------------------------------------------------------------------- formatting
 

@@ -1,8 +1,9 @@
 """``status --ray``: what runs now on every alive node of a Ray cluster, in one table.
 
-Owns the task each node runs (judge this host's runs in the shared log dir with the status
-model, ``view.status``: only a node can tell whether its own pids are still its sidecars, and
-scrape its own proxies' loopback ``/metrics``), and the shape the answers are gathered into.
+Owns the task each node runs (judge this host's runs in the shared log dir as plain ``status``
+does, ``sidecar_fsm.observe`` through ``view.status``: only a node can tell whether its own pids
+are still its sidecars, and scrape its own proxies' loopback ``/metrics``), and the shape the
+answers are gathered into.
 Reaching the nodes is ``run.cluster.on_every_node``'s job. Read-only on every node: opens no
 database for writing, changes no state, signals nothing.
 """

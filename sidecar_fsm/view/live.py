@@ -57,6 +57,15 @@ class Figures:
     # The proxy's last upstream error in its own words (GET /upstream), read only while the
     # upstream is down; None when up, or when the proxy could not say.
     upstream_error: str | None = None
+    # True while the gauge is 0 only because nothing was dialled yet: a proxy a moment after its
+    # ready file, before its first upstream check (GET /upstream: not checked, no error). Such
+    # an upstream is not known to be down, and a status taken then must not say it is.
+    upstream_unchecked: bool = False
+
+    @property
+    def upstream_down(self) -> bool:
+        """The upstream failed its last dial or response (not merely "not dialled yet")."""
+        return not self.upstream_up and not self.upstream_unchecked
 
     def errors_counted(self) -> dict[str, int]:
         """The error kinds with a non-zero count, in ``ERROR_KINDS`` order, then any others."""
@@ -134,7 +143,8 @@ def _scrape_one(address: str, deadline: float) -> Scrape:
             return Scrape(address, None, f"bad answer: HTTP {response.status}")
         figures = parse(body.decode("utf-8", errors="replace"))
         if not figures.upstream_up:
-            figures = dataclasses.replace(figures, upstream_error=_last_upstream_error(conn))
+            error, unchecked = _upstream_report(conn)
+            figures = dataclasses.replace(figures, upstream_error=error, upstream_unchecked=unchecked)
         return Scrape(address, figures)
     except TimeoutError:
         return Scrape(address, None, NO_ANSWER)
@@ -150,24 +160,28 @@ def _scrape_one(address: str, deadline: float) -> Scrape:
         conn.close()
 
 
-def _last_upstream_error(conn: http.client.HTTPConnection) -> str | None:
+def _upstream_report(conn: http.client.HTTPConnection) -> tuple[str | None, bool]:
     """The proxy's last upstream error (``GET /upstream``'s ``last_error``) on the scrape's own
-    connection and deadline; None when it cannot say (an older proxy, no answer in time).
+    connection and deadline, and whether nothing was checked yet (``checked`` false and no
+    error); ``(None, False)`` when it cannot say (no answer in time).
 
     Text, not a metric: an error's words would make an unbounded label value, so the proxy keeps
-    them beside /metrics, and they are asked for only when the upstream is down.
+    them beside /metrics, and they are asked for only when the upstream is not up.
     """
     try:
         conn.request("GET", "/upstream")
         response = conn.getresponse()
         body = response.read(_MAX_BODY_BYTES)
         if response.status != 200:
-            return None
+            return None, False
         document = json.loads(body)
     except (OSError, http.client.HTTPException, ValueError):
-        return None
-    error = document.get("last_error") if isinstance(document, dict) else None
-    return " ".join(str(error).split()) or None if error is not None else None
+        return None, False
+    if not isinstance(document, dict):
+        return None, False
+    error = document.get("last_error")
+    words = " ".join(str(error).split()) or None if error is not None else None
+    return words, words is None and document.get("checked") is False
 
 
 def scrape_all(addresses: Mapping[K, str], timeout: float = SCRAPE_TIMEOUT_SECONDS) -> dict[K, Scrape]:

@@ -72,6 +72,8 @@ def reap_json(report: ReapReport) -> str:
                             "name": inst.name,
                             "state": inst.state,
                             "pid": inst.pid,
+                            # status --json's word for what runs at the pid: the one verdict.
+                            "process": inst.process,
                             "action": inst.action,
                             "result": inst.result,
                         }

@@ -15,6 +15,8 @@ from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
 from sidecar_fsm.base.resources import command_hint
+from sidecar_fsm.observe.runs import ended_with_owner
+from sidecar_fsm.observe.verdicts import OWNER_GONE, Owner, Process
 from sidecar_fsm.view.cells import (
     OWNER_STYLES,
     STATE_STYLES,
@@ -32,11 +34,7 @@ from sidecar_fsm.view.cells import (
     table,
 )
 from sidecar_fsm.view.status import (
-    OWNER_GONE,
-    PROCESS_GONE,
-    PROCESS_REUSED,
     RunStatus,
-    ended_with_owner,
     needs_attention,
     process_alive,
     process_note,
@@ -61,6 +59,8 @@ def run_result(status: RunStatus, now: float) -> Cell:
             return ("ended: owner gone, nothing left running", "yellow")
         if owner in OWNER_GONE:
             return (f"owner gone: {reap_hint(status)}", "red")
+        if owner == Owner.UNPROVEN:
+            return ("live (owner cannot be proven: no start time recorded)", "yellow")
         # Another host's pids cannot be judged from here; its own reap decides.
         return ("live (owner on another host)", None)
     outcome = run.outcome or "ended"
@@ -73,7 +73,7 @@ def pid_cell(status: RunStatus, inst: InstanceRecord) -> Cell:
     if inst.pid is None:
         return (UNKNOWN, None)
     process = status.process_of(inst)
-    if process in (PROCESS_GONE, PROCESS_REUSED):
+    if process in (Process.GONE, Process.REUSED, Process.UNPROVEN):
         return (f"{inst.pid} ({process})", "red")
     return (str(inst.pid), None)
 
@@ -164,6 +164,8 @@ def upstream_words(scrape: Scrape) -> Cell:
         return (UNKNOWN, None)
     if figures.upstream_up:
         return ("up", "green")
+    if figures.upstream_unchecked:
+        return ("not checked yet", None)
     counted = ", ".join(f"{kind} {count}" for kind, count in figures.errors_counted().items())
     return (f"down: {counted}" if counted else "down", "red")
 
@@ -367,7 +369,8 @@ def instance_json(
     unrecorded: Sequence[int] = (),
 ) -> dict[str, Any]:
     """An instance's record plus what runs at its pid now: ``alive`` (true, false or null, see
-    ``process_alive``) and ``process`` (``running``, ``gone``, ``reused``, ``other host`` or null),
+    ``process_alive``) and ``process`` (``observe.Process``: ``running``, ``gone``, ``reused``,
+    ``unproven``, ``other host``; or null),
     ``unrecorded_pids`` (its processes that run although no record names their pid), and
     ``live`` (see ``live_json``): what its proxy reported when asked just now."""
     return {
@@ -399,7 +402,7 @@ def run_status_json(s: RunStatus) -> dict[str, Any]:
         **run_json(s.run, s.owner),
         **_attention_json(s),
         "instances": [
-            instance_json(i, s.process_of(i), s.live_of(i), s.unrecorded.get(i.id, ())) for i in s.instances
+            instance_json(i, s.process_of(i), s.live_of(i), s.unrecorded_pids(i)) for i in s.instances
         ],
     }
 

@@ -394,6 +394,11 @@ def test_build_prints_the_cached_binary(cache_dir: Path, sidecar_binary: Path, t
     path = Path(done.stdout.strip())
     assert path.is_file() and os.access(path, os.X_OK)
     assert path.is_relative_to(cache_dir)
+    # Which binary and why, on stderr: an editable install packages none, so the cache's.
+    assert done.stderr == (
+        "sidecar-fsm build: from the build cache, built before; "
+        "no binary is packaged with this install (editable, or no wheel for this platform)\n"
+    )
 
 
 def test_start_exits_1_naming_the_sidecar_that_died(

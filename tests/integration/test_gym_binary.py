@@ -80,18 +80,49 @@ def _config(**sidecar: Any) -> H2PingSidecarConfig:
     return H2PingSidecarConfig.model_validate(block)
 
 
+def _asked(binary: Path) -> BinaryFlags:
+    """``binary_flags`` of a foreign binary, which is asked (ours would give None)."""
+    flags = binary_flags(binary)
+    assert flags is not None, f"{binary}: taken for our own proxy"
+    return flags
+
+
 # --- learning the flags -----------------------------------------------------------------------
 
 
 def test_gyms_flags_are_learned_from_its_help(gym_binary: Path) -> None:
-    flags = binary_flags(gym_binary)
+    flags = _asked(gym_binary)
     assert flags.accepted == GYM_FLAGS
     assert flags.takes_value == GYM_FLAGS - {"insecure-skip-verify"}
     assert flags.reports_listen is False
 
 
-def test_our_flags_are_learned_from_its_help(sidecar_binary: Path) -> None:
-    flags = binary_flags(sidecar_binary)
+def _our_flags(sidecar_binary: Path) -> BinaryFlags:
+    """What the scraper would read from our proxy's -h (it never asks ours: see below)."""
+    done = subprocess.run([str(sidecar_binary), "-h"], capture_output=True, text=True, timeout=30)
+    return binaryflags.parse_usage(str(sidecar_binary), done.stdout + done.stderr)
+
+
+def test_our_binary_is_known_by_its_stamp_and_never_asked(
+    sidecar_binary: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The build cache's binary, or a copy of it anywhere: every flag, nothing refused or warned."""
+    copy = tmp_path / "elsewhere" / "h2-ping-sidecar"
+    copy.parent.mkdir()
+    shutil.copy2(sidecar_binary, copy)
+
+    def no_run(*args: Any, **kwargs: Any) -> None:
+        raise AssertionError(f"ran {args}: our own binary is not asked")
+
+    monkeypatch.setattr(subprocess, "run", no_run)
+    for binary in (sidecar_binary, copy):
+        assert binary_flags(binary) is None
+        assert binaryflags.check(binary, _config(ca_file="/ca.pem"), _config().instances) == (None, [])
+
+
+def test_our_help_reads_as_every_flag_to_the_scraper(sidecar_binary: Path) -> None:
+    """An older sidecar-fsm's binary (another stamp) is scraped: our -h is what it reads."""
+    flags = _our_flags(sidecar_binary)
     assert flags.accepted >= GYM_FLAGS | {"exit-with-pid", "ca-file"}
     assert "insecure-skip-verify" not in flags.takes_value
     assert flags.reports_listen is True
@@ -100,11 +131,11 @@ def test_our_flags_are_learned_from_its_help(sidecar_binary: Path) -> None:
 def test_the_answer_is_remembered_until_the_file_changes(gym_binary: Path, tmp_path: Path) -> None:
     binary = tmp_path / "h2-ping-sidecar"
     shutil.copy2(gym_binary, binary)
-    first = binary_flags(binary)
+    first = _asked(binary)
     assert binary_flags(binary) is first  # asked once
     stat = binary.stat()
     os.utime(binary, ns=(stat.st_atime_ns, stat.st_mtime_ns + 1_000_000_000))
-    touched = binary_flags(binary)
+    touched = _asked(binary)
     assert touched is not first and touched == first  # asked again, same answer
     # Replaced in place by a rename (a rebuild): a new inode, asked again, the new answer.
     replacement = tmp_path / "new"
@@ -128,7 +159,7 @@ def test_a_binary_that_cannot_be_asked_is_one_line(tmp_path: Path, monkeypatch: 
     silent = tmp_path / "silent"
     silent.write_text("#!/bin/sh\necho 'not a flag parser'\nexit 1\n")
     silent.chmod(0o755)
-    assumed = binary_flags(silent)
+    assumed = _asked(silent)
     assert assumed.accepted == binaryflags.GYM_FLAGS and not assumed.learned
     assert not assumed.reports_listen
     config = H2PingSidecarConfig.model_validate({"exit_with_owner": True})
@@ -158,7 +189,7 @@ def _raised(function: Callable[..., Any], *args: Any) -> BaseException:
 
 
 def test_filter_drops_what_the_binary_lacks_and_keeps_the_rest_in_order(gym_binary: Path) -> None:
-    flags = binary_flags(gym_binary)
+    flags = _asked(gym_binary)
     config = _config(ca_file="/ca.pem", insecure_skip_verify=True)
     command = sidecar_command(str(gym_binary), config, config.instances[0], "/tmp/x.ready")
     filtered = filter_command(command, flags)
@@ -179,7 +210,7 @@ def test_filter_drops_what_the_binary_lacks_and_keeps_the_rest_in_order(gym_bina
 
 
 def test_refusals_name_the_field_and_the_value(gym_binary: Path, sidecar_binary: Path) -> None:
-    gym, ours = binary_flags(gym_binary), binary_flags(sidecar_binary)
+    gym, ours = _asked(gym_binary), _our_flags(sidecar_binary)
     config = _config(
         instances=[
             {"name": "a", "upstream": "https://a.example.com", "listen": "127.0.0.1:1250"},
@@ -204,7 +235,7 @@ def test_refusals_name_the_field_and_the_value(gym_binary: Path, sidecar_binary:
 
 
 def test_warnings_say_what_is_lost(gym_binary: Path, sidecar_binary: Path) -> None:
-    gym, ours = binary_flags(gym_binary), binary_flags(sidecar_binary)
+    gym, ours = _asked(gym_binary), _our_flags(sidecar_binary)
     (line,) = warnings(_config(), gym)
     assert line.startswith("WARNING: ") and line.endswith(ORPHAN_WARNING)
     assert warnings(_config(exit_with_owner=False), gym) == []
@@ -217,7 +248,7 @@ def test_warnings_say_what_is_lost(gym_binary: Path, sidecar_binary: Path) -> No
 
 def test_check_refuses_with_every_line_or_returns_the_warnings(gym_binary: Path) -> None:
     flags, notes = binaryflags.check(gym_binary, _config(), _config().instances)
-    assert flags.accepted == GYM_FLAGS
+    assert flags is not None and flags.accepted == GYM_FLAGS
     assert len(notes) == 1 and notes[0].endswith(ORPHAN_WARNING)
     config = _config(
         instances=[{"upstream": "https://a.example.com", "listen": "127.0.0.1:0"}], ca_file="/ca.pem"
@@ -238,7 +269,7 @@ def test_what_needs_metrics_is_refused_for_a_binary_without_them(
         instances=[{"upstream": "https://a.example.com", "metrics_listen": "127.0.0.1:9464"}],
         upstream_check="fail",
     )
-    lines = refusals(config, config.instances, binary_flags(gym_binary))
+    lines = refusals(config, config.instances, _asked(gym_binary))
     assert lines == [
         f"sidecar.instances[0].metrics_listen: '127.0.0.1:9464' cannot be passed to '{gym_binary}', which "
         "has no -metrics-listen flag; drop it or leave sidecar.binary unset to use sidecar-fsm's proxy",
@@ -246,7 +277,7 @@ def test_what_needs_metrics_is_refused_for_a_binary_without_them(
         "give (no -metrics-listen flag); set upstream_check: warn or leave sidecar.binary unset to use "
         "sidecar-fsm's proxy",
     ]
-    assert refusals(config, config.instances, binary_flags(sidecar_binary)) == []
+    assert refusals(config, config.instances, _our_flags(sidecar_binary)) == []
 
 
 # --- Gym's binary running ---------------------------------------------------------------------
@@ -285,7 +316,7 @@ def test_gyms_binary_runs_the_filtered_command(
     assert done.returncode == 2 and "flag provided but not defined: -exit-with-pid" in done.stderr
     assert not ready.exists()
 
-    flags = binary_flags(gym_binary)
+    flags = _asked(gym_binary)
 
     def argv_for(listen: str) -> list[str]:
         instance = config.instances[0].model_copy(update={"listen": listen})
@@ -343,6 +374,8 @@ def test_the_launcher_starts_gyms_binary(
         with Store.open(log_dir) as store:
             (record,) = store.instances_of(manager.run_id)
         assert (record.state, record.listen, record.metrics) == ("ready", f"127.0.0.1:{port}", None)
+        # Its ready file says no route, so `start` prints none (ours say "direct" or "via ...").
+        assert manager.routes == {"lab": None}
     finally:
         manager.stop()
     assert list(log_dir.glob("*.ready")) == []

@@ -84,6 +84,12 @@ def test_read_ready_file_rejects_missing_partial_malformed_and_other_pids(tmp_pa
     assert ready.read_ready_file(path, 5) == ReadyInfo(5, "127.0.0.1:1250")
     path.write_text('{"pid": 5, "listen": "127.0.0.1:1250", "metrics": "127.0.0.1:9100"}')
     assert ready.read_ready_file(path, 5) == ReadyInfo(5, "127.0.0.1:1250", "127.0.0.1:9100")
+    path.write_text('{"pid": 5, "listen": "127.0.0.1:1250", "route": "via egress proxy http://p:3128"}')
+    assert ready.read_ready_file(path, 5) == ReadyInfo(
+        5, "127.0.0.1:1250", None, "via egress proxy http://p:3128"
+    )
+    path.write_text('{"pid": 5, "listen": "127.0.0.1:1250", "route": 7}')  # not a route: none said
+    assert ready.read_ready_file(path, 5) == ReadyInfo(5, "127.0.0.1:1250")
 
 
 def test_bare_pid_form_counts_with_the_configured_listen(tmp_path: Path) -> None:

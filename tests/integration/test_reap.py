@@ -20,7 +20,8 @@ import pytest
 from helpers import ProcessRegistry
 
 from sidecar_fsm.base import procs
-from sidecar_fsm.run.reap import owner_status, reap
+from sidecar_fsm.observe.verdicts import owner_of
+from sidecar_fsm.run.reap import reap
 from sidecar_fsm.state.fsm import InstanceMachine
 from sidecar_fsm.state.store import Store, database_path
 
@@ -154,7 +155,7 @@ def test_owner_pid_reused_counts_as_gone(
         store, log_dir, (real.pid, real.start_time - 100), [("policy", None, None)], state="building"
     )
     run = store.get_run(run_id)
-    assert run is not None and owner_status(run) == "reused"
+    assert run is not None and owner_of(run) == "reused"
 
     report = reap(store)
 

@@ -150,7 +150,7 @@ def test_status_follows_a_slow_request_kept_alive_through_the_relay(
         assert relay.drops == 0
 
 
-def test_a_stopped_sidecar_reads_no_answer_and_status_still_shows_the_others(
+def test_a_stopped_sidecar_reads_no_answer_needs_attention_and_status_still_shows_the_others(
     log_dir: Path,
     cache_dir: Path,
     sidecar_binary: Path,
@@ -177,12 +177,18 @@ def test_a_stopped_sidecar_reads_no_answer_and_status_still_shows_the_others(
             # In process, to time it: the deadline holds, the command does not wait for the judge.
             capsys.readouterr()
             started = time.monotonic()
-            assert cli.main(["status", "--log-dir", str(log_dir)]) == 0
+            # A frozen proxy serves nobody: the run needs attention (exit 3), naming it.
+            assert cli.main(["status", "--log-dir", str(log_dir)]) == 3
             took = time.monotonic() - started
             table = capsys.readouterr().out
+            assert cli.main(["status", "--json", "--log-dir", str(log_dir)]) == 3
+            (run,) = json.loads(capsys.readouterr().out)["runs"]
+            assert run["attention"] == f"judge: /metrics at {instances['judge']['metrics']}: no answer"
             assert database_files(log_dir) == written  # reading wrote nothing
         finally:
             os.kill(judge_pid, signal.SIGCONT)
+        # Thawed, it answers again and the run is healthy: the freeze alone made the 3.
+        wait_until(lambda: cli.main(["status", "--log-dir", str(log_dir)]) == 0, 10, "a healthy status")
     assert took < live.SCRAPE_TIMEOUT_SECONDS + 2.0, took
     rows = {line.split()[0]: line for line in table.splitlines() if line.startswith("  ")}
     header = rows["NAME"]

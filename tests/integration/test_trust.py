@@ -139,7 +139,7 @@ def cli(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedPr
         (NOBODY, 0o777, "belongs to another user"),
         (0, 0o777, "writable by group or others"),
         (0, 0o1777, "writable by group or others"),  # sticky: others may still plant a file
-        (0, 0o775, "writable by group or others"),
+        # group-writable: test_trust_groups.py, with a group of other users made for it
     ],
 )
 def test_start_refuses_a_log_dir_another_user_can_write(
@@ -347,7 +347,7 @@ def test_status_does_not_scrape_a_metrics_address_the_proxy_does_not_listen_on(
     ("where", "mode", "owner"),
     [
         ("folder", 0o777, 0),  # world-writable, not sticky: anyone may rename the binary away
-        ("folder", 0o770, 0),  # group-writable
+        # group-writable: test_trust_groups.py, with a group of other users made for it
         ("folder", 0o755, NOBODY),  # another user's folder
         ("binary", 0o757, 0),  # the file itself writable by others
         ("binary", 0o755, NOBODY),  # the file itself another user's
@@ -404,7 +404,9 @@ def test_a_build_cache_folder_of_another_user_is_refused(
         start_h2_ping_sidecar(gym_config(log_dir, None, cache, build_if_missing=False))
 
     line = one_line(caught.value)
-    assert line.startswith(f"cache_dir: '{copied}': '{hash_dir}' (owner nobody, mode 0755)")
+    # Judged before the Go version is even asked (nothing is written into a cache refused), so
+    # the line names this sources' folder, which holds every Go version's binary.
+    assert line.startswith(f"cache_dir: '{hash_dir}': '{hash_dir}' (owner nobody, mode 0755)")
     assert not log_dir.exists()
 
 

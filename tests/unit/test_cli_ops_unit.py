@@ -22,6 +22,7 @@ from sidecar_fsm.base.resources import command_hint, default_log_dir
 from sidecar_fsm.cli import build_parser, main
 from sidecar_fsm.configfile import load_config
 from sidecar_fsm.errors import ConfigError
+from sidecar_fsm.observe.verdicts import Process
 from sidecar_fsm.run.prune import parse_age
 from sidecar_fsm.view import logs, render, upkeep_report
 from sidecar_fsm.view import status as view_status
@@ -39,7 +40,7 @@ def _healthy() -> view_status.RunStatus:
         run=run_record(),
         owner="alive",
         instances=[instance_record()],
-        processes={1: view_status.PROCESS_RUNNING},
+        processes={1: Process.RUNNING},
         live={1: Scrape("127.0.0.1:9101", _figures())},
         log_dir="/logs",
     )
@@ -54,24 +55,25 @@ ATTENTION = {
     ),
     # Its sidecars exited with their owner (exit_with_owner): the run ended by itself.
     "owner gone, nothing left running": (
-        dataclasses.replace(_healthy(), owner="reused", processes={1: view_status.PROCESS_GONE}),
+        dataclasses.replace(_healthy(), owner="reused", processes={1: Process.GONE}),
         None,
     ),
     "instance failed": (
-        dataclasses.replace(two_instance_status(), processes={1: view_status.PROCESS_RUNNING}),
+        dataclasses.replace(two_instance_status(), processes={1: Process.RUNNING}),
         "judge is failed",
     ),
     "process gone": (
-        dataclasses.replace(_healthy(), processes={1: view_status.PROCESS_GONE}),
+        dataclasses.replace(_healthy(), processes={1: Process.GONE}),
         "policy is not running (pid 41030 gone)",
     ),
     "upstream down": (
         dataclasses.replace(_healthy(), live={1: Scrape("127.0.0.1:9101", _figures(up=False))}),
         "policy: upstream https://api.example.com is down",
     ),
-    "no answer is not a verdict": (
+    # A frozen or wedged proxy (SIGSTOP, a full accept queue) serves nobody either.
+    "metrics do not answer": (
         dataclasses.replace(_healthy(), live={1: Scrape("127.0.0.1:9101", None, "no answer")}),
-        None,
+        "policy: /metrics at 127.0.0.1:9101: no answer",
     ),
 }
 

@@ -116,6 +116,16 @@ def test_env_drops_http2debug_only(
     assert "GOMEMLIMIT" not in env or os.environ.get("GOMEMLIMIT") == env["GOMEMLIMIT"]
 
 
+def test_env_passes_the_proxy_variables_through_unchanged(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The proxy decides the route from the job's own HTTPS_PROXY/NO_PROXY (go/egress.go)."""
+    variables = {"HTTPS_PROXY": "http://alice:s3cret@proxy.corp:3128", "NO_PROXY": ".corp", "no_proxy": "x"}
+    variables["https_proxy"] = variables["HTTPS_PROXY"]
+    for name, value in variables.items():
+        monkeypatch.setenv(name, value)
+    env = sidecar_env(_config())
+    assert {name: env[name] for name in variables} == variables
+
+
 def test_env_passes_go_limits(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("GOMAXPROCS", "8")
     env = sidecar_env(_config(gomemlimit="1GiB", gomaxprocs=2))

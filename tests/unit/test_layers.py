@@ -1,7 +1,7 @@
 """The package's folders are its layers, and imports only go down them.
 
-``view`` → ``run`` → ``state`` → ``config`` → ``base`` / ``errors`` / ``lab``, with the public
-modules (``cli``, ``launcher``, ``demo``, ``gymexec``, ...) above them all. An import that goes
+``view`` → ``run`` → ``observe`` → ``state`` → ``config`` → ``base`` / ``errors`` / ``lab``, with
+the public modules (``cli``, ``launcher``, ``demo``, ``gymexec``, ...) above them all. An import that goes
 up a layer (a leaf reaching for the store, the state layer reaching for a running child) fails
 here, naming the file and the import, before it becomes a cycle nobody can cut.
 """
@@ -16,8 +16,8 @@ import sidecar_fsm
 PACKAGE = Path(sidecar_fsm.__file__).parent
 
 # Higher numbers may import lower ones and their own layer, never higher ones.
-RANK = {"base": 0, "errors": 0, "lab": 0, "config": 1, "state": 2, "run": 3, "view": 4}
-PUBLIC = 5
+RANK = {"base": 0, "errors": 0, "lab": 0, "config": 1, "state": 2, "observe": 3, "run": 4, "view": 5}
+PUBLIC = 6
 
 
 def _rank(module: str) -> int:
@@ -42,7 +42,7 @@ def _imports(path: Path) -> list[tuple[int, str]]:
 
 
 def test_every_layer_is_a_package_with_a_docstring_that_says_what_it_owns() -> None:
-    for layer in ("state", "run", "view", "base", "lab"):
+    for layer in ("state", "observe", "run", "view", "base", "lab"):
         init = PACKAGE / layer / "__init__.py"
         assert ast.get_docstring(ast.parse(init.read_text())), f"{init}: no docstring"
 
@@ -64,6 +64,8 @@ def test_no_import_goes_up_a_layer() -> None:
 def test_the_rule_catches_an_upward_import() -> None:
     """The walk above would pass vacuously if it found no imports at all."""
     assert _rank("sidecar_fsm.state.store") > _rank("sidecar_fsm.base.procs")
+    store, observe, reap = "sidecar_fsm.state.store", "sidecar_fsm.observe.runs", "sidecar_fsm.run.reap"
+    assert _rank(store) < _rank(observe) < _rank(reap)
     assert ("sidecar_fsm.state.store", 2) in [
         (name, _rank(name)) for _, name in _imports(PACKAGE / "run" / "reap.py")
     ]

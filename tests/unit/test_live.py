@@ -10,6 +10,7 @@ import time
 
 import pytest
 
+from sidecar_fsm.observe.verdicts import Process
 from sidecar_fsm.state.store import InstanceRecord, RunRecord
 from sidecar_fsm.view import live, render
 from sidecar_fsm.view import status as view_status
@@ -127,9 +128,9 @@ def status_with(scrapes: dict[int, Scrape]) -> view_status.RunStatus:
             instance_record(3, "nometrics", None),
         ],
         processes={
-            1: view_status.PROCESS_RUNNING,
-            2: view_status.PROCESS_RUNNING,
-            3: view_status.PROCESS_RUNNING,
+            1: Process.RUNNING,
+            2: Process.RUNNING,
+            3: Process.RUNNING,
         },
         live=scrapes,
     )
@@ -164,6 +165,17 @@ def test_status_table_shows_the_figures_and_no_answer() -> None:
     # Idle: no oldest age to speak of.
     idle = status_with({1: Scrape("a:1", figures(requests_in_flight=0, oldest_request_age_seconds=0.0))})
     assert column(render.status_lines([idle], now=NOW)[3], "OLDEST") == "-"
+
+
+def test_a_proxy_before_its_first_upstream_check_is_not_down() -> None:
+    """The gauge is 0 until the first dial: a status taken a moment after the ready file (before
+    the check the proxy starts 200 ms later) must not call a healthy upstream down."""
+    pending = status_with({1: Scrape("a:1", figures(upstream_errors={}, upstream_unchecked=True))})
+    assert view_status.needs_attention(pending) is None
+    line = render.status_lines([pending], now=NOW)[3]
+    assert "not checked yet" in line and "down" not in line
+    failed = status_with({1: Scrape("a:1", figures(upstream_errors={"dial": 1}))})
+    assert view_status.needs_attention(failed) == "policy: upstream https://api.example.com is down"
 
 
 def test_runs_with_nothing_scraped_keep_the_plain_table() -> None:

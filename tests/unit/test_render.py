@@ -7,6 +7,8 @@ import re
 
 import pytest
 
+from sidecar_fsm.base import procs
+from sidecar_fsm.observe.verdicts import Process
 from sidecar_fsm.run.reap import InstanceReap, ReapReport, RunReap
 from sidecar_fsm.state.store import InstanceRecord, RunRecord, TransitionRecord
 from sidecar_fsm.view import cells, reap_report, render
@@ -264,11 +266,11 @@ def observed(owner: str, process: str, **run: object) -> view_status.RunStatus:
 
 # (owner, what runs at policy's pid) -> PID cell, DETAIL, json alive
 OBSERVED = [
-    ("alive", view_status.PROCESS_RUNNING, "41030", "-", True),
-    ("dead", view_status.PROCESS_RUNNING, "41030", "-", True),
+    ("alive", Process.RUNNING, "41030", "-", True),
+    ("dead", Process.RUNNING, "41030", "-", True),
     (
         "dead",
-        view_status.PROCESS_GONE,
+        Process.GONE,
         "41030 (gone)",
         "recorded ready but pid 41030 has exited; nothing left running: "
         "run sidecar-fsm reap to close the record",
@@ -276,7 +278,7 @@ OBSERVED = [
     ),
     (
         "reused",
-        view_status.PROCESS_REUSED,
+        Process.REUSED,
         "41030 (reused)",
         "recorded ready but pid 41030 now belongs to another process; nothing left running: "
         "run sidecar-fsm reap to close the record",
@@ -284,12 +286,12 @@ OBSERVED = [
     ),
     (
         "alive",
-        view_status.PROCESS_GONE,
+        Process.GONE,
         "41030 (gone)",
         "recorded ready but pid 41030 has exited; its launcher (pid 41022) has not recorded it yet",
         False,
     ),
-    ("other host", view_status.PROCESS_OTHER_HOST, "41030", "-", None),
+    ("other host", Process.OTHER_HOST, "41030", "-", None),
 ]
 
 
@@ -314,8 +316,7 @@ def test_status_names_a_running_process_no_record_names() -> None:
         run=run_record(),
         owner="dead",
         instances=[instance_record(state="configured", pid=None, pid_start_time=None)],
-        processes={1: view_status.PROCESS_RUNNING},
-        unrecorded={1: [41077]},
+        unrecorded={1: [procs.ProcessIdentity(41077, NOW - 10, "/cache/h2-ping-sidecar", "/logs/x.ready")]},
     )
     lines = render.status_lines([unrecorded], now=NOW)
     assert lines[3].split()[:3] == ["policy", "configured", "-"]
@@ -328,7 +329,7 @@ def test_status_names_a_running_process_no_record_names() -> None:
 
 
 def test_history_header_says_whether_owner_and_processes_live() -> None:
-    status = observed("dead", view_status.PROCESS_GONE)
+    status = observed("dead", Process.GONE)
     rows = [("policy", TransitionRecord(1, 1, "spawned", "ready", "ready", NOW, None))]
     lines = render.history_lines(status.run, rows, status=status)
     assert lines[0].startswith(
@@ -345,7 +346,7 @@ def test_history_header_says_whether_owner_and_processes_live() -> None:
         {"name": "policy", "state": "ready", "pid": 41030, "alive": False, "process": "gone"},
         {"name": "judge", "state": "failed", "pid": None, "alive": None, "process": None},
     ]
-    ended = observed("dead", view_status.PROCESS_GONE, ended_at=NOW, outcome="ended")
+    ended = observed("dead", Process.GONE, ended_at=NOW, outcome="ended")
     assert "owner pid 41022 (dead), started" in render.history_lines(ended.run, rows, status=ended)[0]
 
 

@@ -1,0 +1,103 @@
+"""The launcher's duration rules (``config.py``) against the proxy's own (``go/config.go``).
+
+Python validates before any process exists, so both sides hold the rules; this test is what
+keeps them one rule. It reads the defaults from the built proxy's ``-h`` and asks the proxy
+itself whether each boundary value is accepted: with ``-exit-with-pid -1`` (validated after
+every duration) a value the proxy accepts ends in the exit-with-pid error, one it refuses in
+its own flag's, and the proxy exits 2 without binding anything either way.
+"""
+
+from __future__ import annotations
+
+import re
+import subprocess
+from pathlib import Path
+
+import pytest
+from pydantic import ValidationError
+
+from sidecar_fsm.config import H2PingSidecarConfig, parse_duration_seconds
+
+# config.py field -> the proxy's flag.
+FLAGS = {
+    "ping_interval": "ping-interval",
+    "ping_timeout": "ping-timeout",
+    "shutdown_grace": "shutdown-grace",
+    "max_conn_age": "max-conn-age",
+    "retry_body_limit": "retry-body-limit",
+}
+# Defaults that differ on purpose (SPEC): the launcher always passes shutdown_grace, and 60 s is
+# the launcher's drain; 15 m is the proxy's when run by hand, as NeMo Gym's proxy has it.
+DIFFERENT_DEFAULTS = {"shutdown_grace": ("60s", "15m")}
+# Boundary values of each duration rule; (field, value) pairs the launcher alone refuses.
+BOUNDARIES = {
+    "ping_interval": ["-1s", "0s", "1ms", "339s", "339.999s", "340s", "5m40s", "1h"],
+    "ping_timeout": ["-1s", "0s", "1ms", "15s"],
+    "shutdown_grace": ["-1s", "0s", "1ms", "15m"],
+    "max_conn_age": ["-1s", "0s", "1ms", "59m59s", "3600s"],
+}
+# The load balancer's GOAWAY at 3600 s (config.py's LOAD_BALANCER_KEEP_ALIVE_SECONDS) is a
+# launcher-side guard on a Gym config; the proxy takes any age, as SPEC has it.
+LAUNCHER_ONLY_REFUSALS = {("max_conn_age", "3600s")}
+
+_FLAG_LINE = re.compile(r"^  -(?P<name>[a-z-]+)")
+_DEFAULT = re.compile(r'\(default "?(?P<value>[^")]*)"?\)')
+
+
+def _proxy_defaults(binary: Path) -> dict[str, str]:
+    """Each flag's default as ``-h`` prints it (Go's PrintDefaults: ``(default "60s")``)."""
+    help_text = subprocess.run([str(binary), "-h"], capture_output=True, text=True, timeout=30)
+    defaults: dict[str, str] = {}
+    name = None
+    for line in (help_text.stdout + help_text.stderr).splitlines():
+        flag = _FLAG_LINE.match(line)
+        name = flag["name"] if flag else name
+        found = _DEFAULT.search(line)
+        if name is not None and found is not None:
+            defaults[name] = found["value"]
+    assert defaults, help_text
+    return defaults
+
+
+def _proxy_accepts(binary: Path, flag: str, value: str) -> bool:
+    argv = [str(binary), "-upstream", "https://127.0.0.1:9", f"-{flag}", value, "-exit-with-pid", "-1"]
+    done = subprocess.run(argv, capture_output=True, text=True, timeout=30)
+    assert done.returncode == 2, (argv, done.stderr)
+    assert done.stderr.startswith((f"-{flag} ", "-exit-with-pid ")), (argv, done.stderr)
+    return done.stderr.startswith("-exit-with-pid ")
+
+
+def _launcher_accepts(field: str, value: str) -> bool:
+    block = {"enabled": True, "instances": [{"name": "a", "upstream": "https://api.example.com"}]}
+    try:
+        H2PingSidecarConfig.model_validate({**block, field: value})
+    except ValidationError:
+        return False
+    return True
+
+
+def test_defaults_agree_with_the_proxys_help(sidecar_binary: Path) -> None:
+    proxy = _proxy_defaults(sidecar_binary)
+    launcher = H2PingSidecarConfig()
+    differ = {}
+    for field, flag in FLAGS.items():
+        ours = getattr(launcher, field)
+        if field == "retry_body_limit":
+            same = int(proxy[flag]) == ours
+        else:
+            same = parse_duration_seconds(proxy[flag]) == parse_duration_seconds(ours)
+        if not same:
+            differ[field] = (str(ours), proxy[flag])
+    assert differ == DIFFERENT_DEFAULTS
+
+
+@pytest.mark.parametrize("field", sorted(BOUNDARIES))
+def test_duration_limits_agree_with_the_proxy(sidecar_binary: Path, field: str) -> None:
+    disagreements = []
+    for value in BOUNDARIES[field]:
+        proxy = _proxy_accepts(sidecar_binary, FLAGS[field], value)
+        launcher = _launcher_accepts(field, value)
+        expected = proxy and (field, value) not in LAUNCHER_ONLY_REFUSALS
+        if launcher != expected:
+            disagreements.append(f"{field}={value}: launcher accepts {launcher}, proxy {proxy}")
+    assert disagreements == []

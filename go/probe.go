@@ -121,9 +121,13 @@ func (c *probeConn) close(how string) {
 	}
 }
 
+// pingSent counts the PINGs of an open connection only: the watcher counts a frame before
+// it is written, and one the client tries after a GOAWAY or a close never left.
 func (c *probeConn) pingSent([8]byte) {
 	c.mu.Lock()
-	c.pings++
+	if c.closedAt.IsZero() {
+		c.pings++
+	}
 	c.mu.Unlock()
 }
 

@@ -18,12 +18,9 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import re
 import shutil
 import socket
 import statistics
-import subprocess
 import sys
 import tempfile
 import threading
@@ -36,10 +33,11 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
-from bench.harness.binaries import GO_DIR, go_tool, origin_binary, sidecar_binary  # noqa: E402
+from bench.harness.binaries import go_tool, origin_binary, sidecar_binary  # noqa: E402
 from bench.harness.children import Children, mem_kib  # noqa: E402
+from bench.harness.rounds import Rounds, go_bench_ns, interleaved_rounds  # noqa: E402
 from bench.harness.tables import load_average  # noqa: E402
-from bench.harness.targets import run_wrk, start_origin, start_sidecar, wrk_script  # noqa: E402
+from bench.harness.targets import start_origin, start_sidecar, wrk_script  # noqa: E402
 from bench.harness.waits import BenchError, wait_until  # noqa: E402
 from bench.readme import update_readme  # noqa: E402
 
@@ -88,40 +86,18 @@ def idle_rss_without_upstream(kids: Children, work: Path, binary: Path, ca: str)
         return rss
 
 
-def go_bench_ns(go: Path) -> dict[str, float]:
-    """Median ns/op of the Go benchmarks of the counting itself (go/metrics_test.go): CPU time on
-    one core, far less sensitive to the other tenants of this machine than req/s."""
-    env = dict(os.environ, CGO_ENABLED="0", GOFLAGS="-buildvcs=false", GOTOOLCHAIN="local")
-    r = subprocess.run(
-        [str(go), "test", "-run", "^$", "-bench", "RequestCounting|FrameWatch", "-count", "5", "."],
-        cwd=GO_DIR,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=600,
-    )
-    found: dict[str, list[float]] = {}
-    for line in r.stdout.splitlines():
-        m = re.match(r"Benchmark(\S+?)(?:-\d+)?\s+\d+\s+([\d.]+) ns/op", line)
-        if m:
-            found.setdefault(m.group(1), []).append(float(m.group(2)))
-    if r.returncode != 0 or not found:
-        raise RuntimeError(f"go test -bench: failed: {r.stderr.strip()[-300:]}")
-    return {name: statistics.median(v) for name, v in found.items()}
-
-
 @dataclass
-class Rounds:
-    """What the interleaved rounds measured: per mode, each round's req/s and CPU µs/req."""
+class Measured:
+    """What the run measured: the interleaved rounds (req/s, CPU µs/req per mode), idle RSS,
+    the scrapes."""
 
-    rps: dict[str, list[float]]
-    cpu: dict[str, list[float]]
+    rounds: Rounds
     rss_kib: dict[str, int]  # idle VmRSS: off, on, and on with the start-up dial refused
     scrapes: list[float]  # seconds per GET /metrics of the scraped sidecar
     last: str  # the scraped sidecar's /metrics after the last round
 
 
-def measure(args: argparse.Namespace, wrk: str, kids: Children, work: Path) -> Rounds:
+def measure(args: argparse.Namespace, wrk: str, kids: Children, work: Path) -> Measured:
     """Four sidecars against one origin; idle RSS first, then ``args.reps`` rounds of wrk with
     the modes' order rotated, the "scraped" one read once a second meanwhile."""
     binary = sidecar_binary()
@@ -159,37 +135,19 @@ def measure(args: argparse.Namespace, wrk: str, kids: Children, work: Path) -> R
     thread = threading.Thread(target=scraper, daemon=True)
     thread.start()
     try:
-        for sc in sidecars.values():  # warm up: connections, TLS sessions, heaps
-            run_wrk(wrk, lua, sc.listen, args.conns, 1, sc.proc.pid, origin.proc.pid)
-        rps: dict[str, list[float]] = {m: [] for m in MODES}
-        cpu: dict[str, list[float]] = {m: [] for m in MODES}
-        for rep in range(args.reps):
-            for mode in MODES[rep % len(MODES) :] + MODES[: rep % len(MODES)]:
-                sc = sidecars[mode]
-                r = run_wrk(wrk, lua, sc.listen, args.conns, args.duration, sc.proc.pid, origin.proc.pid)
-                if r.errors:
-                    raise BenchError(f"{mode}: {r.errors} wrk errors")
-                rps[mode].append(r.rps)
-                cpu[mode].append(r.cpu_us_per_req)
+        rounds = interleaved_rounds(
+            wrk, lua, sidecars, origin.proc.pid, reps=args.reps, duration=args.duration, conns=args.conns
+        )
     finally:
         stop_scraper.set()
         thread.join(5)
-    return Rounds(rps, cpu, rss_kib, scrapes, scrape(scraped_addr))
+    return Measured(rounds, rss_kib, scrapes, scrape(scraped_addr))
 
 
-def table(m: Rounds) -> tuple[list[str], float, dict[str, float]]:
+def table(m: Measured) -> tuple[list[str], float, dict[str, float]]:
     """The markdown rows, the noise floor (off-again against off) and the median CPU per mode."""
-    med_rps = {mode: statistics.median(v) for mode, v in m.rps.items()}
-    med_cpu = {mode: statistics.median(v) for mode, v in m.cpu.items()}
-    # Beside the ratio of medians, the median of each round's own ratio: a round's runs are
-    # seconds apart, so the load drifting over minutes cancels out of it.
-    paired = {
-        mode: (
-            statistics.median(a / b for a, b in zip(m.rps[mode], m.rps["off"], strict=True)),
-            statistics.median(a / b for a, b in zip(m.cpu[mode], m.cpu["off"], strict=True)),
-        )
-        for mode in MODES
-    }
+    med_rps, med_cpu = m.rounds.medians()
+    paired = m.rounds.paired("off")
     rows = [
         "| metrics | req/s (median) | ratio to off | CPU µs/req (median) | ratio to off | per-round ratios,"
         " median (req/s, CPU) | target | pass? |",
@@ -206,13 +164,12 @@ def table(m: Rounds) -> tuple[list[str], float, dict[str, float]]:
             f"| {mode} | {med_rps[mode]:,.0f} | {r_rps:.3f} | {med_cpu[mode]:.1f} | {r_cpu:.3f} "
             f"| {paired[mode][0]:.3f}, {paired[mode][1]:.3f} | {target} | {ok} |"
         )
-    noise = max(
-        abs(med_rps["off-again"] / med_rps["off"] - 1), abs(med_cpu["off-again"] / med_cpu["off"] - 1)
-    )
-    return rows, noise, med_cpu
+    return rows, m.rounds.noise("off", "off-again"), med_cpu
 
 
-def write(args: argparse.Namespace, m: Rounds, ns: dict[str, float], command: str, load_before: str) -> None:
+def write(
+    args: argparse.Namespace, m: Measured, ns: dict[str, float], command: str, load_before: str
+) -> None:
     """The report to ``args.out`` and, unless --no-readme, the bench:metrics README section."""
     rows, noise, med_cpu = table(m)
     count_ns = ns["RequestCounting/counted"] - ns["RequestCounting/bare"]
@@ -296,7 +253,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         with Children() as kids:
             rounds = measure(args, wrk, kids, work)
-        write(args, rounds, go_bench_ns(go_tool()), command, load_before)
+        write(args, rounds, go_bench_ns(go_tool(), "RequestCounting|FrameWatch"), command, load_before)
     except BenchError as e:
         print(f"bench: {e}", file=sys.stderr)
         return 1

@@ -71,6 +71,10 @@ type Config struct {
 	// MetricsListen is the loopback host:port of GET /metrics (-metrics-listen, default
 	// "" = off). Port 0 binds a free port; the ready file tells which.
 	MetricsListen string
+
+	// The traffic record, access log and log rotation (traffic.go, accesslog.go,
+	// logrotate.go) are the flags of outputs.go.
+	Outputs
 }
 
 // usageError is a bad flag or environment: the caller prints it as one line and exits 2.
@@ -99,6 +103,7 @@ func parseConfig(args []string, getenv func(string) string, usage io.Writer) (*C
 	caFile := fs.String("ca-file", "", "extra PEM root certificates for the upstream (`path`)")
 	exitWithPID := fs.String("exit-with-pid", "0", "drain and exit when the process with this `pid` is gone (0 = off)")
 	metricsListen := fs.String("metrics-listen", "", "serve GET /metrics (Prometheus text) on this loopback `host:port` (port 0 = any free port; default off)")
+	outputs := defineOutputFlags(fs)
 	if err := fs.Parse(args); err != nil {
 		if errors.Is(err, flag.ErrHelp) {
 			fs.SetOutput(usage)
@@ -165,6 +170,9 @@ func parseConfig(args []string, getenv func(string) string, usage io.Writer) (*C
 		if cfg.MetricsListen, err = validateMetricsListen(*metricsListen); err != nil {
 			return nil, err
 		}
+	}
+	if cfg.Outputs, err = outputs.validate(); err != nil {
+		return nil, err
 	}
 	if cfg.CAFile != "" {
 		if cfg.CAPEM, err = readCAFile(cfg.CAFile); err != nil {

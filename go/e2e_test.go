@@ -282,6 +282,18 @@ func TestE2EInvalidFlagsFailBeforeBinding(t *testing.T) {
 		{"bad listen", append(up, "-listen", "nowhere"), "", []string{"-listen", `"nowhere"`}},
 		{"busy listen", append(up, "-listen", busy.Addr().String()), "", []string{"-listen", busy.Addr().String(), "in use"}},
 		{"http2debug", up, "GODEBUG=x=1,http2debug=1", []string{"GODEBUG", "http2debug"}},
+		{"traffic interval 0", append(up, "-traffic-interval", "0s"), "", []string{"-traffic-interval", `"0s"`}},
+		{"traffic interval garbage", append(up, "-traffic-interval", "often"), "", []string{"-traffic-interval", `"often"`}},
+		{"traffic file is a folder", append(up, "-traffic-file", dir), "", []string{"-traffic-file", dir, "folder"}},
+		{"traffic file is a device", append(up, "-traffic-file", "/dev/null"), "", []string{"-traffic-file", "/dev/null", "regular"}},
+		{"traffic file folder missing", append(up, "-traffic-file", filepath.Join(dir, "nope", "t.json")), "", []string{"-traffic-file", "nope", "no such file"}},
+		{"log max bytes negative", append(up, "-log-max-bytes", "-1"), "", []string{"-log-max-bytes", `"-1"`}},
+		{"log max bytes garbage", append(up, "-log-max-bytes", "100MiB"), "", []string{"-log-max-bytes", `"100MiB"`}},
+		{"log backups negative", append(up, "-log-backups", "-1"), "", []string{"-log-backups", `"-1"`}},
+		{"log backups too many", append(up, "-log-backups", "1001"), "", []string{"-log-backups", `"1001"`}},
+		{"access log is the log file", append(up, "-log-file", filepath.Join(dir, "x.log"), "-access-log", filepath.Join(dir, "x.log")), "", []string{"-access-log", "x.log", "-log-file"}},
+		{"access log unopenable", append(up, "-access-log", "/proc/h2ping-test.access.log"), "", []string{"-access-log", "/proc/h2ping-test.access.log", "cannot be opened"}},
+		{"log file unopenable", append(up, "-log-file", "/proc/h2ping-test.log"), "", []string{"-log-file", "/proc/h2ping-test.log", "cannot be opened"}},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {

@@ -48,6 +48,12 @@ func run(args []string, getenv func(string) string, stdout, stderr io.Writer) in
 		fmt.Fprintf(stderr, "-listen %q: %v; choose a free address or port 0\n", cfg.Listen, unwrapOpError(err))
 		return 2
 	}
+	outs, err := openOutputs(cfg.Outputs)
+	if err != nil {
+		ln.Close()
+		fmt.Fprintln(stderr, err)
+		return 2
+	}
 	var metricsAddr string
 	if cfg.MetricsListen != "" {
 		mln, err := net.Listen("tcp", cfg.MetricsListen)
@@ -59,14 +65,19 @@ func run(args []string, getenv func(string) string, stdout, stderr io.Writer) in
 		defer serveMetrics(mln).Close()
 		metricsAddr = mln.Addr().String()
 	}
-	logger := log.New(stderr, "h2-ping-sidecar: ", log.LstdFlags|log.Lmicroseconds)
+	logOut := stderr
+	if outs.log != nil {
+		logOut = outs.log
+	}
+	logger := log.New(logOut, "h2-ping-sidecar: ", log.LstdFlags|log.Lmicroseconds)
 	up := newUpstream(cfg)
 	up.logf = logger.Printf
 	up.pool = newPool(up.newClientConn, cfg.MaxConnAge)
 	srv := newServer(cfg, up, logger)
-	if metricsAddr != "" {
+	if metricsAddr != "" || outs.needsCounting() {
 		srv.Handler = stats.wrap(srv.Handler)
 	}
+	outs.start(stats, srv, logger.Printf)
 	served := make(chan error, 1)
 	go func() { served <- srv.Serve(ln) }()
 
@@ -76,6 +87,7 @@ func run(args []string, getenv func(string) string, stdout, stderr io.Writer) in
 		if err := writeReadyFile(cfg.ReadyFile, info); err != nil {
 			fmt.Fprintln(stderr, err)
 			ln.Close()
+			outs.finish()
 			return 1
 		}
 		defer removeReadyFile(cfg.ReadyFile, info)
@@ -96,6 +108,7 @@ func run(args []string, getenv func(string) string, stdout, stderr io.Writer) in
 	case err := <-served:
 		logger.Printf("serve: %v", err)
 		up.pool.close()
+		outs.finish()
 		return 1
 	case sig := <-sigs:
 		logger.Printf("%v: draining for up to %s", sig, cfg.ShutdownGrace)
@@ -103,6 +116,7 @@ func run(args []string, getenv func(string) string, stdout, stderr io.Writer) in
 		logger.Printf("process %d is gone: draining for up to %s", cfg.ExitWithPID, cfg.ShutdownGrace)
 	}
 	drain(srv, up, cfg, sigs, logger)
+	outs.finish()
 	return 0
 }
 

@@ -6,15 +6,18 @@ package main
 // The counters are process-wide (stats), like expvar's: the process has one front end and
 // one upstream, and a package variable keeps each hook elsewhere to one line. The upstream
 // counters are atomic adds on events (dials, PINGs, GOAWAYs) and count whether or not
-// -metrics-listen is set; the per-request part (wrap: in flight, status codes, one small
-// allocation per request) runs only with it, since nobody could read it otherwise.
+// -metrics-listen is set; the per-request part (wrap: in flight, status codes, TTFB, one
+// small allocation per request) runs only with -metrics-listen, -traffic-file or
+// -access-log, since nobody could read it otherwise. The traffic record (traffic.go) reads
+// these same variables; the access log (accesslog.go) gets each finished request from wrap.
 //
 // The frames of the upstream connections (PINGs, GOAWAY, RST_STREAM) are read by
 // framewatch.go; this file only stores what it reports.
 //
 // Must not: take a lock on the request path other than the in-flight set's (four pointer
-// writes), log, or expose anything about a request beyond its status code (no path, no
-// header: Authorization must never reach a scrape).
+// writes) and, with -access-log, its buffer's (held for a copy), log, or expose anything
+// about a request beyond its status code (no path, no header: Authorization must never
+// reach a scrape; the access log's method and path are accesslog.go's).
 
 import (
 	"errors"
@@ -81,6 +84,14 @@ type meters struct {
 
 	flight   inflight
 	duration histogram // request to end of response, answered requests only
+	// ttfb is request to the upstream's response head (requests the upstream answered,
+	// whether or not their client stayed for the body); durationMax is the longest
+	// duration observed, in nanoseconds: exact, where the histogram only bounds it.
+	ttfb        histogram
+	durationMax atomic.Uint64
+
+	// access, when set, gets one line per finished request (accesslog.go).
+	access *accessLog
 
 	// firstCheck is the first upstream dial's verdict, nil until it ends; lastErr the
 	// latest upstream failure, nil until one happens. Both are read by GET /upstream.
@@ -226,14 +237,24 @@ func (f *inflight) oldest(now time.Time) (int, time.Duration) {
 // its response is complete (a streamed response until its last event).
 func (m *meters) wrap(h http.Handler) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		rw := &countingWriter{ResponseWriter: w}
+		rw := &countingWriter{ResponseWriter: w, m: m}
 		m.begin(&rw.entry)
+		if m.access != nil {
+			rw.track(r)
+		}
 		// Deferred: ReverseProxy panics with http.ErrAbortHandler when the upstream body
 		// breaks after the head was sent, and such a request must leave flight too (it
 		// once stayed in flight forever, its age growing). net/http cancels the request's
 		// context when the client's connection closes (and only after ServeHTTP returns
 		// otherwise).
-		defer func() { m.end(&rw.entry, rw.code, r.Context().Err() != nil) }()
+		defer func() {
+			gone := r.Context().Err() != nil
+			took := m.end(&rw.entry, rw.code, gone)
+			if m.access != nil {
+				rw.untrack()
+				m.access.log(r, rw, took, gone)
+			}
+		}()
 		h.ServeHTTP(rw, r)
 	})
 }
@@ -249,12 +270,12 @@ func (m *meters) begin(e *flightEntry) {
 // complete, as a disconnect, whatever was written to the dead connection. So every request
 // received is in flight, answered or abandoned: requests_total = in_flight +
 // sum(responses_total) + client_disconnects_total.
-func (m *meters) end(e *flightEntry, code int, gone bool) {
+func (m *meters) end(e *flightEntry, code int, gone bool) time.Duration {
 	m.flight.remove(e)
 	took := time.Since(e.start)
 	if gone {
 		m.clientGone.Add(1)
-		return
+		return took
 	}
 	if code == 0 {
 		code = http.StatusOK // net/http sends 200 for a handler that wrote nothing
@@ -263,29 +284,58 @@ func (m *meters) end(e *flightEntry, code int, gone bool) {
 		m.responses[code].Add(1)
 	}
 	m.duration.observe(took)
+	// A compare-and-swap loop only while took is a new maximum: after the first minutes of
+	// a run that is rare, so the usual cost is one load.
+	for n := uint64(max(took, 0)); ; {
+		old := m.durationMax.Load()
+		if n <= old || m.durationMax.CompareAndSwap(old, n) {
+			break
+		}
+	}
+	return took
 }
 
-// countingWriter records the final status code of a response. It carries the request's
-// in-flight entry so that a request costs one allocation here, not two.
+// countingWriter records the final status code of a response and when its head came from
+// the upstream. It carries the request's in-flight entry (and, with an access log, the
+// rest of the request's line) so that a request costs one allocation here, not several.
 type countingWriter struct {
 	http.ResponseWriter
+	m     *meters
 	code  int
 	entry flightEntry
+	// ttfb is the time from the request to the upstream's response head (0: none came).
+	ttfb time.Duration
+	// answered is set by the proxy's ErrorHandler (proxyAnswered): the status is the
+	// proxy's own, no upstream head came.
+	answered proxyAnswer
+	access   accessFields
 }
 
 func (w *countingWriter) WriteHeader(code int) {
 	// 1xx are interim (100 Continue, 103 Early Hints): the final code comes later.
 	if w.code == 0 && code >= 200 {
-		w.code = code
+		w.head(code)
 	}
 	w.ResponseWriter.WriteHeader(code)
 }
 
+// head records the final status. ReverseProxy writes the upstream's head as soon as
+// RoundTrip returned it (after copying its header fields): this is when it arrived.
+func (w *countingWriter) head(code int) {
+	w.code = code
+	if w.answered.err == nil {
+		w.ttfb = max(time.Since(w.entry.start), 1)
+		w.m.ttfb.observe(w.ttfb)
+	}
+}
+
 func (w *countingWriter) Write(p []byte) (int, error) {
 	if w.code == 0 {
-		w.code = http.StatusOK
+		w.head(http.StatusOK)
 	}
-	return w.ResponseWriter.Write(p)
+	n, err := w.ResponseWriter.Write(p)
+	w.access.bytesOut += int64(n)
+	return n, err
 }
 
 // Unwrap lets http.ResponseController (ReverseProxy's flushes of SSE) reach net/http's
@@ -346,6 +396,10 @@ func (m *meters) appendText(b []byte, now time.Time) []byte {
 	b = counter(b, "h2ping_rotations_total", "Upstream connections retired by -max-conn-age.", m.rotations.Load())
 	b = m.duration.appendText(b, "h2ping_request_duration_seconds",
 		"Time from a client request to the end of its response (answered requests; waits of an hour are the point).")
+	b = m.ttfb.appendText(b, "h2ping_time_to_first_byte_seconds",
+		"Time from a client request to the upstream's response head (requests the upstream answered).")
+	b = gauge(b, "h2ping_request_duration_max_seconds", "Longest request duration of this process (answered requests; 0 before the first).",
+		float64(m.durationMax.Load())/1e9)
 	b = head(b, "h2ping_build_info", "Build of this h2-ping-sidecar; always 1.", "gauge")
 	return append(b, buildInfoSample...)
 }

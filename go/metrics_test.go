@@ -19,6 +19,7 @@ import (
 	"strings"
 	"sync"
 	"sync/atomic"
+	"syscall"
 	"testing"
 	"time"
 )
@@ -91,7 +92,8 @@ var allMetrics = map[string]string{
 	"h2ping_ping_acks_total": "counter", "h2ping_ping_rtt_seconds": "gauge",
 	"h2ping_goaways_total": "counter", "h2ping_retries_total": "counter",
 	"h2ping_rotations_total": "counter", "h2ping_request_duration_seconds": "histogram",
-	"h2ping_build_info": "gauge",
+	"h2ping_build_info": "gauge", "h2ping_time_to_first_byte_seconds": "histogram",
+	"h2ping_request_duration_max_seconds": "gauge",
 }
 
 // parseExposition checks text line by line against the Prometheus text format 0.0.4, as
@@ -296,7 +298,8 @@ func TestMetricsGOAWAYRefusalIsCountedAndRetried(t *testing.T) {
 	var releaseOnce sync.Once
 	closeRelease := func() { releaseOnce.Do(func() { close(release) }) }
 	t.Cleanup(closeRelease)
-	p := runSidecar(t, "-upstream", o.url, "-ca-file", o.caFile, "-metrics-listen", "127.0.0.1:0")
+	access := filepath.Join(t.TempDir(), "access.log")
+	p := runSidecar(t, "-upstream", o.url, "-ca-file", o.caFile, "-metrics-listen", "127.0.0.1:0", "-access-log", access)
 	// The start-up check's connection is the one the slow request then uses.
 	waitMetrics(t, p, "the start-up check", func(m map[string]float64) bool {
 		return m[`h2ping_upstream_dials_total{result="ok"}`] == 1
@@ -352,6 +355,16 @@ func TestMetricsGOAWAYRefusalIsCountedAndRetried(t *testing.T) {
 	}
 	if m["h2ping_upstream_up"] != 1 {
 		t.Errorf("up: got %v; want 1", m["h2ping_upstream_up"])
+	}
+	// The access log says which request was re-sent.
+	p.cmd.Process.Signal(syscall.SIGTERM)
+	p.waitExit(t, 10*time.Second)
+	retried := map[string]bool{}
+	for _, l := range readAccessLog(t, access) {
+		retried[l.Method+" "+l.Path] = l.Retried
+	}
+	if len(retried) != 2 || !retried["POST /post"] || retried["GET /slow"] {
+		t.Errorf("access log retried: got %v; want POST /post true and GET /slow false", retried)
 	}
 }
 

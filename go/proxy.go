@@ -84,6 +84,7 @@ func newProxy(cfg *Config, up *upstream, logger *log.Logger) http.Handler {
 		BufferPool: &bufferPool{},
 		ErrorLog:   log.New(&dropClientGone{logger: logger}, "", 0),
 		ErrorHandler: func(w http.ResponseWriter, r *http.Request, err error) {
+			proxyAnswered(w, err)
 			if r.Method == http.MethodConnect {
 				// Not proxied; the status net/http's own ReverseProxy default gives.
 				w.WriteHeader(http.StatusMethodNotAllowed)

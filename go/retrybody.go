@@ -149,6 +149,7 @@ func (u *upstream) RoundTrip(req *http.Request) (*http.Response, error) {
 		}
 		u.resent.Add(1)
 		stats.retries.Add(1)
+		markRetried(req.Context())
 	}
 }
 

@@ -4,9 +4,10 @@ Owns the pydantic models of the block and ``h2_ping_sidecar_config_from_global_c
 turns the block (an OmegaConf ``DictConfig`` or a plain mapping, ``${...}`` resolved first) into a
 validated ``H2PingSidecarConfig``. Every key of NeMo Gym's block is accepted with its name,
 default and meaning (durations stay Go duration strings, as Gym passed them straight to the
-proxy's flags); ``ca_file``, ``allow_non_loopback``, ``exit_with_owner``, ``restart`` and
-``metrics`` are ours. A bad block raises ``pydantic.ValidationError`` whichever way a model is
-built, as Gym's does, with our one-line messages (``configerrors`` words them).
+proxy's flags); ``ca_file``, ``allow_non_loopback``, ``exit_with_owner``, ``restart``,
+``metrics``, ``upstream_check``, ``access_log`` and the log rotation keys are ours. A bad block
+raises ``pydantic.ValidationError`` whichever way a model is built, as Gym's does, with our
+one-line messages (``configerrors`` words them).
 
 Also the public home of the names Gym's ``config`` module has (``parse_duration_seconds``,
 ``upstream_origin``, ``is_loopback_host``...), re-exported from the modules that own them:
@@ -58,6 +59,7 @@ from sidecar_fsm.base.gosyntax import (
     format_go_duration,
     normalize_duration,
     normalize_memory_limit,
+    size_bytes,
 )
 from sidecar_fsm.base.urls import normalize_upstream, redact_url, split_url, upstream_origin
 from sidecar_fsm.errors import ConfigError, ConfigWarning
@@ -180,6 +182,9 @@ _NUMBERS = {
     ),
     "upstream_check_seconds": _Number(
         "a number of seconds", 0, "must be a number of seconds above 0", "try 10, or upstream_check: off"
+    ),
+    "log_backups": _Number(
+        "a whole number", -1, "must be 0 or more", "try 5, or 0 to cut the log in place when it is full"
     ),
 }
 
@@ -390,6 +395,20 @@ class H2PingSidecarConfig(_Model):
     upstream_check_seconds: float = 10.0
     """New: how long the start waits for all the upstream checks together; above 0."""
 
+    access_log: bool = False
+    """New: each proxy writes one JSON line per request (time, method, path without the query,
+    status, ttfb_s, duration_s, bytes, retried, error) to ``h2ping-<instance>-<host>-<run>.access.log``
+    beside its log (``-access-log``); never a header value. Needs sidecar-fsm's proxy."""
+
+    log_max_bytes: int = 100 * 1024 * 1024
+    """New: rotate the proxy's log and its access log when a write would take one past this many
+    bytes (a number, or ``100MiB``-style text); ``.log.1`` ... ``.log.<log_backups>`` keep the
+    older ones. 0 never rotates."""
+
+    log_backups: int = 5
+    """New: rotated files kept per log, 0 or more; a log never holds more than
+    ``log_max_bytes x (log_backups + 1)`` bytes. 0 cuts the log in place when it is full."""
+
     @field_validator("ping_interval", "ping_timeout", "shutdown_grace", "max_conn_age", mode="before")
     @classmethod
     def _check_duration(cls, value: object, info: ValidationInfo) -> str:
@@ -403,11 +422,21 @@ class H2PingSidecarConfig(_Model):
         return text
 
     _check_number_type = field_validator(
-        "upstream_check_seconds", "retry_body_limit", "gomaxprocs", "startup_timeout_seconds", mode="before"
+        "upstream_check_seconds",
+        "retry_body_limit",
+        "gomaxprocs",
+        "startup_timeout_seconds",
+        "log_backups",
+        mode="before",
     )(_number_type)
     _check_number_range = field_validator(
-        "retry_body_limit", "gomaxprocs", "startup_timeout_seconds", "upstream_check_seconds"
+        "retry_body_limit", "gomaxprocs", "startup_timeout_seconds", "upstream_check_seconds", "log_backups"
     )(_number_range)
+
+    @field_validator("log_max_bytes", mode="before")
+    @classmethod
+    def _check_log_max_bytes(cls, value: object) -> int:
+        return size_bytes(value)
 
     @field_validator("upstream_check", mode="before")
     @classmethod

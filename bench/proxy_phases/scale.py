@@ -17,6 +17,7 @@ import socket
 import statistics
 import time
 import urllib.request
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -128,19 +129,30 @@ def scale_once(
     name: str,
     *,
     metrics: bool = False,
+    extra_flags: Sequence[str] = (),
 ) -> dict[str, Any]:
     """`n` concurrent one-connection requests, each waiting `wait` for its first byte behind a
     relay that drops connections idle 3 s: outcome, peak RSS, handshakes vs connections used.
     With `metrics`, the sidecar runs with -metrics-listen, /metrics is scraped once all `n`
     are in flight (`scrape_all_in_flight`, beside an idle control sidecar) and once after the
-    last answer (dials, PINGs).
+    last answer (dials, PINGs). `extra_flags` go to the sidecar as given (bench/traffic.py's
+    access log).
 
     The origin is fresh and its counters are not reset: the sidecar's start-up dial (right
     after its ready file, pooled for the first requests) is one of the handshakes counted."""
     origin = start_origin(kids, origin_bin, work, relay_idle="3s")
     extra = ("-metrics-listen", "127.0.0.1:0") if metrics else ()
     sc = start_sidecar(
-        kids, sidecar_bin, work, origin.relay, origin.ca, "-ping-interval", "1s", *extra, name=name
+        kids,
+        sidecar_bin,
+        work,
+        origin.relay,
+        origin.ca,
+        "-ping-interval",
+        "1s",
+        *extra,
+        *extra_flags,
+        name=name,
     )
     maddr: str = json.loads((work / f"{name}.ready").read_text()).get("metrics", "")
     control = ""

@@ -14,6 +14,7 @@ import re
 
 DURATION_HINT = "use Go syntax like '60s', '1m30s', '250ms' or a number of seconds"
 MEMORY_LIMIT_HINT = "use bytes or a KiB, MiB, GiB or TiB count like '1GiB', or 'off'"
+SIZE_HINT = "use bytes or a KiB, MiB, GiB or TiB count like '100MiB', or 0 to never rotate"
 
 _UNIT_SECONDS = {"ns": 1e-9, "us": 1e-6, "µs": 1e-6, "μs": 1e-6, "ms": 1e-3, "s": 1.0, "m": 60.0, "h": 3600.0}
 # Go's time.ParseDuration grammar: [-+]?([0-9]*(\.[0-9]*)?[a-z]+)+ with a known unit, or "0".
@@ -109,6 +110,26 @@ def _decimal(count: int, unit: int) -> str:
         return str(whole)
     digits = str(rest).rjust(len(str(unit)) - 1, "0").rstrip("0")
     return f"{whole}.{digits}"
+
+
+def size_bytes(value: object) -> int:
+    """``value`` as a byte count: a whole number of bytes, or ``100MiB``/``512KiB``/``1GiB`` text.
+
+    The same units as GOMEMLIMIT (what the Go side reads elsewhere), so one spelling works for
+    both. Raises ``ValueError`` for a bool, a negative or fractional number, any other unit or
+    spelling (``100MB``, ``1.5GiB``) and a size above 2^63-1 bytes (the proxy's int64 flag).
+    """
+    if isinstance(value, int) and not isinstance(value, bool):
+        value = str(value)
+    if not isinstance(value, str):
+        raise ValueError(f"is not a size; {SIZE_HINT}")
+    match = _MEMORY_LIMIT.fullmatch(value.strip())
+    if match is None:
+        raise ValueError(f"is not a size; {SIZE_HINT}")
+    size = int(match[1]) * _MEMORY_UNITS[match[2]]
+    if size > _INT64_MAX:
+        raise ValueError(f"is larger than the proxy allows (2^63-1 bytes); {SIZE_HINT}")
+    return size
 
 
 def normalize_memory_limit(value: object) -> str:

@@ -40,7 +40,7 @@ def cmd_status(args: argparse.Namespace) -> int:
         return _status_ray(args, log_dir)
     with all_stores(log_dir, "status") as stores:
         # Past all_stores' answer for a missing log dir, which needs none of this.
-        from sidecar_fsm.view import render, status
+        from sidecar_fsm.view import render, status, traffic
 
         runs = every_run(stores)
         if args.run:
@@ -51,11 +51,12 @@ def cmd_status(args: argparse.Namespace) -> int:
         else:
             runs = status.runs_to_show(runs, everything=args.all)
         statuses = [status.observe(store, run) for store, run in runs]
+        totals = traffic.run_totals(stores)
     statuses = status.with_live(statuses)
     if args.json:
-        out(render.status_json(statuses))
+        out(render.status_json(statuses, traffic=totals))
     else:
-        out(render.status_lines(statuses, color=color(), ended_in_one_table=args.all))
+        out(render.status_lines(statuses, color=color(), ended_in_one_table=args.all, traffic=totals))
     # systemctl's codes: a monitoring script reads "needs attention" without parsing the table.
     return NEEDS_ATTENTION if any(status.needs_attention(s) for s in statuses) else 0
 
@@ -124,7 +125,7 @@ def cmd_top(args: argparse.Namespace) -> int:
 def cmd_history(args: argparse.Namespace) -> int:
     import dataclasses  # with inspect, a fifth of what --help would load
 
-    from sidecar_fsm.view import render, status
+    from sidecar_fsm.view import render, status, traffic
 
     log_dir, _ = log_dir_of(args)
     with all_stores(log_dir, "history") as stores:
@@ -133,11 +134,12 @@ def cmd_history(args: argparse.Namespace) -> int:
         instances = only_instance(observed.instances, args.instance, "history", run.run_id)
         observed = dataclasses.replace(observed, instances=instances)
         rows = [(inst.name, t) for inst in instances for t in store.history(inst.id)]
+        figures = traffic.instance_traffic(store, run.run_id)
     rows.sort(key=lambda row: (row[1].at, row[1].id))
     if args.json:
-        out(render.history_json(run, rows, status=observed))
+        out(render.history_json(run, rows, status=observed, traffic=figures))
     else:
-        out(render.history_lines(run, rows, color=color(), status=observed))
+        out(render.history_lines(run, rows, color=color(), status=observed, traffic=figures))
     return 0
 
 
@@ -235,7 +237,7 @@ def register(sub: Any) -> None:
         sub,
         "history",
         cmd_history,
-        "a run's state transitions, oldest first",
+        "a run's state transitions, oldest first, and what each instance carried",
         json_option=True,
         example="sidecar-fsm history 4c1e9a policy",
     )

@@ -221,7 +221,10 @@ def refusals(
     Pure. The caller raises these before anything starts (a refusal is bad config: exit 2):
     a binary without ``-listen``/``-upstream``/``-ready-file`` is not a sidecar; a listen with
     port 0 needs a ready file that names the bound port; ``ca_file`` needs ``-ca-file`` (passing
-    nothing would make every request fail certificate verification hours later, at the upstream).
+    nothing would make every request fail certificate verification hours later, at the upstream);
+    ``access_log: true`` needs ``-access-log`` (the log asked for would silently never appear).
+    The traffic file and log rotation flags are dropped without a word: such a run simply has no
+    traffic figures, and its log grows as NeMo Gym's always did.
     """
     lines = [
         f"sidecar.binary: '{flags.path}' has no -{name} flag, so it is not an h2-ping-sidecar; "
@@ -241,6 +244,11 @@ def refusals(
         lines.append(
             f"sidecar.ca_file: '{config.ca_file}' cannot be passed to '{flags.path}', which has no "
             f"-ca-file flag; add the CA to the system roots and drop ca_file, {_USE_OURS}"
+        )
+    if config.access_log and "access-log" not in flags.accepted:
+        lines.append(
+            f"sidecar.access_log: 'true' cannot be passed to '{flags.path}', which has no -access-log "
+            f"flag; drop access_log, {_USE_OURS}"
         )
     if "metrics-listen" not in flags.accepted:
         # Without -metrics-listen there is no /metrics to fix and no verdict to wait for.

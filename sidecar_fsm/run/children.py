@@ -105,6 +105,8 @@ class SidecarRun:
         self.record: storagefault.RecordWatch | None = None
         # Set when a transition could not be recorded: the rest of the stop records nothing.
         self.unrecordable: SidecarError | None = None
+        # When ``traffic.poll`` next imports the proxies' figures (time.monotonic()).
+        self.traffic_due = 0.0
         # Where a line the operator must see while the run goes on is said (a restart; each
         # "listening on" line as soon as every proxy is ready, before the upstream check's
         # wait, and that wait once it passes 2 s); the launcher prints it. Called in the thread

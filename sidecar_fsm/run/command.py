@@ -14,6 +14,7 @@ from typing import Any
 
 from sidecar_fsm.base.urls import redact_url
 from sidecar_fsm.config import H2PingSidecarConfig, SidecarInstanceConfig
+from sidecar_fsm.run.runfiles import ACCESS_LOG, LOG, TRAFFIC, sibling
 
 # Loopback only: /metrics has no authentication. Port 0: the proxy picks one and writes it into
 # its ready file, which the ``ready`` event records for ``status`` and ``top``.
@@ -30,8 +31,10 @@ def sidecar_command(
     sidecar that drains and exits by itself instead of holding the port forever. With
     ``metrics`` it gets ``-metrics-listen`` with the instance's ``metrics_listen``, else
     ``127.0.0.1:0``: a free port each, named in its ready file, so N sidecars on a host never
-    compete for one. A binary that lacks a flag gets this
-    argv through ``binaryflags.filter_command``.
+    compete for one. The traffic file, the access log (with ``access_log``) and the log the
+    proxy rotates itself (``-log-file``, the one the launcher also points its stdout and stderr
+    at) sit beside ``ready_path``, named as ``runfiles.sibling`` names them. A binary that lacks
+    a flag (NeMo Gym's has none of these) gets this argv through ``binaryflags.filter_command``.
     """
     command = [
         str(binary),
@@ -58,6 +61,17 @@ def sidecar_command(
         command += ["-exit-with-pid", str(os.getpid())]
     if config.metrics:
         command += ["-metrics-listen", instance.metrics_listen or METRICS_LISTEN]
+    command += ["-traffic-file", sibling(ready_path, TRAFFIC)]
+    if config.access_log:
+        command += ["-access-log", sibling(ready_path, ACCESS_LOG)]
+    command += [
+        "-log-file",
+        sibling(ready_path, LOG),
+        "-log-max-bytes",
+        str(config.log_max_bytes),
+        "-log-backups",
+        str(config.log_backups),
+    ]
     if config.insecure_skip_verify:
         command.append("-insecure-skip-verify")
     return command
@@ -124,4 +138,7 @@ def config_summary(
         "insecure_skip_verify": c.insecure_skip_verify,
         "gomemlimit": c.gomemlimit,
         "gomaxprocs": c.gomaxprocs,
+        "access_log": c.access_log,
+        "log_max_bytes": c.log_max_bytes,
+        "log_backups": c.log_backups,
     }

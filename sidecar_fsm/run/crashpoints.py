@@ -34,6 +34,7 @@ POINTS: dict[str, str] = {
     "sigkill-sent": "a process that outlived its grace (or never got ready) was SIGKILLed",
     "stopped-recorded": "a drained instance committed as stopped",
     "run-ended": "the run row's end committed",
+    "traffic-recorded": "proxies' traffic figures committed (an import repeated after it changes nothing)",
     "reap-drain-recorded": "reap committed an instance's drain, before its signal",
     "reap-ended": "reap ended (or found gone) an instance's processes, before it records that",
     "reap-failed-recorded": "reap committed an instance as failed",

@@ -1,11 +1,12 @@
 """Pruning: removing ended runs, and what crashed launchers left, from this host's log dir.
 
 Owns the plan and its execution: every run of this host's database that ended more than the
-given age ago loses its rows (run, instances, transitions: ``Store.delete_ended_run``, which
-checks again under the write lock that the run has ended) and its instances' log and ready
-files; database temp files whose creator was SIGKILLed go too (``tempfiles``). A live run is
-never touched, however old: its owner may still be writing, and ``reap`` is what closes a run
-whose owner died. Only this host's database is written (another host's is that host's to
+given age ago loses its rows (run, instances, transitions, traffic: ``Store.delete_ended_run``,
+which checks again under the write lock that the run has ended) and its instances' files (log
+and access log with their rotations, ready and traffic files: ``runfiles.instance_files``);
+database temp files whose creator was SIGKILLed go too (``tempfiles``). A live run is never
+touched, however old: its owner may still be writing, and ``reap`` is what closes a run whose
+owner died. Only this host's database is written (another host's is that host's to
 prune). Must not judge or signal processes; must not print.
 """
 
@@ -18,6 +19,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from sidecar_fsm.run.runfiles import instance_files
 from sidecar_fsm.state import tempfiles
 from sidecar_fsm.state.hostname import host_name
 from sidecar_fsm.state.store import RunRecord, Store, database_path
@@ -45,7 +47,7 @@ class PruneReport:
 def _files_of(store: Store, run: RunRecord) -> list[str]:
     paths = []
     for inst in store.instances_of(run.run_id):
-        paths += [path for path in (inst.log_path, inst.ready_path) if path and os.path.lexists(path)]
+        paths += instance_files(inst.log_path, inst.ready_path)
     return paths
 
 

@@ -34,7 +34,7 @@ from sidecar_fsm.config import parse_duration_seconds
 from sidecar_fsm.errors import ConfigError
 from sidecar_fsm.observe.runs import RunObservation, observe
 from sidecar_fsm.observe.verdicts import Owner, Process
-from sidecar_fsm.run import crashpoints, targets
+from sidecar_fsm.run import crashpoints, targets, traffic
 from sidecar_fsm.state import tempfiles
 
 # Imported for their types and machines; each owns its concern (SQL, state changes).
@@ -237,6 +237,8 @@ def _reap_run(store: Store, observed: RunObservation, dry_run: bool) -> RunReap:
         result.instances.append(plan.report if dry_run else _reap_instance(store, plan, reason, grace))
     stale = _stale_ready_files(list(observed.instances))
     if not dry_run:
+        # After the sidecars ended: each wrote its final figures when its drain did.
+        traffic.import_instances(store, observed.instances)
         for path in stale:
             # The run's ready files are per run id, so no other run can be using them; a
             # sidecar that was killed (not drained) never removed its own.

@@ -1,14 +1,19 @@
 """A run's files in the log dir: their names, creating its logs, removing them and its ready files.
 
-Owns the naming ``h2ping-<instance>-<host>-<run id>.log`` / ``.ready`` (the run id keeps runs
-that share a log dir from ever touching one another's files), creating every log of a start
+Owns the naming ``h2ping-<instance>-<host>-<run id>.log`` / ``.ready`` / ``.traffic.json`` /
+``.access.log`` (the run id keeps runs that share a log dir from ever touching one another's
+files; each instance's files share one stem, so one is derived from another: ``sibling``), the
+list of every file an instance may leave (``instance_files``: with the proxy's rotations and
+temp files), creating every log of a start
 (all or none) and removing ready files with any temp file a proxy left beside them. Must not
 start or signal processes, or record state.
 """
 
 from __future__ import annotations
 
+import glob
 import os
+import re
 from pathlib import Path
 
 from sidecar_fsm.base import trust
@@ -16,10 +21,53 @@ from sidecar_fsm.base.ready import temp_files
 from sidecar_fsm.errors import SidecarError
 from sidecar_fsm.run.messages import log_failure_message
 
+# The suffixes of an instance's files. The proxy writes the traffic file (``-traffic-file``) and
+# the access log (``-access-log``), and rotates the log and the access log to ``<path>.1`` ...
+LOG = ".log"
+READY = ".ready"
+TRAFFIC = ".traffic.json"
+ACCESS_LOG = ".access.log"
+
+_ROTATED = re.compile(r"\.[0-9]+")
+
 
 def run_file(log_dir: str, instance: str, host: str, run_id: str, suffix: str) -> str:
-    """The path of one instance's ``.log`` or ``.ready`` file in ``log_dir``. Pure."""
+    """The path of one instance's file with ``suffix`` (``LOG``, ``READY``...) in ``log_dir``. Pure."""
     return os.path.join(log_dir, f"h2ping-{instance}-{host}-{run_id}{suffix}")
+
+
+def sibling(path: str, suffix: str) -> str:
+    """The instance's file with ``suffix`` beside ``path``, its ``.log`` or ``.ready`` file. Pure.
+
+    A path with neither suffix (a caller's own ready path) gets ``suffix`` appended, so every
+    file of one instance still shares its stem and never another instance's.
+    """
+    for known in (READY, LOG):
+        if path.endswith(known):
+            return path[: -len(known)] + suffix
+    return path + suffix
+
+
+def instance_files(log_path: str | None, ready_path: str | None) -> list[str]:
+    """Every file of one instance that exists: log, ready and traffic files, the access log, the
+    rotations of both logs (``.log.1`` ...) and the temp files a proxy killed mid-write left.
+
+    Read-only. Rotations are found by name, whatever ``log_backups`` the run had.
+    """
+    stems = [path for path in (log_path, ready_path) if path]
+    if not stems:
+        return []
+    log = log_path or sibling(stems[0], LOG)
+    traffic, access = sibling(log, TRAFFIC), sibling(log, ACCESS_LOG)
+    candidates = [log, traffic, access, *temp_files(traffic)]
+    if ready_path:
+        candidates += [ready_path, *temp_files(ready_path)]
+    for rotating in (log, access):
+        prefix = glob.escape(rotating)
+        candidates += [
+            path for path in sorted(glob.glob(f"{prefix}.*")) if _ROTATED.fullmatch(path[len(rotating) :])
+        ]
+    return [path for path in dict.fromkeys(candidates) if os.path.lexists(path)]
 
 
 def create_logs(log_dir: str, paths: list[str]) -> list[int]:

@@ -15,7 +15,7 @@ from collections.abc import Callable
 
 from sidecar_fsm.base import procs
 from sidecar_fsm.errors import SidecarError
-from sidecar_fsm.run import crashpoints, targets
+from sidecar_fsm.run import crashpoints, targets, traffic
 from sidecar_fsm.run.children import Child, SidecarRun
 from sidecar_fsm.run.messages import log_tail
 from sidecar_fsm.run.runfiles import remove_ready_files
@@ -55,6 +55,8 @@ def stop(run: SidecarRun, hurry: Callable[[], bool] | None = None) -> None:
         interrupted = _await_drains(run, draining, hurry)
         _record_drained(run, draining, interrupted, problems)
     finally:
+        # After the drains: each proxy wrote its final figures as its drain ended.
+        traffic.import_children(run)
         remove_ready_files([child.ready_path for child in run.children])
         _end_run(run, problems)
         if run.store is not None and run.run_created:

@@ -20,6 +20,7 @@ from collections.abc import Callable
 from sidecar_fsm.errors import SidecarError
 from sidecar_fsm.run import start as starting
 from sidecar_fsm.run import stop as stopping
+from sidecar_fsm.run import traffic
 from sidecar_fsm.run import watch as watching
 from sidecar_fsm.run.children import SidecarRun
 from sidecar_fsm.run.command import sidecar_command, sidecar_env
@@ -65,7 +66,11 @@ class NodeSidecars(SidecarRun):
         the busy timeout, the database file was deleted or replaced) stops every sidecar of the
         run and raises ``SidecarError`` with one line saying why: a sidecar the record does not
         show could outlive a crash of this process with nothing left to reap it.
+
+        About once a minute it also brings the proxies' traffic figures into the database
+        (``traffic.poll``): NeMo Gym's poll loop and the CLI's supervise loop both call this.
         """
+        traffic.poll(self)
         return watching.failures(self)
 
     def check(self) -> None:

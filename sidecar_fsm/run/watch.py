@@ -16,7 +16,7 @@ import time
 
 from sidecar_fsm.base.exitstatus import ended_words, exit_cell
 from sidecar_fsm.errors import SidecarError
-from sidecar_fsm.run import crashpoints
+from sidecar_fsm.run import crashpoints, traffic
 from sidecar_fsm.run.children import Child, SidecarRun, process_facts
 from sidecar_fsm.run.command import sidecar_env
 from sidecar_fsm.run.interrupts import interrupts_deferred
@@ -93,6 +93,8 @@ def _restart(run: SidecarRun, dead: list[tuple[Child, int]]) -> None:
 
 def _respawn(run: SidecarRun, child: Child, env: dict[str, str], exit_code: int) -> None:
     """Replace the dead process of a ``ready`` child on the same address; fire ``restart``."""
+    # The dead process's last figures, before the new one writes the same file under its pid.
+    traffic.import_children(run, [child])
     with interrupts_deferred():
         launch(run, child, env, restart_of=exit_code)
         assert child.process is not None

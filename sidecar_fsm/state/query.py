@@ -1,8 +1,8 @@
 """Read-only queries over every host's database of a log dir, through the documented views.
 
 Owns ``sidecar-fsm query``'s SQL: attaching each host's file read-only to one in-memory
-connection, presenting each view of ``migrations/0004_query_views.sql`` (``VIEWS``, the
-contract) as one TEMP view or table over every host, refusing any statement that would write,
+connection, presenting each view of ``migrations/0004_query_views.sql`` and ``0005_traffic.sql``
+(``VIEWS``, the contract) as one TEMP view or table over every host, refusing any statement that would write,
 and stopping a statement at its deadline. Must not write a row, take a write lock, or change a
 file's bytes: a launcher writing a live database beside the query is never blocked (WAL
 readers take no lock a writer waits for), and a refused statement changes nothing anywhere.
@@ -95,10 +95,46 @@ VIEWS: dict[str, tuple[str, ...]] = {
         "ready_s",
         "next_state",
     ),
+    "traffic_summary": (
+        "host",
+        "run_id",
+        "name",
+        "upstream",
+        "requests",
+        "responses_2xx",
+        "responses_4xx",
+        "responses_5xx",
+        "responses_502",
+        "client_disconnects",
+        "upstream_errors",
+        "pings_sent",
+        "ping_acks",
+        "goaways",
+        "retries",
+        "ttfb_p50_s",
+        "ttfb_p90_s",
+        "ttfb_p99_s",
+        "duration_p50_s",
+        "duration_p90_s",
+        "duration_p99_s",
+        "duration_max_s",
+        "as_of",
+        "upstream_errors_dial",
+        "upstream_errors_tls",
+        "upstream_errors_alpn",
+        "upstream_errors_ping_timeout",
+        "upstream_errors_reset",
+        "upstream_errors_other",
+        "responses_other",
+        "rotations",
+        "final",
+        "processes",
+    ),
 }
 
-# The first schema with the views; an older database is migrated first, as ``status`` does.
-VIEWS_SINCE_SCHEMA = 4
+# The first schema with every view (``traffic_summary``: 5); an older database is migrated first,
+# as ``status`` does.
+VIEWS_SINCE_SCHEMA = 5
 
 DEFAULT_TIMEOUT_SECONDS = 10.0
 

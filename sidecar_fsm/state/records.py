@@ -83,3 +83,62 @@ def run_record(row: Mapping[str, Any]) -> RunRecord:
     fields = dict(row)
     fields["config_summary"] = json.loads(fields["config_summary"] or "{}")
     return RunRecord(**fields)
+
+
+# -- traffic (issue 28) ---------------------------------------------------------------------------
+
+# The upstream error kinds of the proxy's ``h2ping_upstream_errors_total{kind}``, in its order.
+UPSTREAM_ERROR_KINDS = ("dial", "tls", "alpn", "ping_timeout", "reset", "other")
+
+
+@dataclass(frozen=True)
+class TrafficFigures:
+    """What one proxy process carried, as of ``as_of`` (unix seconds): one traffic file, checked.
+
+    Numbers only, and the two times: nothing in it can hold a header, a query or userinfo.
+    ``upstream_errors`` maps each of ``UPSTREAM_ERROR_KINDS`` to its count; each histogram is
+    ``{"buckets": [[le, n], ..., [None, n]], "sum", "count"}``: per-bucket (not cumulative)
+    counts beside their upper bounds, the last bucket +Inf.
+    """
+
+    pid: int
+    started_at: float
+    as_of: float
+    final: bool
+    requests: int
+    responses_2xx: int
+    responses_4xx: int
+    responses_5xx: int
+    responses_502: int
+    responses_other: int
+    client_disconnects: int
+    upstream_errors: Mapping[str, int]
+    pings_sent: int
+    ping_acks: int
+    goaways: int
+    retries: int
+    rotations: int
+    ttfb_seconds: Mapping[str, Any]
+    duration_seconds: Mapping[str, Any]
+    duration_max_s: float
+
+
+@dataclass(frozen=True)
+class InstanceTraffic:
+    """One instance's figures as ``traffic_summary`` gives them: its processes summed.
+
+    ``upstream_errors`` by kind; percentiles are bucket upper bounds (see migrations/0005), None
+    when no request finished; ``final`` when every process had drained when it wrote them.
+    """
+
+    name: str
+    requests: int
+    responses_502: int
+    upstream_errors: Mapping[str, int]
+    ttfb_p50_s: float | None
+    ttfb_p99_s: float | None
+    duration_p99_s: float | None
+    duration_max_s: float
+    as_of: str
+    final: bool
+    processes: int

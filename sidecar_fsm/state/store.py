@@ -1,6 +1,7 @@
 """The per-host state database's rows: with ``dbfile``, the only code that speaks SQL.
 
-Owns every write (runs, instances, transitions) and every query of ``<log_dir>/sidecar-fsm/<host>.db``;
+Owns every write (runs, instances, transitions, traffic figures) and every query of
+``<log_dir>/sidecar-fsm/<host>.db``;
 ``dbfile`` owns the file itself (where it lives, refusing one that cannot be used, creating and
 migrating it) and ``records`` the values it returns, split off so each reads in one sitting.
 Must not decide state changes: ``fsm`` decides, and ``record_transition`` only checks the
@@ -42,7 +43,16 @@ from sidecar_fsm.state import dbfile
 from sidecar_fsm.state.dbfile import DB_DIR_NAME, database_path  # re-exported: callers and tests
 from sidecar_fsm.state.fsm import SERVING_METRICS, TERMINAL
 from sidecar_fsm.state.hostname import host_name
-from sidecar_fsm.state.records import InstanceRecord, NewInstance, RunRecord, TransitionRecord, run_record
+from sidecar_fsm.state.records import (
+    UPSTREAM_ERROR_KINDS,
+    InstanceRecord,
+    InstanceTraffic,
+    NewInstance,
+    RunRecord,
+    TrafficFigures,
+    TransitionRecord,
+    run_record,
+)
 from sidecar_fsm.state.schema import Migration, load_migrations, schema_version  # know them as store's
 
 if TYPE_CHECKING:
@@ -52,10 +62,12 @@ __all__ = [
     "DB_DIR_NAME",
     "FACT_COLUMNS",
     "InstanceRecord",
+    "InstanceTraffic",
     "Migration",
     "NewInstance",
     "RunRecord",
     "Store",
+    "TrafficFigures",
     "TransitionRecord",
     "database_path",
     "load_migrations",
@@ -274,7 +286,7 @@ class Store:
                 raise SidecarError(f"end_run: run '{run_id}' does not exist in {self.path}")
 
     def delete_ended_run(self, run_id: str) -> list[InstanceRecord]:
-        """Delete an ended run with its instances and their transitions, in one transaction.
+        """Delete an ended run with its instances, their transitions and traffic, in one transaction.
 
         The run is read again inside the write lock, so a run that is live (or was never
         recorded) is never touched, whatever the caller read before: the answer is then [].
@@ -285,10 +297,11 @@ class Store:
             if row is None or row["ended_at"] is None:
                 return []
             rows = list(db.query("SELECT * FROM instances WHERE run_id = ? ORDER BY id", [run_id]))
-            db.execute(
-                "DELETE FROM transitions WHERE instance_id IN (SELECT id FROM instances WHERE run_id = ?)",
-                [run_id],
-            )
+            for table in ("transitions", "traffic", "traffic_quantiles"):
+                db.execute(
+                    f"DELETE FROM {table} WHERE instance_id IN (SELECT id FROM instances WHERE run_id = ?)",
+                    [run_id],
+                )
             db.execute("DELETE FROM instances WHERE run_id = ?", [run_id])
             db.execute("DELETE FROM runs WHERE run_id = ?", [run_id])
         return [InstanceRecord(**row) for row in rows]
@@ -468,6 +481,117 @@ class Store:
             [listen, *terminal],
         )
         return InstanceRecord(**rows[0]) if rows else None
+
+    # -- traffic (issue 28): one proxy process's figures, and what history and status read ------
+
+    def record_traffic(self, instance_id: int, figures: TrafficFigures) -> bool:
+        """Store one proxy process's figures for ``instance_id``; True when that changed a row.
+
+        One row per (instance, pid): figures of a process not seen yet are added, figures with a
+        later ``as_of`` replace that process's older ones, and anything else (the same file
+        imported again, an older file) changes nothing, so importing is idempotent and a restart's
+        processes add up in ``traffic_summary``. The upsert is one statement (no read-then-write
+        race between two importers: a launcher's stop and a reap); when it changed the row, the
+        instance's percentiles are recomputed from every one of its processes' buckets
+        (``_QUANTILES_SQL``) in the same transaction. Raises
+        ``sqlite3.IntegrityError`` for an unknown instance.
+        """
+        row = {
+            "instance_id": instance_id,
+            "pid": figures.pid,
+            "started_at": figures.started_at,
+            "as_of": figures.as_of,
+            "final": int(figures.final),
+            "requests": figures.requests,
+            "responses_2xx": figures.responses_2xx,
+            "responses_4xx": figures.responses_4xx,
+            "responses_5xx": figures.responses_5xx,
+            "responses_502": figures.responses_502,
+            "responses_other": figures.responses_other,
+            "client_disconnects": figures.client_disconnects,
+            **{f"errors_{kind}": figures.upstream_errors.get(kind, 0) for kind in UPSTREAM_ERROR_KINDS},
+            "pings_sent": figures.pings_sent,
+            "ping_acks": figures.ping_acks,
+            "goaways": figures.goaways,
+            "retries": figures.retries,
+            "rotations": figures.rotations,
+            "ttfb_seconds": json.dumps(figures.ttfb_seconds, sort_keys=True),
+            "duration_seconds": json.dumps(figures.duration_seconds, sort_keys=True),
+            "duration_max_s": figures.duration_max_s,
+        }
+        # Column names are this literal's keys, never the caller's text.
+        names = ", ".join(row)
+        updates = ", ".join(f"{name} = excluded.{name}" for name in row if name not in ("instance_id", "pid"))
+        sql = (
+            f"INSERT INTO traffic ({names}) VALUES ({', '.join('?' for _ in row)}) "
+            f"ON CONFLICT (instance_id, pid) DO UPDATE SET {updates} WHERE excluded.as_of > traffic.as_of"
+        )
+        with self._write() as db:
+            if db.conn.execute(sql, list(row.values())).rowcount == 0:
+                return False
+            db.conn.execute(_QUANTILES_SQL, {"instance_id": instance_id})
+            return True
+
+    def traffic_pids(self, instance_id: int) -> set[int]:
+        """The pids whose figures are stored for ``instance_id`` (an earlier process's, after a restart)."""
+        rows = self._rows("SELECT pid FROM traffic WHERE instance_id = ?", [instance_id])
+        return {int(row["pid"]) for row in rows}
+
+    def instance_traffic(self, run_id: str) -> dict[str, InstanceTraffic]:
+        """Each instance of ``run_id`` with figures, by name, as ``traffic_summary`` sums them."""
+        rows = self._rows("SELECT * FROM traffic_summary WHERE run_id = ? AND as_of IS NOT NULL", [run_id])
+        return {
+            row["name"]: InstanceTraffic(
+                name=row["name"],
+                requests=row["requests"],
+                responses_502=row["responses_502"],
+                upstream_errors={kind: row[f"upstream_errors_{kind}"] for kind in UPSTREAM_ERROR_KINDS},
+                ttfb_p50_s=row["ttfb_p50_s"],
+                ttfb_p99_s=row["ttfb_p99_s"],
+                duration_p99_s=row["duration_p99_s"],
+                duration_max_s=row["duration_max_s"],
+                as_of=row["as_of"],
+                final=bool(row["final"]),
+                processes=row["processes"],
+            )
+            for row in rows
+        }
+
+    def run_traffic_totals(self) -> dict[str, tuple[int, int]]:
+        """``run_id -> (requests, 502s)`` of every run with figures, all its instances summed."""
+        rows = self._rows(
+            "SELECT i.run_id, sum(t.requests) AS requests, sum(t.responses_502) AS bad "
+            "FROM traffic AS t JOIN instances AS i ON i.id = t.instance_id GROUP BY i.run_id"
+        )
+        return {row["run_id"]: (int(row["requests"]), int(row["bad"])) for row in rows}
+
+
+def _quantile(histogram: str, above: int, of: int) -> str:
+    """The upper bound (``le``) of the first bucket of ``histogram`` (a column of ``traffic``)
+    whose cumulative count, every process of the instance added together, reaches the rank
+    ``below * above >= of * total`` (the nearest rank: ``ceil(q * n)``, in integers, so no float
+    product lands just above a whole number); NULL in the +Inf bucket (whose ``le`` is null) or
+    when nothing was counted. ``+ 0.0``: a bound written as ``1`` is the REAL 1.0."""
+    return (
+        "(SELECT min(le) FROM ("
+        " SELECT le, sum(n) OVER (ORDER BY le IS NULL, le ROWS UNBOUNDED PRECEDING) AS below,"
+        " sum(n) OVER () AS total FROM ("
+        "  SELECT json_extract(c.value, '$[0]') + 0.0 AS le, sum(json_extract(c.value, '$[1]')) AS n"
+        f"  FROM traffic AS t, json_each(t.{histogram}, '$.buckets') AS c"
+        "  WHERE t.instance_id = :instance_id GROUP BY le)"
+        f") WHERE below * {above} >= {of} * total)"
+    )
+
+
+# One instance's six percentiles into ``traffic_quantiles`` (migrations/0005), which
+# ``traffic_summary`` reads; the quantiles' ranks are p50, p90 and p99.
+_QUANTILES_SQL = "INSERT OR REPLACE INTO traffic_quantiles VALUES (:instance_id, {})".format(
+    ", ".join(
+        _quantile(histogram, above, of)
+        for histogram in ("ttfb_seconds", "duration_seconds")
+        for above, of in ((2, 1), (10, 9), (100, 99))
+    )
+)
 
 
 def open_all_hosts(log_dir: str | Path) -> list[Store]:

@@ -10,7 +10,7 @@ them. Cells, times and colour are ``cells``'; the reap report is ``reap_report``
 from __future__ import annotations
 
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
@@ -40,9 +40,10 @@ from sidecar_fsm.view.status import (
     process_note,
     reap_hint,
 )
+from sidecar_fsm.view.traffic import totals_json, totals_text, traffic_json, traffic_line
 
 if TYPE_CHECKING:
-    from sidecar_fsm.state.store import InstanceRecord, RunRecord, TransitionRecord
+    from sidecar_fsm.state.store import InstanceRecord, InstanceTraffic, RunRecord, TransitionRecord
     from sidecar_fsm.view.live import Scrape
 
 
@@ -107,12 +108,14 @@ def status_lines(
     now: float | None = None,
     color: bool = False,
     ended_in_one_table: bool = False,
+    traffic: Mapping[str, tuple[int, int]] | None = None,
 ) -> list[str]:
     """The ``status`` table: a line per run, its instances indented under it.
 
     Each run gets its own header block, so a run with no instances still reads clearly. With
     ``ended_in_one_table`` (``status --all``) the ended runs follow as one table, a line each:
-    eleven ended runs are eleven lines, not eleven headers.
+    eleven ended runs are eleven lines, not eleven headers; with ``traffic`` (run id -> requests
+    and 502s) that table says what each run carried.
     """
     now = time.time() if now is None else now
     lines: list[str] = []
@@ -145,7 +148,11 @@ def status_lines(
         )
     if ended:
         lines += [""] if lines else []
-        lines += table(RUN_HEADERS, [_run_row(status, now) for status in ended], color=color)
+        headers, rows = RUN_HEADERS, [_run_row(status, now) for status in ended]
+        if traffic is not None:
+            headers = [*RUN_HEADERS, "TRAFFIC"]
+            rows = [[*row, totals_text(traffic, s.run.run_id)] for row, s in zip(rows, ended, strict=True)]
+        lines += table(headers, rows, color=color)
     return lines
 
 
@@ -269,13 +276,16 @@ def history_lines(
     *,
     color: bool = False,
     status: RunStatus | None = None,
+    traffic: Mapping[str, InstanceTraffic] | None = None,
 ) -> list[str]:
     """The ``history`` table: every transition of the run (or one instance), oldest first.
 
     ``transitions`` pairs each record with its instance's name. TIME is local wall-clock time
     with milliseconds; AFTER is the offset from the first row, which is what a reader compares.
     With ``status`` (what runs now), the header says whether the owner lives, and a line per
-    instance whose recorded-live process is gone says so, as ``status`` does.
+    instance whose recorded-live process is gone says so, as ``status`` does. With ``traffic``
+    (by instance name) and ``status``, a line per instance after the table says what it carried
+    (``view.traffic``).
     """
     started = format_local_time(run.started_at)
     head = [f"run {run.run_id} on {run.host}, {_owner_words(run, status)}, started {started}"]
@@ -284,8 +294,11 @@ def history_lines(
             note = process_note(status, inst)
             if note is not None:
                 head.append(styled(f"{inst.name}: {note}", "red", color))
+    tail = []
+    if status is not None and traffic is not None:
+        tail = [traffic_line(inst.name, traffic.get(inst.name)) for inst in status.instances]
     if not transitions:
-        return [*head, "no transitions recorded"]
+        return [*head, "no transitions recorded", *tail]
     first = transitions[0][1].at
     rows: list[list[str | Cell]] = [
         [
@@ -299,7 +312,8 @@ def history_lines(
         ]
         for name, t in transitions
     ]
-    return [*head, *table(["TIME", "AFTER", "INSTANCE", "FROM", "TO", "EVENT", "DETAIL"], rows, color=color)]
+    headers = ["TIME", "AFTER", "INSTANCE", "FROM", "TO", "EVENT", "DETAIL"]
+    return [*head, *table(headers, rows, color=color), *tail]
 
 
 def started_lines(run_id: str | None, log_dir: str, instances: Sequence[tuple[str, str, str]]) -> list[str]:
@@ -407,8 +421,13 @@ def run_status_json(s: RunStatus) -> dict[str, Any]:
     }
 
 
-def status_json(runs: Sequence[RunStatus]) -> str:
-    return dumps({"runs": [run_status_json(s) for s in runs]})
+def status_json(runs: Sequence[RunStatus], traffic: Mapping[str, tuple[int, int]] | None = None) -> str:
+    """``status --json``; with ``traffic``, each run's ``traffic`` (requests and 502s, or null)."""
+    documents = [run_status_json(s) for s in runs]
+    if traffic is not None:
+        for document, s in zip(documents, runs, strict=True):
+            document["traffic"] = totals_json(traffic, s.run.run_id)
+    return dumps({"runs": documents})
 
 
 def history_json(
@@ -416,9 +435,11 @@ def history_json(
     transitions: Sequence[tuple[str, TransitionRecord]],
     *,
     status: RunStatus | None = None,
+    traffic: Mapping[str, InstanceTraffic] | None = None,
 ) -> str:
     """``{"run", "instances", "transitions"}``: the run with its owner's status, each instance's
-    state and ``alive`` as ``status --json`` gives them, and the transitions oldest first."""
+    state and ``alive`` as ``status --json`` gives them (and with ``traffic`` its ``traffic``,
+    see ``view.traffic``), and the transitions oldest first."""
     return dumps(
         {
             "run": run_json(run, status.owner if status is not None else None),
@@ -429,6 +450,7 @@ def history_json(
                     "pid": inst.pid,
                     "alive": process_alive(status.process_of(inst)),
                     "process": status.process_of(inst),
+                    **({"traffic": traffic_json(traffic.get(inst.name))} if traffic is not None else {}),
                 }
                 for inst in status.instances
             ]

@@ -183,7 +183,12 @@ def test_start_supervises_until_sigterm_then_drains_and_exits_0(
         "EVENT",
         "DETAIL",
     ]
-    assert len(human.stdout.splitlines()) == 2 + 10  # header lines + 5 transitions x 2 instances
+    # header lines + 5 transitions x 2 instances + what each instance carried
+    assert len(human.stdout.splitlines()) == 2 + 10 + 2
+    assert [line.split(":")[0] for line in human.stdout.splitlines()[-2:]] == [
+        "traffic policy",
+        "traffic judge",
+    ]
 
 
 def test_sigkilled_start_leaves_sidecars_serving_until_reap(

@@ -90,6 +90,8 @@ CASES: list[tuple[str, str, str]] = [
     ("two", "spawn-recorded:2", "start"),
     ("two", "ready-recorded", "start"),
     ("two", "rewritten", "start"),
+    # The first check() after the start imports the figures each proxy wrote as it started.
+    ("two", "traffic-recorded", "start"),
     ("two", "drain-recorded:1", "stop"),
     ("two", "sigterm-sent:1", "stop"),
     ("two", "sigterm-sent:2", "stop"),

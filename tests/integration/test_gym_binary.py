@@ -217,11 +217,13 @@ def test_refusals_name_the_field_and_the_value(gym_binary: Path, sidecar_binary:
             {"name": "b", "upstream": "https://b.example.com", "listen": "127.0.0.1:0"},
         ],
         ca_file="/etc/ca.pem",
+        access_log=True,
     )
     lines = refusals(config, config.instances, gym)
-    assert len(lines) == 2
+    assert len(lines) == 3
     assert lines[0].startswith("sidecar.instances[1].listen: '127.0.0.1:0' picks a free port, but ")
     assert lines[1].startswith(f"sidecar.ca_file: '/etc/ca.pem' cannot be passed to '{gym_binary}'")
+    assert lines[2].startswith(f"sidecar.access_log: 'true' cannot be passed to '{gym_binary}'")
     assert all("\n" not in line and not line.endswith(".") for line in lines)
     assert refusals(config, config.instances, ours) == []
     assert refusals(_config(), _config().instances, gym) == []
@@ -379,6 +381,10 @@ def test_the_launcher_starts_gyms_binary(
     finally:
         manager.stop()
     assert list(log_dir.glob("*.ready")) == []
+    # No -traffic-file: such a run simply has no traffic figures (and no warning about them).
+    assert list(log_dir.glob("*.traffic.json")) == []
+    with Store.open(log_dir) as store:
+        assert store.instance_traffic(manager.run_id) == {}
 
 
 def test_the_launcher_refuses_port_0_for_gyms_binary_before_starting(

@@ -36,6 +36,8 @@ FAMILIES = {
     "h2ping_retries": "counter",
     "h2ping_rotations": "counter",
     "h2ping_request_duration_seconds": "histogram",
+    "h2ping_time_to_first_byte_seconds": "histogram",
+    "h2ping_request_duration_max_seconds": "gauge",
     "h2ping_build_info": "gauge",
     # The Prometheus Go client's names, so dashboards built for any Go service work.
     "process_cpu_seconds": "counter",

@@ -22,11 +22,12 @@ import subprocess
 import sys
 import time
 from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
 import pytest
-from helpers import SIDECAR_FSM, ProcessRegistry, wait_until
+from helpers import SIDECAR_FSM, ProcessRegistry, http11_request, wait_until
 from querycluster import (
     README,
     Run,
@@ -87,10 +88,31 @@ def cluster(
         reaped = sfsm(log_dir, "reap", host="node-b")
         assert reaped.returncode == 0 and "reap" in reaped.stdout, reaped.stdout + reaped.stderr
 
-        Run(log_dir, write_config(root / "clean.yaml", origin, sidecar_binary), "node-b", registry).stop(0)
+        clean = Run(log_dir, write_config(root / "clean.yaml", origin, sidecar_binary), "node-b", registry)
+        carry(clean, origin)
+        clean.stop(0)
         yield log_dir
     finally:
         registry.end_all()
+
+
+def carry(run: Run, origin: TlsH2Origin) -> None:
+    """Traffic for ``traffic_summary``: 4 answered requests through ``policy`` (one waiting 0.3 s
+    for its first byte), 2 through ``judge``, then one ``judge`` request whose upstream
+    connection the origin drops while it waits: a 502."""
+
+    def send(name: str, path: str) -> int:
+        host, _, port = run.instances()[name]["listen"].rpartition(":")
+        return http11_request(host, int(port), path, timeout=30).status
+
+    assert [send("policy", path) for path in ["/echo"] * 3 + ["/slow?first_byte=0.3"]] == [200] * 4
+    assert [send("judge", "/echo") for _ in range(2)] == [200] * 2
+    before = origin.received
+    with ThreadPoolExecutor(1) as pool:
+        waiting = pool.submit(send, "judge", "/slow?first_byte=20")
+        wait_until(lambda: origin.received > before, 10, "the request to reach the origin")
+        origin.drop_connections()
+        assert waiting.result(timeout=30) == 502
 
 
 # -- what the views say about the real runs ----------------------------------------------------
@@ -339,11 +361,11 @@ def test_more_hosts_than_sqlite_attaches_at_once(log_dir: Path) -> None:
 # -- the README's examples, sqlite-utils and Datasette ---------------------------------------------
 
 
-def test_the_readme_shows_five_queries() -> None:
-    assert len(readme_queries()) == 5
+def test_the_readme_shows_seven_queries() -> None:
+    assert len(readme_queries()) == 7
 
 
-@pytest.mark.parametrize("number", range(5))
+@pytest.mark.parametrize("number", range(7))
 def test_each_readme_query_answers_as_shown(cluster: Path, number: int) -> None:
     argv, shown = readme_queries()[number]
     assert argv[:2] == ["sidecar-fsm", "query"]
@@ -378,6 +400,18 @@ def test_each_readme_query_answers_as_shown(cluster: Path, number: int) -> None:
         # the longest-lived instances
         lambda r: (
             len(r) == 5 and [x["lived_s"] for x in r] == sorted((x["lived_s"] for x in r), reverse=True)
+        ),
+        # the slowest instance's waits per upstream (a request's whole answer never beats its first byte)
+        lambda r: (
+            [(x["upstream"].split(":")[1], x["requests"]) for x in r]
+            == [("//127.0.0.1", 3), ("//localhost", 4)]
+            and all(x["p99_s"] >= x["ttfb_p99_s"] > 0 for x in r)
+            and r[1]["max_s"] >= 0.3
+        ),
+        # the runs that lost requests to their upstream
+        lambda r: (
+            [(x["host"], x["name"], x["requests"], x["responses_502"]) for x in r]
+            == [("node-b", "judge", 3, 1)]
         ),
     ]
     assert checks[number](answers), answers

@@ -87,6 +87,9 @@ DEFAULTS = {
     "metrics": True,
     "upstream_check": "warn",
     "upstream_check_seconds": 10.0,
+    "access_log": False,
+    "log_max_bytes": 104857600,
+    "log_backups": 5,
 }
 
 
@@ -157,6 +160,12 @@ GOOD = [
     ({"metrics": False}, "metrics", False),
     ({"metrics": "off"}, "metrics", False),
     ({"upstream_check": "fail"}, "upstream_check", "fail"),
+    ({"access_log": "true"}, "access_log", True),
+    ({"log_max_bytes": "1MiB"}, "log_max_bytes", 1048576),
+    ({"log_max_bytes": "512KiB"}, "log_max_bytes", 524288),
+    ({"log_max_bytes": 1000}, "log_max_bytes", 1000),
+    ({"log_max_bytes": "0"}, "log_max_bytes", 0),
+    ({"log_backups": 0}, "log_backups", 0),
     ({"upstream_check": "off", "metrics": False}, "upstream_check", "off"),
     ({"upstream_check_seconds": 2.5}, "upstream_check_seconds", 2.5),
     ({"upstream_check_seconds": "3"}, "upstream_check_seconds", 3.0),
@@ -236,7 +245,17 @@ def test_enabled_with_instances() -> None:
 
 # --- refused values: the exact one-line message -----------------------------------------------
 
+SIZE = "is not a size; use bytes or a KiB, MiB, GiB or TiB count like '100MiB', or 0 to never rotate"
+BACKUPS = "try 5, or 0 to cut the log in place when it is full"
+
 BAD = [
+    # log rotation
+    ({"log_max_bytes": "100MB"}, f"sidecar.log_max_bytes: '100MB' {SIZE}"),
+    ({"log_max_bytes": -1}, f"sidecar.log_max_bytes: '-1' {SIZE}"),
+    ({"log_max_bytes": "1.5GiB"}, f"sidecar.log_max_bytes: '1.5GiB' {SIZE}"),
+    ({"log_max_bytes": True}, f"sidecar.log_max_bytes: 'true' {SIZE}"),
+    ({"log_backups": -1}, f"sidecar.log_backups: '-1' must be 0 or more; {BACKUPS}"),
+    ({"log_backups": True}, f"sidecar.log_backups: 'true' is not a whole number; {BACKUPS}"),
     # durations
     ({"ping_interval": "6m"}, f"sidecar.ping_interval: '6m' {PING}"),
     ({"ping_interval": "340s"}, f"sidecar.ping_interval: '340s' {PING}"),
@@ -337,10 +356,11 @@ BAD = [
     ({"ping_intervall": "5s"}, "sidecar.ping_intervall: unknown key; did you mean 'ping_interval'?"),
     (
         {"zzz": 1},
-        "sidecar.zzz: unknown key; known keys are allow_non_loopback, binary, build_if_missing, ca_file, "
-        "enabled, exit_with_owner, gomaxprocs, gomemlimit, insecure_skip_verify, instances, log_dir, "
-        "max_conn_age, metrics, ping_interval, ping_timeout, restart, retry_body_limit, rewrite_base_urls, "
-        "shutdown_grace, startup_timeout_seconds, upstream_check, upstream_check_seconds",
+        "sidecar.zzz: unknown key; known keys are access_log, allow_non_loopback, binary, build_if_missing, "
+        "ca_file, enabled, exit_with_owner, gomaxprocs, gomemlimit, insecure_skip_verify, instances, "
+        "log_backups, log_dir, log_max_bytes, max_conn_age, metrics, ping_interval, ping_timeout, restart, "
+        "retry_body_limit, rewrite_base_urls, shutdown_grace, startup_timeout_seconds, upstream_check, "
+        "upstream_check_seconds",
     ),
     (
         {"restart": {"max_restart": 1}},

@@ -1,0 +1,291 @@
+"""Bringing each proxy's traffic figures into the state database.
+
+The proxy writes what it carried beside its log, ``h2ping-<instance>-<host>-<run>.traffic.json``
+(``-traffic-file``, format version 1: go/ and docs/query.md), atomically (temp file, rename)
+every ``-traffic-interval`` and once more when its drain ends. This module reads that file,
+checks it, and hands it to ``Store.record_traffic``, which keeps one row per (instance, pid): a
+re-import changes nothing, a restart's processes add up. No thread of ours runs in NeMo Gym's
+process: ``check()`` (Gym's poll loop, every few seconds) and the CLI's supervise loop call
+``poll``, throttled to one import a minute per run (once a second until the first figures);
+``stop`` imports after the drain, a restart before it spawns the new process (which writes the
+same path), ``reap`` after the sidecars ended.
+
+Owns the file's validation (one warning per file that is not a version-1 figures file of one of
+the instance's processes, naming it; the file is then ignored), the throttle, and the trust
+rule: a file is read only from a log dir, and only as a file, that no other user can write
+(``trust``), as the database and ready files are. Never raises: a traffic file, a full disk or a
+locked database never breaks ``check``, ``stop``, ``reap`` or ``prune`` (the figures then stay
+as the last import left them). Must not set a state, signal a process or write any file.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import re
+import sys
+import threading
+import time
+from collections.abc import Iterable, Mapping
+from datetime import datetime, timezone
+from typing import TYPE_CHECKING, Any
+
+from sidecar_fsm.base import trust
+from sidecar_fsm.run import crashpoints
+from sidecar_fsm.run.runfiles import TRAFFIC, sibling
+from sidecar_fsm.state.records import UPSTREAM_ERROR_KINDS, TrafficFigures
+
+if TYPE_CHECKING:
+    from sidecar_fsm.run.children import Child, SidecarRun
+    from sidecar_fsm.state.store import InstanceRecord, Store
+
+FORMAT_VERSION = 1
+# The supervise loop and Gym's check() run every fraction of a second to every few seconds; the
+# proxy writes every 30 s by default. A minute keeps `query` at most about a minute behind (the
+# issue's bound) for one small read and at most one commit per instance.
+POLL_SECONDS = 60.0
+# A proxy writes its first file just after it starts, off its start-up path, so the first
+# poll after a start may come too early: until some figures are found, look again this soon
+# (an open() that fails, per instance; a run of NeMo Gym's binary, which writes none, pays that).
+RETRY_SECONDS = 1.0
+# A version-1 file is a few KB (two histograms of a few dozen buckets); anything much larger is
+# not one, and is not read into memory whole.
+MAX_FILE_BYTES = 256 * 1024
+_MAX_BUCKETS = 1000
+
+_COUNTERS = (
+    "requests",
+    "responses_2xx",
+    "responses_4xx",
+    "responses_5xx",
+    "responses_502",
+    "responses_other",
+    "client_disconnects",
+    "pings_sent",
+    "ping_acks",
+    "goaways",
+    "retries",
+    "rotations",
+)
+_RFC3339 = re.compile(r"(\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d)(\.\d+)?(Z|[+-]\d\d:\d\d)")
+
+# The throttle's clock (a test turns it forward instead of waiting a minute).
+_clock = time.monotonic
+
+_warned: set[str] = set()
+_warned_lock = threading.Lock()
+
+
+class NotFigures(ValueError):
+    """The file is not a version-1 traffic file of the expected process; the words say why."""
+
+
+# -- the file -------------------------------------------------------------------------------------
+
+
+def traffic_path(log_path: str) -> str:
+    """The traffic file of the instance whose log is ``log_path``. Pure."""
+    return sibling(log_path, TRAFFIC)
+
+
+def parse(text: str | bytes) -> TrafficFigures:
+    """The figures in a version-1 traffic file's text. Pure; raises ``NotFigures`` saying why not."""
+    try:
+        document = json.loads(text)
+    except (ValueError, UnicodeDecodeError) as exc:
+        raise NotFigures(f"not JSON ({exc})") from None
+    if not isinstance(document, dict):
+        raise NotFigures("not a JSON object")
+    version = document.get("version")
+    if version != FORMAT_VERSION or isinstance(version, bool):
+        raise NotFigures(f"version {json.dumps(version)} is not {FORMAT_VERSION}")
+    errors = document.get("upstream_errors")
+    if not isinstance(errors, dict):
+        raise NotFigures("upstream_errors is not an object")
+    figures = TrafficFigures(
+        pid=_count(document, "pid"),
+        started_at=_time(document, "started_at"),
+        as_of=_time(document, "as_of"),
+        final=_flag(document, "final"),
+        **{name: _count(document, name) for name in _COUNTERS},
+        upstream_errors={
+            kind: _count(errors, kind, f"upstream_errors.{kind}") for kind in UPSTREAM_ERROR_KINDS
+        },
+        ttfb_seconds=_histogram(document, "ttfb_seconds"),
+        duration_seconds=_histogram(document, "duration_seconds"),
+        duration_max_s=_seconds(document.get("duration_max_s"), "duration_max_s"),
+    )
+    if figures.pid <= 0:
+        raise NotFigures(f"pid {figures.pid} is not a process id")
+    return figures
+
+
+def _count(document: Mapping[str, Any], key: str, name: str | None = None) -> int:
+    value = document.get(key)
+    if not isinstance(value, int) or isinstance(value, bool) or value < 0:
+        raise NotFigures(f"{name or key} {json.dumps(value)} is not a count")
+    return value
+
+
+def _flag(document: Mapping[str, Any], key: str) -> bool:
+    value = document.get(key)
+    if not isinstance(value, bool):
+        raise NotFigures(f"{key} {json.dumps(value)} is not true or false")
+    return value
+
+
+def _seconds(value: Any, name: str) -> float:
+    number = isinstance(value, (int, float)) and not isinstance(value, bool)
+    if not number or not math.isfinite(value) or value < 0:
+        raise NotFigures(f"{name} {json.dumps(value)} is not a number of seconds")
+    return float(value)
+
+
+def _time(document: Mapping[str, Any], key: str) -> float:
+    """An RFC 3339 time (what Go's time.RFC3339Nano writes) as unix seconds."""
+    value = document.get(key)
+    match = _RFC3339.fullmatch(value) if isinstance(value, str) else None
+    if match is None:
+        raise NotFigures(f"{key} {json.dumps(value)} is not an RFC 3339 time")
+    zone = "+00:00" if match[3] == "Z" else match[3]
+    try:
+        moment = datetime.fromisoformat(match[1] + zone)
+    except ValueError:
+        raise NotFigures(f"{key} {json.dumps(value)} is not an RFC 3339 time") from None
+    return moment.astimezone(timezone.utc).timestamp() + float(match[2] or 0)
+
+
+def _histogram(document: Mapping[str, Any], key: str) -> dict[str, Any]:
+    """The file's ``{"bounds", "counts", "sum", "count"}`` checked (increasing finite bounds, one
+    more count, ``count`` their sum) as stored: ``{"buckets": [[le, n], ..., [null, n]], "sum",
+    "count"}``, each bucket's bound beside its count (null: +Inf), so ``traffic_summary`` reads
+    a bucket with one small parse instead of looking its bound up in the whole text."""
+    value = document.get(key)
+    if not isinstance(value, dict):
+        raise NotFigures(f"{key} is not an object")
+    bounds, counts = value.get("bounds"), value.get("counts")
+    if not isinstance(bounds, list) or not isinstance(counts, list) or len(bounds) > _MAX_BUCKETS:
+        raise NotFigures(f"{key}: bounds and counts are not lists of buckets")
+    if len(counts) != len(bounds) + 1:
+        raise NotFigures(f"{key}: {len(counts)} counts for {len(bounds)} bounds; want one more count")
+    floats = [_seconds(bound, f"{key}.bounds") for bound in bounds]
+    if any(later <= earlier for earlier, later in zip(floats, floats[1:], strict=False)):
+        raise NotFigures(f"{key}: bounds are not increasing")
+    holder = {str(index): count for index, count in enumerate(counts)}
+    whole = [_count(holder, str(index), f"{key}.counts[{index}]") for index in range(len(counts))]
+    count = _count(value, "count", f"{key}.count")
+    if count != sum(whole):
+        raise NotFigures(f"{key}: count {count} is not the sum of its counts ({sum(whole)})")
+    buckets = [[bound, number] for bound, number in zip([*floats, None], whole, strict=True)]
+    return {"buckets": buckets, "sum": _seconds(value.get("sum"), f"{key}.sum"), "count": count}
+
+
+def read(path: str, pids: Iterable[int]) -> TrafficFigures | None:
+    """The figures at ``path`` if they are a version-1 file of one of ``pids``; else None.
+
+    None without a word when there is no file yet (a proxy writes its first after one
+    interval) or the log dir or the file could have been written by another user (the
+    database and ready files are not trusted there either; ``status`` says so). Any other
+    file (corrupt, foreign, another version, another process) is ignored with one warning
+    naming it, once per path in this process.
+    """
+    folder = os.path.dirname(path) or "."
+    if trust.log_dir_problem(folder) is not None or trust.file_problem(path) is not None:
+        return None
+    try:
+        # O_NOFOLLOW: the name is ours; a link in its place was not made by the proxy.
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK)
+    except FileNotFoundError:
+        return None
+    except OSError as exc:
+        _warn(path, exc.strerror or str(exc))
+        return None
+    try:
+        with os.fdopen(fd, "rb") as file:
+            text = file.read(MAX_FILE_BYTES + 1)
+    except OSError as exc:
+        _warn(path, exc.strerror or str(exc))
+        return None
+    if len(text) > MAX_FILE_BYTES:
+        _warn(path, f"larger than {MAX_FILE_BYTES} bytes")
+        return None
+    try:
+        figures = parse(text)
+    except NotFigures as exc:
+        _warn(path, str(exc))
+        return None
+    wanted = sorted(set(pids))
+    if figures.pid not in wanted:
+        _warn(path, f"pid {figures.pid} is not one of this instance's processes ({wanted or 'none'})")
+        return None
+    return figures
+
+
+def _warn(path: str, reason: str, line: str | None = None) -> None:
+    with _warned_lock:
+        if path in _warned:
+            return
+        _warned.add(path)
+    print(line or f"WARNING: traffic figures {path} ignored: {reason}", file=sys.stderr, flush=True)
+
+
+# -- importing -------------------------------------------------------------------------------------
+
+
+def import_instances(store: Store, instances: Iterable[InstanceRecord]) -> None:
+    """Import the figures of each of ``instances`` (recorded rows: ``reap``). Never raises."""
+    _import(store, [(inst.id, inst.log_path, {inst.pid} if inst.pid else set()) for inst in instances])
+
+
+def import_children(run: SidecarRun, children: Iterable[Child] | None = None) -> None:
+    """Import the figures of ``run``'s ``children`` (default: all): ``stop``, a restart. Never raises.
+
+    The pid each is checked against is its current process's; a restart calls this before it
+    spawns the new process, so the dead one's last figures are taken while the file is still
+    its own.
+    """
+    if run.store is None or run.unrecordable is not None:
+        return  # nothing recorded this run, or its database is gone: nowhere to put them
+    chosen = run.children if children is None else list(children)
+    found = _import(
+        run.store,
+        [
+            (child.machine.instance_id, child.log_path, {child.process.pid} if child.process else set())
+            for child in chosen
+        ],
+    )
+    run.traffic_due = _clock() + (POLL_SECONDS if found else RETRY_SECONDS)
+
+
+def poll(run: SidecarRun) -> None:
+    """``import_children`` at most once per ``POLL_SECONDS`` of ``run`` (``check()``, the supervise loop)."""
+    if run.running and _clock() >= run.traffic_due:
+        import_children(run)
+
+
+def _import(store: Store, wanted: list[tuple[int, str | None, set[int]]]) -> int:
+    """Read each (instance id, log path, pids) file and record what is new, in one commit; how
+    many instances had figures (recorded or unchanged).
+
+    A pid whose figures are already stored for the instance counts too: after a restart the
+    file still holds the dead process's figures until the new one writes its first.
+    """
+    try:
+        found = []
+        for instance_id, log_path, pids in wanted:
+            if not log_path:
+                continue
+            figures = read(traffic_path(log_path), pids | store.traffic_pids(instance_id))
+            if figures is not None:
+                found.append((instance_id, figures))
+        if not found:
+            return 0
+        with store.transaction():
+            for instance_id, figures in found:
+                store.record_traffic(instance_id, figures)
+        crashpoints.hit("traffic-recorded")
+        return len(found)
+    except Exception as exc:  # noqa: BLE001 - a figure never breaks check, stop, reap or prune
+        _warn(str(store.path), str(exc), f"WARNING: traffic figures not recorded in {store.path}: {exc}")
+        return 0

@@ -1,0 +1,87 @@
+"""What each sidecar carried, where a person looks: ``history``'s traffic lines, ``status --all``.
+
+Owns reading a run's traffic figures from the database (``Store.instance_traffic``,
+``Store.run_traffic_totals``, the sums ``traffic_summary`` documents) and their words and JSON:
+one line per instance in ``history`` (requests, 502s by kind, TTFB p50/p99, duration p99/max)
+and a run's requests and 502s in ``status --all``. Read-only: the figures are as the last import
+left them (``run.traffic``: the supervise loop, ``check()``, stop, a restart, reap), since a read
+command never writes, so a live run's line says when its figures were taken.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+from sidecar_fsm.state.store import InstanceTraffic, Store
+from sidecar_fsm.view.cells import UNKNOWN
+
+__all__ = ["instance_traffic", "run_totals", "totals_text", "traffic_json", "traffic_line"]
+
+
+def instance_traffic(store: Store, run_id: str) -> dict[str, InstanceTraffic]:
+    """The figures of each instance of ``run_id`` that has some, by name. Read-only."""
+    return store.instance_traffic(run_id)
+
+
+def run_totals(stores: Iterable[Store]) -> dict[str, tuple[int, int]]:
+    """``run_id -> (requests, 502s)`` of every run with figures in ``stores``. Read-only."""
+    totals: dict[str, tuple[int, int]] = {}
+    for store in stores:
+        totals.update(store.run_traffic_totals())
+    return totals
+
+
+def _seconds(value: float | None) -> str:
+    if value is None:
+        return UNKNOWN
+    return f"{value * 1000:.3g}ms" if value < 1 else f"{value:.3g}s"
+
+
+def traffic_line(name: str, figures: InstanceTraffic | None) -> str:
+    """``traffic policy: 10 requests, 2 502s (ping_timeout 1, reset 1), ttfb p50 50ms p99 1s,
+    duration p99 10s max 12.8s, final``; ``none recorded`` for an instance without figures."""
+    if figures is None:
+        return f"traffic {name}: none recorded"
+    kinds = ", ".join(f"{kind} {count}" for kind, count in figures.upstream_errors.items() if count)
+    bad = f"{figures.responses_502} 502s" + (f" ({kinds})" if kinds else "")
+    when = "final" if figures.final else f"as of {figures.as_of}"
+    return (
+        f"traffic {name}: {figures.requests} requests, {bad}, "
+        f"ttfb p50 {_seconds(figures.ttfb_p50_s)} p99 {_seconds(figures.ttfb_p99_s)}, "
+        f"duration p99 {_seconds(figures.duration_p99_s)} max {_seconds(figures.duration_max_s)}, {when}"
+    )
+
+
+def traffic_json(figures: InstanceTraffic | None) -> dict[str, Any] | None:
+    """An instance's ``traffic`` in ``history --json``; null without figures."""
+    if figures is None:
+        return None
+    return {
+        "requests": figures.requests,
+        "responses_502": figures.responses_502,
+        "upstream_errors": dict(figures.upstream_errors),
+        "ttfb_p50_s": figures.ttfb_p50_s,
+        "ttfb_p99_s": figures.ttfb_p99_s,
+        "duration_p99_s": figures.duration_p99_s,
+        "duration_max_s": figures.duration_max_s,
+        "as_of": figures.as_of,
+        "final": figures.final,
+        "processes": figures.processes,
+    }
+
+
+def totals_text(totals: Mapping[str, tuple[int, int]], run_id: str) -> str:
+    """``5 requests, 0 502s`` for ``status --all``'s ended runs; ``-`` without figures."""
+    if run_id not in totals:
+        return UNKNOWN
+    requests, bad = totals[run_id]
+    return f"{requests} requests, {bad} 502s"
+
+
+def totals_json(totals: Mapping[str, tuple[int, int]], run_id: str) -> dict[str, int] | None:
+    """A run's ``traffic`` in ``status --json``: requests and 502s, null without figures."""
+    if run_id not in totals:
+        return None
+    requests, bad = totals[run_id]
+    return {"requests": requests, "responses_502": bad}

@@ -20,9 +20,10 @@ package main
 // client does with a bare *tls.Conn is its forced close after 250 ms when a close hangs;
 // Close below does the same.
 //
-// Must not: modify, delay or reorder the stream (closing it on the verdict is the one
-// action it takes); record anything but frame types, flags, PING payloads and error codes
-// (header blocks carry Authorization).
+// Must not: modify, delay or reorder the stream (closing it on the verdict, and writing
+// the one whole frame armed with injectFrame between two whole frames of the client, are
+// the only actions it takes); record anything but frame types, flags, PING payloads and
+// error codes (header blocks carry Authorization).
 
 import (
 	"crypto/tls"
@@ -84,6 +85,13 @@ type watchedConn struct {
 	lastRead atomic.Int64
 	// report, when set, is told about a connection closed for a lost PING.
 	report func(lostPing)
+	// events, when set before the HTTP/2 client has the connection, hears what the watcher
+	// sees on it (upcheck.go's PING verdict, probe.go's report of how it closed).
+	events connEvents
+	// inject is one whole frame to write at the next frame boundary of the outgoing stream
+	// (injectFrame); nil when none. Set before the HTTP/2 client has the connection, then
+	// touched only inside Write, which the client never calls from two goroutines at once.
+	inject []byte
 
 	goaway atomic.Bool // a GOAWAY arrived: the end of the connection is expected
 	closed atomic.Bool // Close was called: read errors after it are ours
@@ -126,7 +134,41 @@ func (m *meters) watch(tc *tls.Conn, pingTimeout time.Duration) *watchedConn {
 // connection, so bytes looked at but not sent mislead nothing.
 func (c *watchedConn) Write(p []byte) (int, error) {
 	c.out.feed(p, c)
-	return c.Conn.Write(p)
+	n, err := c.Conn.Write(p)
+	if c.inject != nil && err == nil && c.out.atFrameBoundary() {
+		frame := c.inject
+		c.inject = nil
+		// Looked at before it leaves, for the same reason as p; a failed write has ended
+		// the connection, which the client sees at its next read or write.
+		c.out.feed(frame, c)
+		c.Conn.Write(frame)
+	}
+	return n, err
+}
+
+// injectFrame arms frame (one whole HTTP/2 frame) to be written right after the first
+// write of the HTTP/2 client that ends at a frame boundary: for a new connection, the
+// client's preface, SETTINGS and WINDOW_UPDATE, which newClientConn flushes in one write
+// before anything else can write. It must be called before the client has the connection.
+//
+// This is how the start-up check sends its PING with net/http alone (http.ClientConn has
+// no Ping method): the frame goes between two whole frames of the client, inside one of
+// the client's own Writes (its first, made before its read loop or any request exists;
+// any later one is made under its write lock), so no frame of the client is split and no
+// other writer can interleave; the TLS layer below sees two writes in order, as it would
+// from the client itself. The ack is read by the client, which ignores an ack whose
+// payload it did not send (Go's processPing), and by this watcher, which matches it.
+func (c *watchedConn) injectFrame(frame []byte) { c.inject = frame }
+
+// connEvents hears the frames and the end of one watched connection. Its methods run on
+// the connection's reading or writing goroutine and must not block.
+type connEvents interface {
+	pingSent(data [8]byte)
+	pingAcked(data [8]byte, rtt time.Duration)
+	goawayReceived(code uint32)
+	// ended: the connection failed under the client (a read error not caused by our own
+	// Close): EOF, a reset, or a lost PING's *pingTimeoutError.
+	ended(err error)
 }
 
 func (c *watchedConn) Read(p []byte) (int, error) {
@@ -137,9 +179,13 @@ func (c *watchedConn) Read(p []byte) (int, error) {
 	c.in.feed(p[:n], c)
 	if err != nil {
 		if l := c.verdict.Load(); l != nil {
-			return n, &pingTimeoutError{timeout: c.pingTimeout, silence: l}
+			err = &pingTimeoutError{timeout: c.pingTimeout, silence: l}
+		} else {
+			c.readFailed(err)
 		}
-		c.readFailed(err)
+		if c.events != nil && !c.closed.Load() {
+			c.events.ended(err)
+		}
 	}
 	return n, err
 }
@@ -265,11 +311,16 @@ func (c *watchedConn) frame(sent bool, typ, flags byte, data []byte) {
 			c.pingCheck.Reset(c.pingTimeout)
 		}
 		c.pingMu.Unlock()
+		if c.events != nil {
+			c.events.pingSent([8]byte(data))
+		}
 	case typ == framePing && !sent && flags&flagAck != 0:
+		var rtt time.Duration
+		acked := false
 		c.pingMu.Lock()
 		for i, p := range c.pings {
 			if p.data == [8]byte(data) {
-				rtt := time.Since(p.at)
+				rtt, acked = time.Since(p.at), true
 				c.pings = append(c.pings[:i], c.pings[i+1:]...)
 				m.pingAcks.Add(1)
 				m.pingRTT.Store(math.Float64bits(rtt.Seconds()))
@@ -277,11 +328,18 @@ func (c *watchedConn) frame(sent bool, typ, flags byte, data []byte) {
 			}
 		}
 		c.pingMu.Unlock()
+		if acked && c.events != nil {
+			c.events.pingAcked([8]byte(data), rtt)
+		}
 	case typ == frameGoAway && !sent:
 		c.goaway.Store(true)
 		m.goaways.Add(1)
-		if code := be32(data[4:8]); code != errCodeNo {
+		code := be32(data[4:8])
+		if code != errCodeNo {
 			m.upstreamFailed(kindReset, "GOAWAY from the upstream with error code "+h2CodeName(code))
+		}
+		if c.events != nil {
+			c.events.goawayReceived(code)
 		}
 	case typ == frameRSTStream && !sent:
 		// REFUSED_STREAM is re-sent (a retry, not a failure); CANCEL is also what a server
@@ -341,6 +399,10 @@ type frameScanner struct {
 	keep  [8]byte
 	kn    int
 }
+
+// atFrameBoundary is true when the bytes fed so far end with a whole frame (or the
+// preface): a frame written now starts a frame of its own.
+func (s *frameScanner) atFrameBoundary() bool { return s.skip == 0 && s.hn == 0 && s.left == 0 }
 
 func (s *frameScanner) feed(p []byte, c *watchedConn) {
 	for len(p) > 0 {

@@ -355,16 +355,7 @@ func serveMetrics(ln net.Listener, profiles bool) *http.Server {
 		b := stats.appendText(make([]byte, 0, 8192), time.Now())
 		w.Write(appendProcessText(b))
 	})
-	mux.HandleFunc("GET /upstream", func(w http.ResponseWriter, r *http.Request) {
-		// Whoever asks for the verdict is waiting for it: start the check now if its timer
-		// has not yet (upcheck.go).
-		if c := stats.check.Load(); c != nil {
-			c.run()
-		}
-		w.Header().Set("Content-Type", "application/json")
-		w.Header().Set("Cache-Control", "no-store")
-		w.Write(stats.upstreamJSON())
-	})
+	mux.HandleFunc("GET /upstream", serveUpstream) // procmetrics.go
 	srv := &http.Server{Handler: mux, ReadHeaderTimeout: 10 * time.Second}
 	go srv.Serve(ln)
 	return srv

@@ -19,6 +19,7 @@ import (
 	"bytes"
 	"encoding/json"
 	"math"
+	"net/http"
 	"os"
 	"runtime"
 	"runtime/debug"
@@ -221,14 +222,48 @@ func counterFloat(b []byte, name, help string, v float64) []byte {
 // error's own words, one line) and Seconds (how long that dial took) are its verdict. Up
 // is h2ping_upstream_up now; LastError the latest upstream failure's text (null before
 // the first), kept after the upstream recovers so an operator can see what it was.
+//
+// Ping is the check's PING on the first connection (upcheck.go): null until it is sent
+// (a dial that failed sends none), then "pending", and finally "answered" (PingRTT is its
+// round trip), "unanswered", "goaway" or "closed", with PingError in its own words, the
+// remedy included. A check has passed when OK and Ping is "answered".
 type upstreamStatus struct {
 	Checked     bool     `json:"checked"`
 	OK          bool     `json:"ok"`
 	Error       *string  `json:"error"`
 	Seconds     *float64 `json:"seconds"`
+	Ping        *string  `json:"ping"`
+	PingRTT     *float64 `json:"ping_rtt_seconds"`
+	PingError   *string  `json:"ping_error"`
 	Up          bool     `json:"up"`
 	LastError   *string  `json:"last_error"`
 	LastErrorAt *string  `json:"last_error_at"`
+}
+
+// maxUpstreamWait bounds GET /upstream?wait=D: a caller that wants longer asks again.
+const maxUpstreamWait = 10 * time.Second
+
+// serveUpstream is GET /upstream[?wait=D]. Whoever asks for the verdict is waiting for it:
+// the check starts now if its timer has not yet (upcheck.go). With wait (a Go duration, at
+// most maxUpstreamWait) the answer waits until the check has ended or D has passed, so a
+// launcher learns the verdict the moment it is known instead of at its next poll (a poll
+// every 25 ms cost a start 12 ms on average once the check also awaited its PING).
+func serveUpstream(w http.ResponseWriter, r *http.Request) {
+	if c := stats.check.Load(); c != nil {
+		c.run()
+		if d, err := time.ParseDuration(r.URL.Query().Get("wait")); err == nil && d > 0 {
+			t := time.NewTimer(min(d, maxUpstreamWait))
+			select {
+			case <-c.done:
+			case <-t.C:
+			case <-r.Context().Done():
+			}
+			t.Stop()
+		}
+	}
+	w.Header().Set("Content-Type", "application/json")
+	w.Header().Set("Cache-Control", "no-store")
+	w.Write(stats.upstreamJSON())
 }
 
 func (m *meters) upstreamJSON() []byte {
@@ -237,6 +272,16 @@ func (m *meters) upstreamJSON() []byte {
 		s.Checked, s.OK, s.Seconds = true, v.ok, &v.seconds
 		if !v.ok {
 			s.Error = &v.err
+		}
+	}
+	if c := m.check.Load(); c != nil && c.ping != nil {
+		if state, v := c.ping.state(); state != "" {
+			s.Ping = &state
+			if v != nil && v.state == pingAnswered {
+				s.PingRTT = &v.rtt
+			} else if v != nil {
+				s.PingError = &v.words
+			}
 		}
 	}
 	if n := m.lastErr.Load(); n != nil {

@@ -46,10 +46,16 @@ type upstream struct {
 	pool *pool
 	// logf, when set, logs one line per connection closed for a lost PING.
 	logf func(format string, args ...any)
+	// firstPing is the start-up check's PING (upcheck.go), carried by the first connection
+	// that completes its handshake; nil sends none (the probe).
+	firstPing *checkPing
+	// onConn, when set before anything dials, sees each new connection before the HTTP/2
+	// client has it (probe.go).
+	onConn func(context.Context, *watchedConn)
 }
 
 func newUpstream(cfg *Config) *upstream {
-	u := &upstream{cfg: cfg}
+	u := &upstream{cfg: cfg, firstPing: newCheckPing(cfg.PingTimeout)}
 	var protos http.Protocols
 	protos.SetHTTP2(true)
 	u.tr = &http.Transport{
@@ -153,6 +159,12 @@ func (u *upstream) dialTLS(ctx context.Context, network, addr string) (net.Conn,
 	w := stats.watch(tc, u.cfg.PingTimeout)
 	if u.logf != nil {
 		w.report = func(l lostPing) { u.logf("upstream %s: connection closed: %v", addr, l) }
+	}
+	if u.firstPing != nil {
+		u.firstPing.arm(w)
+	}
+	if u.onConn != nil {
+		u.onConn(ctx, w)
 	}
 	return w, nil
 }

@@ -49,7 +49,7 @@ sidecar:
   exit_with_owner: true            # a sidecar never outlives a killed launcher
   restart: {max_restarts: 0, backoff: 1s}
   metrics: true                    # /metrics on a free loopback port, read by status and top
-  upstream_check: warn             # wait for each proxy's first upstream dial and print it; fail | off
+  upstream_check: warn             # wait for each proxy's first upstream check (TLS, h2, a PING); fail | off
 
 policy_model:
   responses_api_models:

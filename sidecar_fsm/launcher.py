@@ -191,9 +191,12 @@ class H2PingSidecarManager:
         )
         self._sidecars = sidecars
         self.run_id = sidecars.run_id
+        # notify also says the "listening on" lines, as soon as the proxies are ready (before
+        # the upstream check's wait). NodeSidecars.start() stops its children before any
+        # exception leaves it.
         sidecars.notify = _say
-        # NodeSidecars.start() stops its children before any exception leaves it.
-        for line in [*sidecars.start(), *sidecars.upstream_verdicts]:
+        sidecars.start()
+        for line in sidecars.upstream_verdicts:
             print(f"h2-ping-sidecar {line}", flush=True)
 
     def _binary_flags(self) -> binaryflags.BinaryFlags | None:

@@ -5,7 +5,7 @@ outcome to an exit code: 0 success, 1 a failure (a missing log dir or run includ
 usage or config (``ConfigError``, ``SchemaTooNewError``, a bad argument), always with a
 one-line message on stderr, never a traceback. The commands live in one module per group
 (``launch``: start, exec, build, demo, lab; ``show``: status, top, history, logs; ``upkeep``:
-stop, reap, prune), each
+stop, reap, prune; ``probe``: probe), each
 of which parses, calls and prints, and decides nothing itself: what runs now is
 ``view.status``'s judgement, the tables are ``view.render``'s, the work is the layers'.
 
@@ -25,7 +25,7 @@ import warnings
 from collections.abc import Sequence
 from typing import NoReturn, TextIO
 
-from sidecar_fsm.cli import launch, query, show, upkeep
+from sidecar_fsm.cli import launch, probe, query, show, upkeep
 from sidecar_fsm.cli.common import PROG, Parser, UsageError, err, global_options, os_reason
 from sidecar_fsm.errors import ConfigError, ConfigWarning, SchemaTooNewError, SidecarError
 
@@ -39,7 +39,7 @@ def build_parser() -> Parser:
         parents=[global_options(False)],
     )
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True, parser_class=Parser)
-    for group in (launch, show, upkeep, query):
+    for group in (launch, show, upkeep, query, probe):
         group.register(sub)
     # Named from the commands as registered, so the help never lags behind one that gains --json.
     takes_json = [name for name, command in sub.choices.items() if command.get_default("accepts_json")]

@@ -212,7 +212,7 @@ def cmd_lab(args: argparse.Namespace) -> int:
         catching_stop_signals() as signals,
         tempfile.TemporaryDirectory(prefix="sidecar-fsm-lab-") as scratch,
     ):
-        origin = TlsH2Origin().start()
+        origin = TlsH2Origin(pings=args.pings).start()
         try:
             relay = IdleRelay("127.0.0.1", origin.port, idle=idle).start()
             try:
@@ -360,4 +360,13 @@ def register(sub: Any) -> None:
         default=str(LAB_IDLE_SECONDS),
         help=f"the relay drops connections silent this long (default {LAB_IDLE_SECONDS:g}; "
         "Global Accelerator: 340)",
+    )
+    lab.add_argument(
+        "--pings",
+        # lab.origin.PINGS_POLICIES, spelled out: importing the lab here would load h2 and
+        # cryptography for every command (TlsH2Origin refuses any other value anyway).
+        choices=("answer", "ignore", "goaway"),
+        default="answer",
+        help="how the origin meets PINGs: answer them (default), ignore them (as a path that does not "
+        "carry them) or goaway (ENHANCE_YOUR_CALM, as a server refusing frequent PINGs)",
     )

@@ -32,6 +32,10 @@ class ConnectionHost(Protocol):
     """What a connection reports to the origin that accepted it; called on the loop thread."""
 
     max_concurrent_streams: int
+    # How PINGs are met: "answer" (an ACK, as RFC 9113 requires), "ignore" (no ACK ever: a
+    # far side that does not carry or answer PINGs, as AWS ALB's) or "goaway" (GOAWAY
+    # ENHANCE_YOUR_CALM and close: a gRPC-style server that refuses frequent PINGs).
+    pings_policy: str
 
     def count(self, name: str) -> None: ...
 
@@ -203,8 +207,15 @@ class H2ServerProtocol(asyncio.Protocol):
         elif isinstance(event, h2.events.RemoteSettingsChanged):
             self._wake_all()
         elif isinstance(event, h2.events.PingReceived):
-            # h2 queues the PING ACK itself; the count is the whole point of this origin.
+            # h2 queues the PING ACK itself (``_flush`` drops it unless the policy answers);
+            # the count is the whole point of this origin.
             self._origin.count("pings")
+            if self._origin.pings_policy == "goaway":
+                with contextlib.suppress(h2.exceptions.ProtocolError):
+                    self._conn.close_connection(error_code=h2.errors.ErrorCodes.ENHANCE_YOUR_CALM)
+                self._origin.count("goaways")
+                self._flush()
+                self._close_transport()
         elif isinstance(event, h2.events.ConnectionTerminated):
             self._flush()
             self._close_transport()
@@ -264,6 +275,8 @@ class H2ServerProtocol(asyncio.Protocol):
 
     def _flush(self) -> None:
         data = self._conn.data_to_send()
+        if data and self._origin.pings_policy != "answer":
+            data = _without_ping_acks(data)
         if data and self._transport is not None and not self._transport.is_closing():
             self._transport.write(data)
 
@@ -452,6 +465,19 @@ class H1Protocol(asyncio.Protocol):
         except asyncio.TimeoutError:
             self._transport.abort()
             await self.lost
+
+
+def _without_ping_acks(data: bytes) -> bytes:
+    """``data`` (whole frames: h2 serializes each frame at once) without its PING ACKs."""
+    kept = bytearray()
+    view = memoryview(data)
+    while len(view) >= 9:
+        end = 9 + int.from_bytes(view[:3], "big")
+        if not (view[3] == 0x6 and view[4] & 0x1):  # PING with the ACK flag
+            kept += view[:end]
+        view = view[end:]
+    kept += view
+    return bytes(kept)
 
 
 class BadQuery(ValueError):

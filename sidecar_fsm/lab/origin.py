@@ -15,6 +15,10 @@ connections accepted, requests served and streams reset are counted. Endpoints:
 ``refuse_next(n)`` makes the next ``n`` requests meet a graceful GOAWAY that refuses them (a load
 balancer retiring a connection), so a client's re-send on a new connection can be tested.
 
+``pings="ignore"`` makes it answer no PING (a far side that does not carry them, as AWS ALB's)
+and ``pings="goaway"`` answers each PING with GOAWAY ``ENHANCE_YOUR_CALM`` and a close (a
+gRPC-style server refusing frequent PINGs): the two paths a sidecar cannot keep open.
+
 With ``h1_only=True`` the server offers only ``http/1.1`` in ALPN and answers every request with a
 minimal HTTP/1.1 200 and ``Connection: close``: the upstream the sidecar must refuse (no fallback).
 
@@ -38,6 +42,9 @@ from .h2server import CLOSE_FLUSH_SECONDS, H1Protocol, H2ServerProtocol
 from .loopthread import LoopThread
 from .tlsca import CertPaths, make_ca_and_cert
 
+# How the origin meets PINGs (see the module docstring).
+PINGS_POLICIES = ("answer", "ignore", "goaway")
+
 
 class TlsH2Origin(LoopThread):
     """A TLS HTTP/2 server on ``127.0.0.1:0`` in its own thread; see the module docstring.
@@ -58,9 +65,13 @@ class TlsH2Origin(LoopThread):
         *,
         h1_only: bool = False,
         max_concurrent_streams: int = 1000,
+        pings: str = "answer",
     ) -> None:
+        if pings not in PINGS_POLICIES:
+            raise ValueError(f"TlsH2Origin pings: '{pings}' must be one of {', '.join(PINGS_POLICIES)}")
         super().__init__()
         self.h1_only = h1_only
+        self.pings_policy = pings
         self.max_concurrent_streams = max_concurrent_streams
         self._certs = certs
         self._own_cert_dir: Path | None = None
@@ -123,7 +134,7 @@ class TlsH2Origin(LoopThread):
 
     @property
     def goaways(self) -> int:
-        """Graceful GOAWAYs sent by ``goaway()``."""
+        """GOAWAYs sent by ``goaway()`` (graceful) and for PINGs (``pings="goaway"``)."""
         return self._read("goaways")
 
     @property

@@ -107,8 +107,11 @@ class SidecarRun:
         self.unrecordable: SidecarError | None = None
         # When ``traffic.poll`` next imports the proxies' figures (time.monotonic()).
         self.traffic_due = 0.0
-        # Where a line the operator must see while the run goes on (a restart) is said; the
-        # launcher prints it. Called in the thread that drives the run, never in a handler.
+        # Where a line the operator must see while the run goes on is said (a restart; each
+        # "listening on" line as soon as every proxy is ready, before the upstream check's
+        # wait, and that wait once it passes 2 s); the launcher prints it. Called in the thread
+        # that drives the run (the check's notice: from a timer thread while that thread
+        # waits), never in a handler.
         self.notify: Callable[[str], None] = _say_nothing
 
     @property

@@ -63,6 +63,15 @@ def start(run: SidecarRun) -> list[str]:
         errors = await_ready(run, run.children)
         if errors:
             raise SidecarError("\n".join(errors))
+        listening = [
+            f"{run.host}: {child.name} listening on {child.listen} -> {child.instance.upstream} "
+            f"(run {run.run_id})"
+            for child in run.children
+        ]
+        # Said now, before the check's wait (up to upstream_check_seconds): the proxies serve
+        # already, and a start that printed nothing for 10 s looked hung.
+        for line in listening:
+            run.notify(line)
         run.upstream_verdicts = [f"{run.host}: {line}" for line in _check_upstreams(run)]
         crashpoints.hit("upstreams-checked")
     except BaseException:
@@ -72,11 +81,7 @@ def start(run: SidecarRun) -> list[str]:
             _adopt_if_recorded(run)
             stop(run)
         raise
-    return [
-        f"{run.host}: {child.name} listening on {child.listen} -> {child.instance.upstream} "
-        f"(run {run.run_id})"
-        for child in run.children
-    ]
+    return listening
 
 
 def _check_upstreams(run: SidecarRun) -> list[str]:
@@ -93,6 +98,7 @@ def _check_upstreams(run: SidecarRun) -> list[str]:
     verdicts = upcheck.await_verdicts(
         [upcheck.CheckTarget(c.name, c.instance.upstream, c.metrics, why) for c in run.children],
         timeout,
+        lambda names: run.notify(f"{run.host}: {upcheck.waiting_line(names, timeout)}"),
     )
     if run.config.upstream_check == "fail":
         failed = [(c, v) for c, v in zip(run.children, verdicts, strict=True) if v.failed]

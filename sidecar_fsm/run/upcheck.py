@@ -1,11 +1,15 @@
 """The start's upstream check: each proxy's first upstream dial, awaited and put in words.
 
-Right after its ready file a proxy dials its upstream once (go/upcheck.go) and keeps the verdict
-at ``GET /upstream`` on its metrics listener (JSON: ``checked``, ``ok``, ``error`` in the
-proxy's own words, ``seconds``). This module waits for those verdicts, every proxy at once
-against one deadline (``upstream_check_seconds``: four unreachable upstreams cost one wait, not
-four), and words one line per instance. What a failure means for the start (``warn`` or
-``fail``) is the caller's decision; ``off`` never calls here.
+Right after its ready file a proxy dials its upstream once and sends one PING on that connection
+(go/upcheck.go), and keeps the verdict at ``GET /upstream`` on its metrics listener (JSON:
+``checked``, ``ok``, ``error`` in the proxy's own words, ``seconds``; ``ping`` null until sent,
+then ``pending``, ``answered`` with ``ping_rtt_seconds``, or a failure in ``ping_error``). A path
+that passes TLS and HTTP/2 but answers no PING fails the check: every long wait through it would
+be cut at the PING timeout. This module waits for those verdicts, every proxy at once against one
+deadline (``upstream_check_seconds``: four unreachable upstreams cost one wait, not four), says
+once when the wait passes ``SLOW_NOTICE_SECONDS``, and words one line per instance. What a
+failure means for the start (``warn`` or ``fail``) is the caller's decision; ``off`` never calls
+here.
 
 Must not start, signal or judge processes, fire events or open the database: it reads loopback
 HTTP answers and returns values. A proxy without a metrics listener (``metrics: false``, or
@@ -16,24 +20,32 @@ from __future__ import annotations
 
 import http.client
 import json
+import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Literal
 
 from sidecar_fsm.base import fanout
 
-__all__ = ["CheckTarget", "Verdict", "await_verdicts"]
+__all__ = ["CheckTarget", "Verdict", "await_verdicts", "waiting_line"]
 
-# Between two asks of one proxy: its check starts 200 ms after its ready file and a loopback
-# handshake takes a few ms more, so a faster poll only costs CPU the proxies are starting on.
+# Between two asks of one proxy that answered at once (a build without ``?wait``, or one whose
+# listener failed): a faster poll only costs CPU the proxies are starting on.
 POLL_SECONDS = 0.025
-# One ask's own limit: a proxy that does not answer its metrics listener within this is asked
-# again (until the deadline) rather than holding the wait.
+# How long one ask lets the proxy hold its answer until the check has ended (``?wait``), so the
+# verdict arrives the moment it is known rather than at the next poll; a proxy that ignores the
+# parameter answers at once and is polled.
+_WAIT_SECONDS = 0.5
+# One ask's own limit beyond that hold: a proxy that does not answer its metrics listener in
+# time is asked again (until the deadline) rather than holding the wait.
 _ASK_TIMEOUT_SECONDS = 1.0
 _MAX_BODY_BYTES = 64 * 1024
 # What a client of a sidecar sees while its upstream does not answer (proxy.go's 502 body).
 CONSEQUENCE = "requests will get 502 until it answers"
+# A wait this long is said (``on_slow``), so a start that waits up to upstream_check_seconds for
+# an upstream that does not answer does not look hung.
+SLOW_NOTICE_SECONDS = 2.0
 
 Outcome = Literal["ok", "failed", "no verdict", "not checked"]
 
@@ -53,9 +65,11 @@ class CheckTarget:
 class Verdict:
     """How one instance's first upstream check ended, as its proxy reported it.
 
-    ``ok``: dialled (TCP, TLS, ALPN h2) in ``seconds``. ``failed``: ``error`` is the proxy's
-    own one-line words. ``no verdict``: none before the deadline (``error`` says what was seen
-    last, if anything). ``not checked``: the proxy cannot say (``error`` says why).
+    ``ok``: dialled (TCP, TLS, ALPN h2) in ``seconds`` and its PING answered in ``ping_seconds``
+    (None: a proxy too old to send one). ``failed``: ``error`` is the proxy's own one-line words;
+    with ``ping_failed`` the dial worked and the PING did not (unanswered, a GOAWAY, a close).
+    ``no verdict``: none before the deadline (``error`` says what was seen last, if anything).
+    ``not checked``: the proxy cannot say (``error`` says why).
     """
 
     name: str
@@ -63,6 +77,8 @@ class Verdict:
     outcome: Outcome
     error: str | None = None
     seconds: float | None = None
+    ping_seconds: float | None = None
+    ping_failed: bool = False
 
     @property
     def failed(self) -> bool:
@@ -73,7 +89,10 @@ class Verdict:
         """The start's one line for this instance (without host or run: the caller adds them)."""
         head = f"{self.name} upstream {self.upstream}"
         if self.outcome == "ok":
-            return f"{head} ok: TLS and HTTP/2 in {self.seconds or 0.0:.3f}s"
+            ping = f", PING answered in {self.ping_seconds:.3f}s" if self.ping_seconds is not None else ""
+            return f"{head} ok: TLS and HTTP/2 in {self.seconds or 0.0:.3f}s{ping}"
+        if self.ping_failed:
+            return f"{head} failed: TLS and HTTP/2 in {self.seconds or 0.0:.3f}s, but {self.error}"
         if self.outcome == "failed":
             return f"{head} failed: {self.error}; {CONSEQUENCE}"
         if self.outcome == "no verdict":
@@ -92,14 +111,34 @@ class _NotAnswered(Exception):
     """The proxy did not give a verdict this time; the text says what it did instead."""
 
 
-def _ask(address: str, timeout: float) -> tuple[bool, bool, str | None, float | None]:
-    """GET /upstream once: (checked, ok, error, seconds). Raises ``_NotAnswered``."""
+@dataclass(frozen=True)
+class _Answer:
+    """One ``GET /upstream``: the dial's verdict and the PING's (``ping`` None: none sent yet;
+    ``has_ping`` False: a proxy that sends none)."""
+
+    checked: bool
+    ok: bool
+    error: str | None
+    seconds: float | None
+    has_ping: bool
+    ping: str | None
+    ping_seconds: float | None
+    ping_error: str | None
+
+
+def _number(value: object) -> float | None:
+    return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else None
+
+
+def _ask(address: str, timeout: float, wait: float = 0.0) -> _Answer:
+    """GET /upstream once, letting the proxy hold the answer up to ``wait`` seconds until its
+    check ends. Raises ``_NotAnswered``."""
     host, _, port = address.rpartition(":")
     if not port.isdigit():
         raise _NotAnswered(f"recorded metrics address '{address}' is not host:port")
-    conn = http.client.HTTPConnection(host.strip("[]"), int(port), timeout=timeout)
+    conn = http.client.HTTPConnection(host.strip("[]"), int(port), timeout=timeout + wait)
     try:
-        conn.request("GET", "/upstream")
+        conn.request("GET", f"/upstream?wait={int(wait * 1000)}ms" if wait > 0 else "/upstream")
         response = conn.getresponse()
         body = response.read(_MAX_BODY_BYTES)
         if response.status == 404:
@@ -113,44 +152,105 @@ def _ask(address: str, timeout: float) -> tuple[bool, bool, str | None, float | 
         raise _NotAnswered(f"metrics listener {address}: {exc or type(exc).__name__}") from None
     finally:
         conn.close()
-    error = document.get("error")
-    seconds = document.get("seconds")
-    return (
+    error, ping, ping_error = document.get("error"), document.get("ping"), document.get("ping_error")
+    return _Answer(
         bool(document.get("checked")),
         bool(document.get("ok")),
         str(error) if error is not None else None,
-        float(seconds) if isinstance(seconds, (int, float)) else None,
+        _number(document.get("seconds")),
+        "ping" in document,
+        str(ping) if ping is not None else None,
+        _number(document.get("ping_rtt_seconds")),
+        str(ping_error) if ping_error is not None else None,
     )
 
 
-def _wait_one(target: CheckTarget, deadline: float) -> Verdict:
-    """Ask ``target`` until it has a verdict or ``deadline`` (monotonic) passes. Bounded."""
+def ping_unanswered(timeout: float) -> str:
+    """The words of a PING still unanswered at the start's deadline."""
+    return f"PING not answered within {timeout:g}s: PINGs cannot keep this path open"
+
+
+def _wait_one(target: CheckTarget, deadline: float, timeout: float) -> Verdict:
+    """Ask ``target`` until it has a verdict or ``deadline`` (monotonic) passes. Bounded.
+
+    A dial that worked with its PING still out at the deadline is a failure in its own words
+    (``ping_unanswered``), not "no verdict": the path answered everything but the PING.
+    """
     assert target.metrics is not None
     last: str | None = None
+    dialled: _Answer | None = None
     while True:
         remaining = deadline - time.monotonic()
         if remaining <= 0:
+            if dialled is not None:
+                return Verdict(
+                    target.name,
+                    target.upstream,
+                    "failed",
+                    ping_unanswered(timeout),
+                    dialled.seconds,
+                    ping_failed=True,
+                )
             return Verdict(target.name, target.upstream, "no verdict", last)
+        wait = min(_WAIT_SECONDS, max(0.0, remaining - 0.05))
+        asked = time.monotonic()
         try:
-            checked, ok, error, seconds = _ask(target.metrics, min(remaining, _ASK_TIMEOUT_SECONDS))
+            answer = _ask(target.metrics, min(remaining, _ASK_TIMEOUT_SECONDS), wait)
         except _NotAnswered as exc:
             last = str(exc)
             if "no GET /upstream" in last:
                 return Verdict(target.name, target.upstream, "not checked", last)
         else:
-            if checked:
-                outcome: Outcome = "ok" if ok else "failed"
-                return Verdict(target.name, target.upstream, outcome, error or None, seconds)
+            verdict = _verdict_of(target, answer)
+            if verdict is not None:
+                return verdict
+            if answer.checked and answer.ok:
+                dialled = answer
+            if time.monotonic() - asked >= wait / 2:
+                continue  # the proxy held the answer: no need to sleep before asking again
         time.sleep(min(POLL_SECONDS, max(0.0, deadline - time.monotonic())))
 
 
-def await_verdicts(targets: Sequence[CheckTarget], timeout: float) -> list[Verdict]:
+def _verdict_of(target: CheckTarget, answer: _Answer) -> Verdict | None:
+    """The verdict ``answer`` gives, or None while the dial or its PING is still out."""
+    if not answer.checked:
+        return None
+    if not answer.ok:
+        return Verdict(target.name, target.upstream, "failed", answer.error or None, answer.seconds)
+    if not answer.has_ping:  # a proxy that sends no PING: its dial is the whole check
+        return Verdict(target.name, target.upstream, "ok", None, answer.seconds)
+    if answer.ping == "answered":
+        return Verdict(target.name, target.upstream, "ok", None, answer.seconds, answer.ping_seconds)
+    if answer.ping in (None, "pending"):
+        return None
+    return Verdict(
+        target.name,
+        target.upstream,
+        "failed",
+        answer.ping_error or f"PING {answer.ping}",
+        answer.seconds,
+        ping_failed=True,
+    )
+
+
+def waiting_line(names: Sequence[str], timeout: float) -> str:
+    """What a start says when its check waits past ``SLOW_NOTICE_SECONDS``."""
+    return f"waiting up to {timeout:g}s (upstream_check_seconds) for the upstream check of {', '.join(names)}"
+
+
+def await_verdicts(
+    targets: Sequence[CheckTarget],
+    timeout: float,
+    on_slow: Callable[[list[str]], None] | None = None,
+) -> list[Verdict]:
     """Each target's verdict, in ``targets``' order, within ``timeout`` seconds for all together.
 
     One thread per proxy, all against one deadline, so the wait is the slowest check's, not the
     sum. Read-only (loopback GETs); never raises for a proxy: one that does not answer is
     ``no verdict``. A thread still asking at the deadline is a daemon whose ask times out
-    within ``_ASK_TIMEOUT_SECONDS``; its late answer is dropped.
+    within ``_ASK_TIMEOUT_SECONDS``; its late answer is dropped. ``on_slow``, when given, is
+    called once (from a timer thread, always before this returns) with the names still awaited
+    if the wait passes ``SLOW_NOTICE_SECONDS``.
     """
     deadline = time.monotonic() + timeout
     unchecked = {
@@ -159,11 +259,38 @@ def await_verdicts(targets: Sequence[CheckTarget], timeout: float) -> list[Verdi
         if target.metrics is None
     }
     asked = {index: target for index, target in enumerate(targets) if index not in unchecked}
-    # Each ask ends within _ASK_TIMEOUT_SECONDS of the deadline (its own socket timeout): that
-    # slack is waited for, so an answer the proxy gave just at the deadline is not lost.
-    answered = fanout.each_by_deadline(
-        asked, lambda target: _wait_one(target, deadline), deadline + _ASK_TIMEOUT_SECONDS, name="upcheck"
-    )
+    done: set[int] = set()
+    lock = threading.Lock()
+
+    def work(item: tuple[int, CheckTarget]) -> Verdict:
+        verdict = _wait_one(item[1], deadline, timeout)
+        with lock:
+            done.add(item[0])
+        return verdict
+
+    def notice() -> None:
+        with lock:
+            waiting = [target.name for index, target in asked.items() if index not in done]
+        if waiting and on_slow is not None:
+            on_slow(waiting)
+
+    timer = threading.Timer(SLOW_NOTICE_SECONDS, notice)
+    timer.daemon = True
+    if on_slow is not None and asked and timeout > SLOW_NOTICE_SECONDS:
+        timer.start()
+    try:
+        # Each ask ends within _ASK_TIMEOUT_SECONDS of the deadline (its own socket timeout): that
+        # slack is waited for, so an answer the proxy gave just at the deadline is not lost.
+        answered = fanout.each_by_deadline(
+            {index: (index, target) for index, target in asked.items()},
+            work,
+            deadline + _ASK_TIMEOUT_SECONDS,
+            name="upcheck",
+        )
+    finally:
+        timer.cancel()
+        if timer.is_alive():
+            timer.join()  # a notice being said is said before the verdicts, never after
     results = {**unchecked, **answered}
     return [
         results.get(index) or Verdict(target.name, target.upstream, "no verdict")

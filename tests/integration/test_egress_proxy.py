@@ -35,7 +35,7 @@ from typing import Any
 
 import pytest
 import yaml
-from helpers import ProcessRegistry, http11_request, wait_until
+from helpers import ProcessRegistry, http11_request, sidecar_cli, wait_until
 
 from sidecar_fsm.lab import CertPaths, IdleRelay, TlsH2Origin, make_ca_and_cert
 
@@ -331,3 +331,34 @@ def test_start_prints_each_instances_route_as_its_proxy_says_and_no_credentials(
         if secret.encode() in data
     ]
     assert leaks == []
+
+
+def test_probe_goes_through_the_egress_proxy_as_the_proxy_does_and_prints_the_route(
+    tinyproxy: Callable[..., Tinyproxy],
+    egress_origin: TlsH2Origin,
+    cache_dir: Path,
+    sidecar_binary: Path,
+    tmp_path: Path,
+) -> None:
+    proxy = tinyproxy(auth=(USER, PASSWORD))
+    xdg = tmp_path / "xdg"  # the user cache is the session's: probe finds the built binary there
+    xdg.mkdir()
+    (xdg / "sidecar-fsm").symlink_to(cache_dir)
+    upstream = f"https://0.0.0.0:{egress_origin.port}"
+    argv = ["probe", upstream, "--ca-file", str(egress_origin.ca_file), "--for", "1.5s"]
+    argv += ["--ping-interval", "0.5s", "--json"]
+    env = {**proxy_env(proxy.url_with(USER, PASSWORD)), "XDG_CACHE_HOME": str(xdg)}
+    done = sidecar_cli(tmp_path / "logs", *argv, env=env)
+    assert done.returncode == 0, done.stdout + done.stderr
+    document = json.loads(done.stdout)
+    assert document["route"] == f"egress proxy {proxy.url}"
+    assert document["pinged"]["acks"] >= 1
+    assert proxy.tunnels() == 2  # both connections, through the tunnel
+    for secret in _SECRETS:
+        assert secret not in done.stdout + done.stderr
+
+    direct = {**env, "NO_PROXY": "0.0.0.0"}
+    done = sidecar_cli(tmp_path / "logs", *argv, env=direct)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert json.loads(done.stdout)["route"] == "direct"
+    assert proxy.tunnels() == 2

@@ -164,6 +164,27 @@ def test_pings_are_counted_and_acknowledged(tls_origin: TlsH2Origin) -> None:
     assert tls_origin.pings == 3
 
 
+def test_the_origin_can_answer_no_ping_or_goaway_pings(make_tls_origin: Callable[..., TlsH2Origin]) -> None:
+    silent = make_tls_origin(pings="ignore")
+    with H2Client("127.0.0.1", silent.port, silent.ca_file, timeout=5) as client:
+        client.ping()
+        # Frames are answered in order: the response arriving proves no ACK was sent before it.
+        assert client.request("/echo").status == 200
+        assert client.ping_acks == 0
+    assert silent.pings == 1
+
+    calm = make_tls_origin(pings="goaway")
+    with H2Client("127.0.0.1", calm.port, calm.ca_file, timeout=5) as client:
+        assert client.request("/echo").status == 200  # requests are served until a PING comes
+        client.ping()
+        with pytest.raises(H2ClientError, match="goaway \\(error code (11|ErrorCodes.ENHANCE_YOUR_CALM)\\)"):
+            client.request("/echo")
+        assert client.ping_acks == 0
+    assert (calm.pings, calm.goaways) == (1, 1)
+    with pytest.raises(ValueError, match="pings: 'sometimes' must be one of answer, ignore, goaway"):
+        TlsH2Origin(pings="sometimes")
+
+
 def test_reset_stream_ends_the_handler_and_keeps_the_connection(tls_origin: TlsH2Origin) -> None:
     with H2Client("127.0.0.1", tls_origin.port, tls_origin.ca_file, timeout=5) as client:
         stream_id = client.start_request("/slow?first_byte=60")

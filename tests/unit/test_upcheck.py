@@ -15,12 +15,29 @@ from typing import Any
 
 import pytest
 
-from sidecar_fsm.run.upcheck import CONSEQUENCE, CheckTarget, Verdict, await_verdicts
+from sidecar_fsm.run.upcheck import CONSEQUENCE, CheckTarget, Verdict, await_verdicts, waiting_line
 
 UP = "https://api.example.com"
 
 LINES = [
     (Verdict("a", UP, "ok", None, 0.0123), f"a upstream {UP} ok: TLS and HTTP/2 in 0.012s"),
+    (
+        Verdict("a", UP, "ok", None, 0.034, 0.0021),
+        f"a upstream {UP} ok: TLS and HTTP/2 in 0.034s, PING answered in 0.002s",
+    ),
+    (
+        Verdict(
+            "a",
+            UP,
+            "failed",
+            "PING not answered within 10s: PINGs cannot keep this path open",
+            0.03,
+            None,
+            True,
+        ),
+        f"a upstream {UP} failed: TLS and HTTP/2 in 0.030s, but PING not answered within 10s: "
+        "PINGs cannot keep this path open",
+    ),
     (
         Verdict("a", UP, "failed", "dial tcp 1.2.3.4:443: connect: connection refused", 0.001),
         f"a upstream {UP} failed: dial tcp 1.2.3.4:443: connect: connection refused; {CONSEQUENCE}",
@@ -44,7 +61,7 @@ class _Proxy(BaseHTTPRequestHandler):
     asked = 0
 
     def do_GET(self) -> None:  # noqa: N802 (http.server's name)
-        assert self.path == "/upstream"
+        assert self.path.split("?")[0] == "/upstream"
         cls = type(self)
         status, document = cls.answers[min(cls.asked, len(cls.answers) - 1)]
         cls.asked += 1
@@ -104,3 +121,56 @@ def test_no_verdict_at_the_deadline_for_all_at_once(proxy: tuple[str, type[_Prox
     took = time.monotonic() - started
     assert [v.outcome for v in verdicts] == ["no verdict"] * 4
     assert 0.5 <= took < 1.5, took  # one wait for all four, not four
+
+
+def test_a_ping_still_out_at_the_deadline_fails_in_its_own_words(proxy: tuple[str, type[_Proxy]]) -> None:
+    address, handler = proxy
+    handler.answers = [
+        (200, {"checked": True, "ok": True, "error": None, "seconds": 0.003, "ping": None})
+    ] + [(200, {"checked": True, "ok": True, "error": None, "seconds": 0.003, "ping": "pending"})]
+    (verdict,) = await_verdicts([CheckTarget("a", UP, address)], timeout=0.5)
+    assert verdict == Verdict(
+        "a",
+        UP,
+        "failed",
+        "PING not answered within 0.5s: PINGs cannot keep this path open",
+        0.003,
+        None,
+        True,
+    )
+    assert verdict.failed
+    assert verdict.reason(0.5) == (
+        f"upstream {UP} failed its check: PING not answered within 0.5s: PINGs cannot keep this path open"
+    )
+
+
+def test_an_answered_ping_and_a_goaway_are_verdicts(proxy: tuple[str, type[_Proxy]]) -> None:
+    address, handler = proxy
+    dialled = {"checked": True, "ok": True, "error": None, "seconds": 0.004}
+    handler.answers = [
+        (200, {**dialled, "ping": "pending"}),
+        (200, {**dialled, "ping": "answered", "ping_rtt_seconds": 0.002}),
+    ]
+    (ok,) = await_verdicts([CheckTarget("a", UP, address)], timeout=5)
+    assert ok == Verdict("a", UP, "ok", None, 0.004, 0.002)
+    words = "GOAWAY ENHANCE_YOUR_CALM answered the PING: the upstream refuses PINGs this often; try 120s"
+    handler.answers, handler.asked = [(200, {**dialled, "ping": "goaway", "ping_error": words})], 0
+    (calm,) = await_verdicts([CheckTarget("a", UP, address)], timeout=5)
+    assert calm == Verdict("a", UP, "failed", words, 0.004, None, True)
+
+
+def test_the_wait_says_once_when_it_passes_the_notice(
+    proxy: tuple[str, type[_Proxy]], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    address, handler = proxy
+    handler.answers = [(200, {"checked": False})]
+    monkeypatch.setattr("sidecar_fsm.run.upcheck.SLOW_NOTICE_SECONDS", 0.2)
+    said: list[list[str]] = []
+    verdicts = await_verdicts([CheckTarget("a", UP, address), CheckTarget("b", UP, None)], 0.6, said.append)
+    assert said == [["a"]]  # b has its answer at once (not checked), a is still awaited
+    assert waiting_line(["a"], 10) == "waiting up to 10s (upstream_check_seconds) for the upstream check of a"
+    assert [v.outcome for v in verdicts] == ["no verdict", "not checked"]
+    quick: list[list[str]] = []
+    handler.answers, handler.asked = [(200, {"checked": True, "ok": True, "seconds": 0.001})], 0
+    await_verdicts([CheckTarget("a", UP, address)], 0.6, quick.append)
+    assert quick == []  # answered before the notice: nothing said

@@ -43,7 +43,7 @@ from sidecar_fsm.config import (
     is_loopback_host,
 )
 from sidecar_fsm.errors import ConfigError, SidecarError
-from sidecar_fsm.rewrite import RewrittenUrl, Undo, rewrite_base_urls, undo_writes
+from sidecar_fsm.rewrite import RewrittenUrl, Undo, recording_undo, rewrite_base_urls, undo_writes
 from sidecar_fsm.run import binaryflags, crashpoints
 from sidecar_fsm.run.command import sidecar_command, sidecar_env
 from sidecar_fsm.run.interrupts import interrupts_deferred
@@ -337,8 +337,8 @@ def start_h2_ping_sidecar(global_config_dict: DictConfig | dict[str, Any]) -> H2
             # caller's config half rewritten: SIGINT waits until it is done, and is then
             # handled by the except below like any other interrupt, which puts it back.
             targets = _url_listens(instances, manager.instances_actual)
-            with interrupts_deferred():
-                changes = rewrite_base_urls(global_config_dict, targets, undo)
+            with interrupts_deferred(), recording_undo(undo):
+                changes = rewrite_base_urls(global_config_dict, targets)
             crashpoints.hit("rewritten")
             for change in changes:
                 # Base URLs may carry credentials (userinfo, ?api-key=): never print them.

@@ -12,6 +12,8 @@ change before making any, so a value that raises leaves the config exactly as it
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import copy
 import dataclasses
 from collections.abc import Iterator, Mapping, MutableMapping, Sequence
@@ -33,6 +35,24 @@ _FIX_HINT = "fix the url, or set sidecar.rewrite_base_urls: false"
 Key = Any
 # One write of a rewrite, to put back: the container, the key, the raw value it replaced.
 Undo = tuple[Any, Any, Any]
+
+# Where ``rewrite_base_urls`` records its writes when no ``undo`` list is passed: set by
+# ``recording_undo``. The launcher records this way, not by passing a third argument, because
+# NeMo Gym's own tests replace ``launcher.rewrite_base_urls`` with a two-argument function and
+# its public signature is Gym's ``(global_config_dict, instances)``.
+_RECORDING: contextvars.ContextVar[list[Undo] | None] = contextvars.ContextVar(
+    "sidecar_fsm_undo", default=None
+)
+
+
+@contextlib.contextmanager
+def recording_undo(undo: list[Undo]) -> Iterator[list[Undo]]:
+    """Within the block, every ``rewrite_base_urls`` call records its writes into ``undo``."""
+    token = _RECORDING.set(undo)
+    try:
+        yield undo
+    finally:
+        _RECORDING.reset(token)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -120,14 +140,16 @@ def rewrite_base_urls(
     it) that is an alias is replaced by a resolved copy before a field inside it changes. So the
     keys values come from are never changed. Values that cannot be resolved, non-strings and
     non-https URLs are left alone. Raises ``ConfigError`` (a ``SidecarError``) naming the field
-    and value for a value that is not a parseable URL, before anything was changed. ``undo``:
-    see ``BaseUrlPlan.apply``.
+    and value for a value that is not a parseable URL, before anything was changed. ``undo``
+    (or, when None, the list of an enclosing ``recording_undo``): see ``BaseUrlPlan.apply``.
 
     A plain ``dict`` (what a Gym user may pass instead of a ``DictConfig``) is rewritten in place
     the same way: its ``"${...}"`` strings mean what OmegaConf makes of them, and an object it
     reaches from two places (a YAML anchor loaded by PyYAML) is copied for the field that
     changes, as an alias is, so the other place keeps its value.
     """
+    if undo is None:
+        undo = _RECORDING.get()
     if not isinstance(global_config_dict, DictConfig):
         return _rewrite_plain(global_config_dict, instances, undo)
     return find_base_urls(global_config_dict, instances).apply(global_config_dict, instances, undo)

@@ -5,9 +5,9 @@ outcome to an exit code: 0 success, 1 a failure (a missing log dir or run includ
 usage or config (``ConfigError``, ``SchemaTooNewError``, a bad argument), always with a
 one-line message on stderr, never a traceback. The commands live in one module per group
 (``launch``: start, exec, build, demo, lab; ``show``: status, top, history, logs; ``upkeep``:
-stop, reap, prune; ``probe``: probe), each
-of which parses, calls and prints, and decides nothing itself: what runs now is
-``view.status``'s judgement, the tables are ``view.render``'s, the work is the layers'.
+stop, reap, prune; ``query``; ``probe``), each of which parses, calls and prints, and decides
+nothing itself: what runs now is ``sidecar_fsm.observe``'s judgement (worded by
+``view.status``), the tables are ``view.render``'s, the work is the layers'.
 
 A new subcommand is a ``cmd_<name>(args) -> exit code`` function and an ``add_command`` call in
 its group's ``register``.

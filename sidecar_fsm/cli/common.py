@@ -2,7 +2,7 @@
 
 Owns the global options (``--log-dir``, ``--json``, accepted before or after the command), the
 one-line usage error (exit 2), printing to stdout and stderr, opening every host's database of
-a log dir for reading, and resolving a run id prefix. Must not judge processes (``view.status``)
+a log dir for reading, and resolving a run id prefix. Must not judge processes (``sidecar_fsm.observe``)
 or format tables (``view.render``).
 
 Every command's parser is built on each start, ``--help`` included, so this module and the

@@ -1,7 +1,8 @@
 """The read commands: ``status``, ``top``, ``history`` and ``logs``.
 
-Each parses its options, reads every host's database of the log dir, asks ``view.status`` what
-runs now, hands the result to ``view.render`` and prints it. Reading never changes a state,
+Each parses its options, reads every host's database of the log dir, asks ``view.status`` for
+what runs now (``sidecar_fsm.observe``'s verdicts, with the live figures), hands the result to
+``view.render`` and prints it. Reading never changes a state,
 writes a row or signals a process.
 """
 

@@ -75,13 +75,20 @@ def exit_message(
     if port_clash is not None and clash_lines:
         return port_clash
     when = "before it was ready" if before_ready else "unexpectedly"
+    return f"{place}: {exit_words(exit_code)} {when}; see {log_path}"
+
+
+def exit_words(exit_code: int) -> str:
+    """``exited with code 1``, or ``exited with code 137 (killed by SIGKILL)`` for a signal.
+
+    128 + N is how a shell, Docker and Kubernetes report a death by signal N, never Python's -N;
+    the words "exited with code ..." are also what the instance_summary view's reason reads
+    ("exited while ready", "drain failed"), in every database already written.
+    """
     name = signal_name(exit_code)
     if name is None:
-        return f"{place}: exited with code {exit_code} {when}; see {log_path}"
-    # 128 + N is how a shell, Docker and Kubernetes report a death by signal N; the words
-    # "exited with code ... unexpectedly" are also what the instance_summary view's reason
-    # reads ("exited while ready"), in every database already written.
-    return f"{place}: exited with code {128 - exit_code} (killed by {name}) {when}; see {log_path}"
+        return f"exited with code {exit_code}"
+    return f"exited with code {128 - exit_code} (killed by {name})"
 
 
 def port_clash_message(index: int, listen: str, store: Store | None, run_id: str) -> str:

@@ -18,7 +18,7 @@ from sidecar_fsm.errors import SidecarError
 from sidecar_fsm.run import crashpoints, targets, traffic
 from sidecar_fsm.run.children import Child, SidecarRun
 from sidecar_fsm.run.interrupts import interrupts_deferred
-from sidecar_fsm.run.messages import log_tail
+from sidecar_fsm.run.messages import exit_words, log_tail
 from sidecar_fsm.run.runfiles import remove_ready_files
 from sidecar_fsm.state.fsm import BEFORE_PROCESS, DRAINABLE
 
@@ -181,7 +181,7 @@ def _record_drained(
             )
         else:
             message = (
-                f"{run.where(child)}: exited with code {code} while draining; "
+                f"{run.where(child)}: {exit_words(code)} while draining; "
                 f"see {child.log_path}\n{log_tail(child.log_path)}"
             )
             run.fail(child, message, exit_code=code, problems=problems)

@@ -159,7 +159,7 @@ def test_a_proxy_killed_mid_drain_is_recorded_at_once(
     assert (record.state, record.exit_code) == ("failed", -signal.SIGKILL)
     assert record.error is not None
     assert record.error.splitlines()[0].endswith(
-        f"exited with code {-signal.SIGKILL} while draining; see {record.log_path}"
+        f"exited with code 137 (killed by SIGKILL) while draining; see {record.log_path}"
     )
     assert [dest for _, dest, _ in history] == ["building", "spawned", "ready", "draining", "failed"]
     client.join(10)

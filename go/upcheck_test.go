@@ -106,7 +106,7 @@ func TestTheChecksPingIsAnsweredAndTheConnectionStaysSound(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	srv := serveMetrics(ln)
+	srv := serveMetrics(ln, false)
 	t.Cleanup(func() { srv.Close() })
 	// One question with ?wait: the answer is held until the check (dial and PING) has ended.
 	resp, err := http.Get("http://" + ln.Addr().String() + "/upstream?wait=10s")

@@ -92,9 +92,10 @@ _URL_IN_TEXT = re.compile(r"[A-Za-z][A-Za-z0-9+.-]*://[^\s\"'<>]+")
 _LOCK_SLICE_SECONDS = 0.05
 
 
-def _begin_immediate(conn: sqlite3.Connection, wait_seconds: float) -> None:
+def _begin_immediate(conn: sqlite3.Connection, wait_seconds: float, busy_timeout: float) -> None:
     """``BEGIN IMMEDIATE``, waiting up to ``wait_seconds`` for the write lock in short slices,
-    so that Python runs signal handlers (a ``KeyboardInterrupt``) between them."""
+    so that Python runs signal handlers (a ``KeyboardInterrupt``) between them; the
+    connection's ``busy_timeout`` (seconds) is put back afterwards."""
     deadline = time.monotonic() + wait_seconds
     conn.execute(f"PRAGMA busy_timeout = {int(_LOCK_SLICE_SECONDS * 1000)}")
     try:
@@ -109,7 +110,7 @@ def _begin_immediate(conn: sqlite3.Connection, wait_seconds: float) -> None:
                 if not busy or time.monotonic() >= deadline:
                     raise
     finally:
-        conn.execute(f"PRAGMA busy_timeout = {int(dbfile.BUSY_TIMEOUT_SECONDS * 1000)}")
+        conn.execute(f"PRAGMA busy_timeout = {int(busy_timeout * 1000)}")
 
 
 class Store:
@@ -124,6 +125,9 @@ class Store:
         # Driver-level autocommit (isolation_level=None): the driver never opens a transaction
         # behind our back, so BEGIN IMMEDIATE below is the only way a write transaction starts.
         self._conn = conn
+        # The busy timeout the connection was opened with (dbfile): a write waits that long for
+        # another process's lock unless told otherwise, as it did before the wait was sliced.
+        self._busy_timeout = dbfile.BUSY_TIMEOUT_SECONDS
         self._writer: sqlite_utils.Database | None = None
         self._lock = threading.RLock()
         # Writes open inside the current transaction() on the thread holding self._lock; a
@@ -216,9 +220,9 @@ class Store:
                     yield self._db
                 return
             conn = self._conn
-            waited = dbfile.BUSY_TIMEOUT_SECONDS if wait_seconds is None else wait_seconds
+            waited = self._busy_timeout if wait_seconds is None else wait_seconds
             try:
-                _begin_immediate(conn, waited)
+                _begin_immediate(conn, waited, self._busy_timeout)
             except sqlite3.Error as exc:
                 self._raise_failed(exc, "could not start a write", waited)
             self._nesting = 1

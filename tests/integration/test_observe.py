@@ -327,7 +327,9 @@ def test_stop_does_not_signal_an_owner_it_cannot_prove_and_says_so(log_dir: Path
     owner = lab.sleeper()
     with Store.open(log_dir) as store:
         run_id = lab.run(store, situation, (owner.pid, None))
-    (run,) = status_document(log_dir)["runs"]
+    # Settled: a proxy just started may not have dialled its upstream yet, or, on a loaded
+    # machine, may miss the scrape's deadline; either is attention, and neither is this test's.
+    (run,) = settled_status(log_dir)["runs"]
     assert (run["owner"]["status"], run["attention"]) == ("unproven", None)
     done = sidecar_cli(log_dir, "stop", run_id)
     assert done.returncode == 1

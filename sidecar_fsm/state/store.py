@@ -4,6 +4,10 @@ Owns every write (runs, instances, transitions, traffic figures) and every query
 ``<log_dir>/sidecar-fsm/<host>.db``;
 ``dbfile`` owns the file itself (where it lives, refusing one that cannot be used, creating and
 migrating it) and ``records`` the values it returns, split off so each reads in one sitting.
+Longer than the other state modules (about 670 lines) because it is one transaction discipline
+(``_write``, savepoints, the sliced lock wait) and every statement that relies on it; the
+traffic block (``record_traffic`` to ``_quantile``) is the part that can move to a module of its
+own next, if it grows.
 Must not decide state changes: ``fsm`` decides, and ``record_transition`` only checks the
 expected source state and stores what it was told. Must not inspect or signal processes
 (whether a run's owner is alive is ``procs``' call, from the pid and start time stored here),

@@ -14,7 +14,10 @@ what it received must be the body's), and clients that leave a 20-s wait after u
 
 Every completed 200 must be byte-exact (``mismatched`` must be 0); a 502 is allowed only while
 a fault is on or within its detection time after (``ping_interval + ping_timeout`` plus slack);
-a request that does not end by its own deadline is ``stuck`` (must be 0). Every 5 s (2 s in
+a request that does not end by its own deadline is ``stuck`` (must be 0). The proxy writes its
+traffic record (``-traffic-file``) and access log (``-access-log``, rotated at 16 MiB) as a
+launched run does; after its drain, the final record's ``requests`` and the access log's lines
+(every rotated file) must both equal the requests the soak sent. Every 5 s (2 s in
 runs under 5 minutes) the proxy's RSS, descriptors, threads, goroutines (when its /metrics has
 ``go_goroutines``) and upstream connections are sampled; at minute 10 (or the middle of a
 shorter run) and at the end, traffic pauses until nothing is in flight and a quiet sample is taken: the
@@ -58,11 +61,13 @@ from bench.readme import results_path, update_readme  # noqa: E402
 from bench.soakplot import svg_plot  # noqa: E402
 from sidecar_fsm.base import buildcache  # noqa: E402
 from sidecar_fsm.lab import FaultRelay, TlsH2Origin  # noqa: E402
+from sidecar_fsm.run import traffic  # noqa: E402
 
 PING_INTERVAL, PING_TIMEOUT = 1.0, 2.0
 DETECTION = PING_INTERVAL + PING_TIMEOUT + 3.0  # a 502 this long after a fault is still its own
 GOAWAY_EVERY = 20.0
 RELAY_IDLE = 5.0
+TRAFFIC_FILE, ACCESS_LOG = "proxy.traffic.json", "proxy.access.log"
 
 
 @dataclass
@@ -71,6 +76,7 @@ class Tally:
     fault_windows: list[tuple[float, float]] = field(default_factory=list)
     faults: list[tuple[float, str]] = field(default_factory=list)
     unexpected: list[str] = field(default_factory=list)
+    sent: int = 0  # requests whose head reached the proxy's socket: what its record must count
 
     def in_fault(self, started: float, ended: float) -> bool:
         return any(start <= ended and started <= end + DETECTION for start, end in self.fault_windows)
@@ -144,6 +150,7 @@ async def one_request(address: str, rng: random.Random, tally: Tally) -> bool:
         reader, opened = await asyncio.wait_for(asyncio.open_connection(host, int(port)), 10)
         writer = opened
         opened.write(head.encode() + b"\r\n" + body)
+        tally.sent += 1
         if kind == "leave":
             await asyncio.sleep(seconds)
             tally.outcomes["left"] += 1
@@ -256,6 +263,11 @@ def start_lab(work: Path, binary: Path | None = None, pprof: bool = False) -> La
     argv += ["-ping-interval", f"{PING_INTERVAL:g}s", "-ping-timeout", f"{PING_TIMEOUT:g}s"]
     argv += ["-max-conn-age", "30s", "-exit-with-pid", str(os.getpid())]
     argv += ["-pprof"] if pprof else []
+    # The traffic record and the access log as a launched run writes them (issue 31): the
+    # record is checked against the soak's own count at the end, and the access log rotates
+    # at 16 MiB with enough backups that no line of two hours is cut away.
+    argv += ["-traffic-file", str(work / TRAFFIC_FILE), "-access-log", str(work / ACCESS_LOG)]
+    argv += ["-log-max-bytes", str(16 * 1024 * 1024), "-log-backups", "200"]
     with open(work / "proxy.log", "wb") as log:
         proxy = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=log, stderr=log)
     deadline = time.monotonic() + 30
@@ -335,7 +347,47 @@ async def run(args: argparse.Namespace, lab: Lab) -> dict[str, Any]:
         "quiet": quiet,
         "origin": {"goaways": lab.origin.goaways, "connections": lab.origin.connections},
         "relay": {"idle_drops": lab.relay.drops, "connections": lab.relay.connections},
+        "sent": tally.sent,
     }
+
+
+def stop_proxy(proxy: subprocess.Popen[bytes]) -> None:
+    """SIGTERM and the drain; the traffic file's last write happens after it."""
+    if proxy.poll() is None:
+        proxy.send_signal(signal.SIGTERM)
+        try:
+            proxy.wait(20)
+        except subprocess.TimeoutExpired:
+            proxy.kill()
+            proxy.wait(5)
+
+
+def read_outputs(work: Path) -> dict[str, Any]:
+    """What the proxy wrote of its own traffic: the final record (read by the same parser the
+    launcher imports it with) and the access log, every rotated file included."""
+    out: dict[str, Any] = {}
+    try:
+        figures = traffic.parse((work / TRAFFIC_FILE).read_bytes())
+        out["record"] = {
+            "final": figures.final,
+            "requests": figures.requests,
+            "responses_502": figures.responses_502,
+            "client_disconnects": figures.client_disconnects,
+            "goaways": figures.goaways,
+        }
+    except (OSError, traffic.NotFigures) as exc:
+        out["record_error"] = str(exc)
+    lines = broken = 0
+    files = sorted(work.glob(ACCESS_LOG + "*"))
+    for path in files:
+        for line in path.read_bytes().splitlines():
+            lines += 1
+            try:
+                json.loads(line)
+            except ValueError:
+                broken += 1
+    out["access_log"] = {"files": len(files), "lines": lines, "broken": broken}
+    return out
 
 
 async def fault(lab: Lab, tally: Tally, kind: str, start: float) -> None:
@@ -374,6 +426,22 @@ def checks(result: dict[str, Any]) -> list[tuple[str, str, bool]]:
             not any(k.endswith("outside faults") for k in outcomes),
         ),
     ]
+    record, access = result.get("record"), result.get("access_log", {})
+    rows.append(
+        (
+            "requests in the proxy's final traffic record vs sent by the soak",
+            f"{record['requests']} vs {result['sent']}" if record else result.get("record_error", "none"),
+            bool(record) and record["final"] and record["requests"] == result["sent"],
+        )
+    )
+    rows.append(
+        (
+            "access-log lines vs sent (lines not JSON)",
+            f"{access.get('lines', 0)} vs {result['sent']} ({access.get('broken', 0)}; "
+            f"{access.get('files', 0)} files)",
+            access.get("lines") == result["sent"] and access.get("broken") == 0,
+        )
+    )
     ref, last = result["quiet"].get("reference"), result["quiet"].get("end")
     for key, unit in (("rss_mib", 0.0), ("fds", 1.0), ("upstream_connections", 1.0), ("goroutines", 1.0)):
         if ref is None or last is None or ref.get(key) is None or last.get(key) is None:
@@ -438,15 +506,10 @@ def main(argv: list[str] | None = None) -> int:
         try:
             result = asyncio.run(run(args, lab))
         finally:
-            if lab.proxy.poll() is None:
-                lab.proxy.send_signal(signal.SIGTERM)
-                try:
-                    lab.proxy.wait(20)
-                except subprocess.TimeoutExpired:
-                    lab.proxy.kill()
-                    lab.proxy.wait(5)
+            stop_proxy(lab.proxy)
             lab.relay.stop()
             lab.origin.stop()
+        result.update(read_outputs(work))
     rows = checks(result)
     summary = report(result, command.strip(), "soak.svg")
     if args.profiles is not None and {"reference", "end"} <= result["quiet"].keys():

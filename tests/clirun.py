@@ -7,6 +7,7 @@ The ``gym_config_file`` fixture (a config on the lab origin and the test binary)
 from __future__ import annotations
 
 import json
+import signal
 import sqlite3
 import subprocess
 import sys
@@ -91,6 +92,17 @@ class StartedCli:
 
     def text(self) -> str:
         return self.output.read_text(errors="replace")
+
+    def sigkill_and_wait_for_sidecars(self) -> None:
+        """SIGKILL the launcher, then wait until its sidecars (``exit_with_owner``, the default)
+        have noticed, drained and exited by themselves: what a user's ``kill -9`` leaves."""
+        identities = [sidecar_identity(inst) for inst in self.instances]
+        self.proc.send_signal(signal.SIGKILL)
+        self.proc.wait(timeout=10)
+        # shutdown_grace is write_gym_config's 2 s; then 10 s for a loaded machine.
+        wait_until(
+            lambda: not any(procs.is_ours(i) for i in identities), 2 + 10, "sidecars to exit with their owner"
+        )
 
 
 def load_through_the_launcher(config: Path) -> dict[str, Any]:

@@ -2,18 +2,23 @@
 
 Owns: ``sidecar_binary`` (session: the real h2-ping-sidecar, through the build cache), ``go_tool``,
 ``cache_dir`` (session), ``log_dir``, ``store`` (this host's state database in ``log_dir``),
-``managers`` (launcher managers a test started), ``lab_certs``, ``tls_origin`` /
-``make_tls_origin``, ``idle_relay`` (factory), ``wait_until``, ``process_registry`` (per test,
-with a session-wide safety net) and ``run_sidecar`` (the binary started on 127.0.0.1:0, waited
-for by its ready file). One fixture per thing: a test module adds only what no other needs.
+``managers`` (launcher managers a test started) and ``start_manager`` (factory), ``lab_certs``,
+``tls_origin`` / ``make_tls_origin``, ``idle_relay`` (factory), ``lab_config`` (factory: a Gym
+config on the lab origin), ``start_cli`` (factory: ``sidecar-fsm start`` supervising),
+``refusing_port`` / ``silent_port``, ``wait_until``, ``process_registry`` (per test, with a
+session-wide safety net) and ``run_sidecar`` (the binary started on 127.0.0.1:0, waited for by
+its ready file). One fixture per thing: a test module adds only what no other needs.
 Every fixture ends what it started, pass or fail. Must not leave a process, thread or socket
 behind, nor bind anything but loopback.
 """
 
 from __future__ import annotations
 
+import contextlib
+import itertools
 import os
 import signal
+import socket
 import subprocess
 import sys
 from collections.abc import Callable, Iterator
@@ -22,12 +27,13 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from omegaconf import DictConfig
 
 # tests/ is not a package; putting it on sys.path makes ``from helpers import ...`` work the same
 # whichever directory pytest was started from and whatever import mode it uses.
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from clirun import write_gym_config  # noqa: E402
+from clirun import StartedCli, write_gym_config  # noqa: E402
 from helpers import ProcessRegistry, wait_until  # noqa: E402
 from launchrun import READY_BUT_DEAF, fake_binary, gym_config  # noqa: E402
 
@@ -38,6 +44,7 @@ from sidecar_fsm.launcher import (  # noqa: E402
     H2PingSidecarManager,
     NodeSidecars,
     h2_ping_sidecar_config_from_global_config,
+    start_h2_ping_sidecar,
 )
 from sidecar_fsm.state.store import Store  # noqa: E402
 
@@ -234,6 +241,27 @@ def managers() -> Iterator[list[H2PingSidecarManager]]:
         manager.stop()
 
 
+@pytest.fixture
+def start_manager(
+    sidecar_binary: Path, managers: list[H2PingSidecarManager]
+) -> Callable[[DictConfig], H2PingSidecarManager]:
+    """Factory: ``start_manager(config)`` → the manager ``start_h2_ping_sidecar(config)`` returned,
+    in ``managers`` (stopped at the end).
+
+    Asks for ``sidecar_binary`` so the session's proxy is built in ``cache_dir`` before the start:
+    a config naming that cache starts (and a test times) the proxy, never a compile. A start that
+    raises is the caller's to catch; a None (the sidecar not enabled) fails here.
+    """
+
+    def start(config: DictConfig) -> H2PingSidecarManager:
+        manager = start_h2_ping_sidecar(config)
+        assert manager is not None, "start_h2_ping_sidecar returned None: sidecar.enabled is off"
+        managers.append(manager)
+        return manager
+
+    return start
+
+
 # --- the lab ---------------------------------------------------------------------------------
 
 
@@ -245,17 +273,13 @@ def lab_certs(tmp_path: Path) -> CertPaths:
 
 @pytest.fixture
 def make_tls_origin(lab_certs: CertPaths) -> Iterator[Callable[..., TlsH2Origin]]:
-    """Factory: ``make_tls_origin(h1_only=False, ...)`` → a started ``TlsH2Origin`` (lab CA)."""
-    origins: list[TlsH2Origin] = []
+    """Factory: ``make_tls_origin(h1_only=False, ...)`` → a started ``TlsH2Origin`` (lab CA).
 
-    def make(**kwargs: Any) -> TlsH2Origin:
-        origin = TlsH2Origin(lab_certs, **kwargs)
-        origins.append(origin)
-        return origin.start()
-
-    yield make
-    for origin in origins:
-        origin.stop()
+    Each origin is entered on one exit stack (``with origin:`` starts it), so every one is
+    stopped at the end even when stopping another fails.
+    """
+    with contextlib.ExitStack() as origins:
+        yield lambda **kwargs: origins.enter_context(TlsH2Origin(lab_certs, **kwargs))
 
 
 @pytest.fixture
@@ -266,18 +290,29 @@ def tls_origin(make_tls_origin: Callable[..., TlsH2Origin]) -> TlsH2Origin:
 
 @pytest.fixture
 def idle_relay() -> Iterator[Callable[..., IdleRelay]]:
-    """Factory: ``idle_relay(origin_or_port, idle=L)`` → a started relay dropping idle pairs."""
-    relays: list[IdleRelay] = []
+    """Factory: ``idle_relay(origin_or_port, idle=L)`` → a started relay dropping idle pairs,
+    stopped at the end as ``make_tls_origin``'s origins are."""
+    with contextlib.ExitStack() as relays:
 
-    def make(target: TlsH2Origin | int, idle: float, **kwargs: Any) -> IdleRelay:
-        port = target if isinstance(target, int) else target.port
-        relay = IdleRelay("127.0.0.1", port, idle=idle, **kwargs)
-        relays.append(relay)
-        return relay.start()
+        def make(target: TlsH2Origin | int, idle: float, **kwargs: Any) -> IdleRelay:
+            port = target if isinstance(target, int) else target.port
+            return relays.enter_context(IdleRelay("127.0.0.1", port, idle=idle, **kwargs))
 
-    yield make
-    for relay in relays:
-        relay.stop()
+        yield make
+
+
+@pytest.fixture
+def lab_config(
+    tls_origin: TlsH2Origin, log_dir: Path, cache_dir: Path, sidecar_binary: Path
+) -> Callable[..., DictConfig]:
+    """Factory: ``lab_config(**block)`` → ``gym_config`` on the lab origin, the test's ``log_dir`` and
+    the session's cache, ``block`` over the sidecar defaults. The real proxy is built in that cache
+    already (``sidecar_binary``), so a start with it compiles nothing; ``binary=`` names another."""
+
+    def make(**block: Any) -> DictConfig:
+        return gym_config(tls_origin.url, tls_origin.ca_file, log_dir, cache_dir, **block)
+
+    return make
 
 
 @pytest.fixture
@@ -335,3 +370,48 @@ def deaf_sidecar(
 def gym_config_file(tmp_path: Path, tls_origin: TlsH2Origin, sidecar_binary: Path) -> Path:
     """A Gym-shaped config (``clirun.write_gym_config``) on the lab origin and the test binary."""
     return write_gym_config(tmp_path / "gym.yaml", tls_origin, sidecar_binary)
+
+
+@pytest.fixture
+def start_cli(
+    log_dir: Path,
+    tmp_path: Path,
+    tls_origin: TlsH2Origin,
+    sidecar_binary: Path,
+    process_registry: ProcessRegistry,
+) -> Callable[..., StartedCli]:
+    """Factory: ``start_cli(**sidecar)`` → ``sidecar-fsm start`` supervising a ``write_gym_config``
+    config (lab origin, test binary, ``sidecar`` keys over the block) in ``log_dir``.
+
+    Each start gets its own config file (and so its own ``.out``), so a test may start several
+    runs; every process of them is in ``process_registry``.
+    """
+    configs = itertools.count()
+
+    def start(**sidecar: Any) -> StartedCli:
+        path = tmp_path / f"start-{next(configs)}.yaml"
+        config = write_gym_config(path, tls_origin, sidecar_binary, **sidecar)
+        return StartedCli(log_dir, config, process_registry)
+
+    return start
+
+
+# --- ports -----------------------------------------------------------------------------------
+
+
+@pytest.fixture
+def refusing_port() -> Iterator[int]:
+    """A loopback port that refuses connections: bound, never listening, held until the end."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        yield sock.getsockname()[1]
+
+
+@pytest.fixture
+def silent_port() -> Iterator[int]:
+    """A loopback port whose connections complete in the kernel and are never accepted: a TLS
+    handshake there waits for ever, so no check gets a verdict."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        sock.listen(64)
+        yield sock.getsockname()[1]

@@ -1,23 +1,29 @@
-"""What the launcher's integration tests share: a Gym-shaped config, reading a run back, and
-the stand-ins for a proxy that misbehaves (``fake_binary``), so each test file states only its case.
+"""What the launcher's integration tests share: a Gym-shaped config, reading a run back, a port
+held in use, a request held in flight, and the stand-ins for a proxy that misbehaves
+(``fake_binary``), so each test file states only its case.
 
-The fixtures built on these (``node_run``, ``deaf_sidecar``) live in ``conftest.py``.
+The fixtures built on these (``lab_config``, ``node_run``, ``deaf_sidecar``) live in ``conftest.py``.
 """
 
 from __future__ import annotations
 
+import contextlib
+import socket
 import sys
+import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
 import aiohttp
 import psutil
+from helpers import http11_request, wait_until
 from omegaconf import DictConfig, OmegaConf
 
 from sidecar_fsm.base import procs
 from sidecar_fsm.errors import SidecarError
+from sidecar_fsm.lab import TlsH2Origin
 from sidecar_fsm.launcher import (
     H2PingSidecarManager,
 )
@@ -141,7 +147,41 @@ def fake_binary(path: Path, body: str) -> Path:
     return path
 
 
+@contextlib.contextmanager
+def port_in_use() -> Iterator[int]:
+    """A loopback port a listening socket of this process holds until the block ends: a proxy
+    told to listen there fails to bind, and once the block is left the port is free again."""
+    with socket.socket() as holder:
+        holder.bind(("127.0.0.1", 0))
+        holder.listen()
+        yield holder.getsockname()[1]
+
+
+def request_in_flight(listen: str, path: str, origin: TlsH2Origin) -> tuple[threading.Thread, list[object]]:
+    """``GET path`` through the sidecar at ``listen`` from a daemon thread; returns once ``origin``
+    holds the request's stream, so a signal sent next finds it in flight.
+
+    The thread appends to the list the status, or the ``OSError`` the request ended in (a drain cut
+    short closes the connection); join it before reading the list.
+    """
+    host, _, port = listen.rpartition(":")
+    answers: list[object] = []
+
+    def request() -> None:
+        try:
+            answers.append(http11_request(host, int(port), path, timeout=60).status)
+        except OSError as error:
+            answers.append(error)
+
+    client = threading.Thread(target=request, daemon=True)
+    client.start()
+    wait_until(lambda: origin.active_streams >= 1, 10, "the request to reach the origin")
+    return client, answers
+
+
 def failure_of(manager: H2PingSidecarManager) -> Callable[[], SidecarError | None]:
+    """A ``wait_until`` predicate: the error ``manager.check()`` raises, None while it passes."""
+
     def probe() -> SidecarError | None:
         try:
             manager.check()

@@ -9,6 +9,7 @@ import os
 import socket
 import subprocess
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -19,20 +20,17 @@ from launchrun import (
     gym_config,
     run_records,
 )
-from omegaconf import OmegaConf
+from omegaconf import DictConfig, OmegaConf
 
 from sidecar_fsm.lab import TlsH2Origin
-from sidecar_fsm.launcher import (
-    H2PingSidecarManager,
-    start_h2_ping_sidecar,
-)
+from sidecar_fsm.launcher import H2PingSidecarManager
 from sidecar_fsm.state.store import Store
 
 # --- many runs at once -----------------------------------------------------------------------
 
 _CONCURRENT_RUN = """
 import json, sys, time
-from omegaconf import OmegaConf
+from omegaconf import DictConfig, OmegaConf
 from sidecar_fsm.launcher import start_h2_ping_sidecar
 config = OmegaConf.create(json.loads(sys.argv[1]))
 started = time.monotonic()
@@ -119,16 +117,11 @@ def test_eight_runs_on_a_cold_shared_cache_build_once(
 
 
 def test_store_is_per_host_under_the_log_dir(
-    tls_origin: TlsH2Origin,
-    sidecar_binary: Path,
-    cache_dir: Path,
+    lab_config: Callable[..., DictConfig],
     log_dir: Path,
-    managers: list[H2PingSidecarManager],
+    start_manager: Callable[[DictConfig], H2PingSidecarManager],
 ) -> None:
-    config = gym_config(tls_origin.url, tls_origin.ca_file, log_dir, cache_dir)
-    manager = start_h2_ping_sidecar(config)
-    assert manager is not None
-    managers.append(manager)
+    manager = start_manager(lab_config())
     assert manager.log_dir == str(log_dir)
     store = Store.open(log_dir)
     try:

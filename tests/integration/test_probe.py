@@ -28,11 +28,11 @@ from urllib.parse import parse_qs, urlsplit
 
 import pytest
 from helpers import ProcessRegistry, sidecar_cli, wait_until
-from omegaconf import OmegaConf
+from omegaconf import DictConfig, OmegaConf
 
 from sidecar_fsm.errors import SidecarError
 from sidecar_fsm.lab import CertPaths, IdleRelay, TlsH2Origin
-from sidecar_fsm.launcher import H2PingSidecarManager, start_h2_ping_sidecar
+from sidecar_fsm.launcher import H2PingSidecarManager
 from sidecar_fsm.state.hostname import host_name
 
 SHORT = ["--for", "3s", "--ping-interval", "0.5s"]
@@ -147,15 +147,6 @@ def test_a_goaway_answering_the_ping_is_named_with_the_remedy(
         r"refuses PINGs this often: try a longer --ping-interval",
         line_of(done.stdout, "verdict: "),
     )
-
-
-@pytest.fixture
-def refusing_port() -> Iterator[int]:
-    """A loopback port that refuses connections: bound, never listening, held until the end."""
-    sock = socket.socket()
-    sock.bind(("127.0.0.1", 0))
-    yield sock.getsockname()[1]
-    sock.close()
 
 
 def test_a_dead_upstream_a_wrong_ca_and_an_http1_server_are_one_line_each(
@@ -346,21 +337,35 @@ def test_haproxy_goaways_the_silent_connection_and_times_out_a_silent_response_p
 # --- the PING in the start's check --------------------------------------------------------------
 
 
-def gym_config(upstream: str, ca_file: Path, log_dir: Path, cache_dir: Path, **block: Any) -> Any:
-    return OmegaConf.create(
-        {
-            "cache_dir": str(cache_dir),
-            "policy_model": {"responses_api_models": {"m": {"base_url": upstream + "/v1"}}},
-            "sidecar": {
-                "enabled": True,
-                "instances": [{"name": "policy", "upstream": upstream, "listen": "127.0.0.1:0"}],
-                "ca_file": str(ca_file),
-                "log_dir": str(log_dir),
-                "shutdown_grace": "2s",
-                **block,
-            },
-        }
-    )
+@pytest.fixture
+def start_policy(
+    lab_certs: CertPaths,
+    log_dir: Path,
+    cache_dir: Path,
+    start_manager: Callable[[DictConfig], H2PingSidecarManager],
+) -> Callable[..., H2PingSidecarManager]:
+    """Factory: ``start_policy(upstream, **block)`` → ``start_manager`` of a config of one instance,
+    ``policy``, on ``upstream`` (the model's URL too), trusting the lab CA and logging to
+    ``log_dir``. A start that fails raises, as ``start_h2_ping_sidecar`` does."""
+
+    def start(upstream: str, **block: Any) -> H2PingSidecarManager:
+        config = OmegaConf.create(
+            {
+                "cache_dir": str(cache_dir),
+                "policy_model": {"responses_api_models": {"m": {"base_url": upstream + "/v1"}}},
+                "sidecar": {
+                    "enabled": True,
+                    "instances": [{"name": "policy", "upstream": upstream, "listen": "127.0.0.1:0"}],
+                    "ca_file": str(lab_certs.ca_pem),
+                    "log_dir": str(log_dir),
+                    "shutdown_grace": "2s",
+                    **block,
+                },
+            }
+        )
+        return start_manager(config)
+
+    return start
 
 
 def start_lines(capsys: pytest.CaptureFixture[str]) -> list[str]:
@@ -370,15 +375,10 @@ def start_lines(capsys: pytest.CaptureFixture[str]) -> list[str]:
 
 def test_the_check_says_the_ping_was_answered_and_prints_listening_first(
     tls_origin: TlsH2Origin,
-    sidecar_binary: Path,
-    cache_dir: Path,
-    log_dir: Path,
-    managers: list[H2PingSidecarManager],
+    start_policy: Callable[..., H2PingSidecarManager],
     capsys: pytest.CaptureFixture[str],
 ) -> None:
-    manager = start_h2_ping_sidecar(gym_config(tls_origin.url, tls_origin.ca_file, log_dir, cache_dir))
-    assert manager is not None
-    managers.append(manager)
+    start_policy(tls_origin.url)
     listening, verdict = start_lines(capsys)
     assert listening.startswith("policy listening on 127.0.0.1:"), listening
     head = f"policy upstream {tls_origin.url} ok: TLS and HTTP/2 in "
@@ -390,17 +390,12 @@ def test_the_check_says_the_ping_was_answered_and_prints_listening_first(
 
 def test_fail_fails_the_start_on_an_unanswered_ping_naming_it(
     make_tls_origin: Callable[..., TlsH2Origin],
-    sidecar_binary: Path,
-    cache_dir: Path,
-    log_dir: Path,
+    start_policy: Callable[..., H2PingSidecarManager],
     capsys: pytest.CaptureFixture[str],
 ) -> None:
     origin = make_tls_origin(pings="ignore")
-    config = gym_config(
-        origin.url, origin.ca_file, log_dir, cache_dir, upstream_check="fail", upstream_check_seconds=1.5
-    )
     with pytest.raises(SidecarError) as caught:
-        start_h2_ping_sidecar(config)
+        start_policy(origin.url, upstream_check="fail", upstream_check_seconds=1.5)
     first = str(caught.value).splitlines()[0]
     assert first.startswith("h2-ping-sidecar 'policy' (run "), first
     assert first.endswith(
@@ -414,16 +409,12 @@ def test_fail_fails_the_start_on_an_unanswered_ping_naming_it(
 
 def test_warn_prints_a_goaway_on_the_ping_and_status_shows_an_unanswered_one(
     make_tls_origin: Callable[..., TlsH2Origin],
-    sidecar_binary: Path,
-    cache_dir: Path,
+    start_policy: Callable[..., H2PingSidecarManager],
     log_dir: Path,
-    managers: list[H2PingSidecarManager],
     capsys: pytest.CaptureFixture[str],
 ) -> None:
     calm = make_tls_origin(pings="goaway")
-    manager = start_h2_ping_sidecar(gym_config(calm.url, calm.ca_file, log_dir, cache_dir))
-    assert manager is not None
-    managers.append(manager)
+    manager = start_policy(calm.url)
     verdict = start_lines(capsys)[-1]
     assert verdict.startswith(f"policy upstream {calm.url} failed: TLS and HTTP/2 in "), verdict
     assert verdict.endswith(
@@ -434,12 +425,7 @@ def test_warn_prints_a_goaway_on_the_ping_and_status_shows_an_unanswered_one(
     manager.stop()
 
     silent = make_tls_origin(pings="ignore")
-    config = gym_config(
-        silent.url, silent.ca_file, log_dir, cache_dir, ping_timeout="1s", upstream_check_seconds=3
-    )
-    manager = start_h2_ping_sidecar(config)
-    assert manager is not None
-    managers.append(manager)
+    start_policy(silent.url, ping_timeout="1s", upstream_check_seconds=3)
     assert "PING not answered within 1s" in start_lines(capsys)[-1]
 
     def live() -> dict[str, Any]:
@@ -454,26 +440,12 @@ def test_warn_prints_a_goaway_on_the_ping_and_status_shows_an_unanswered_one(
 
 
 def test_a_wait_past_two_seconds_is_said(
-    tls_origin: TlsH2Origin,
-    sidecar_binary: Path,
-    cache_dir: Path,
-    log_dir: Path,
-    managers: list[H2PingSidecarManager],
+    silent_port: int,
+    start_policy: Callable[..., H2PingSidecarManager],
     capsys: pytest.CaptureFixture[str],
 ) -> None:
-    listener = socket.socket()  # connects complete in the kernel and are never answered
-    listener.bind(("127.0.0.1", 0))
-    listener.listen(8)
-    try:
-        silent = f"https://127.0.0.1:{listener.getsockname()[1]}"
-        config = gym_config(
-            silent, tls_origin.ca_file, log_dir, cache_dir, upstream_check_seconds=3, rewrite_base_urls=False
-        )
-        manager = start_h2_ping_sidecar(config)
-        assert manager is not None
-        managers.append(manager)
-    finally:
-        listener.close()
+    silent = f"https://127.0.0.1:{silent_port}"
+    start_policy(silent, upstream_check_seconds=3, rewrite_base_urls=False)
     listening, waiting, verdict = start_lines(capsys)
     assert " listening on " in listening
     assert waiting == "waiting up to 3s (upstream_check_seconds) for the upstream check of policy"

@@ -16,34 +16,25 @@ from helpers import http11_request
 from launchrun import (
     assert_nothing_left,
     failure_of,
-    gym_config,
     history,
     run_records,
     states_path,
 )
+from omegaconf import DictConfig
 
 from sidecar_fsm.errors import SidecarError
-from sidecar_fsm.lab import TlsH2Origin
-from sidecar_fsm.launcher import (
-    H2PingSidecarManager,
-    start_h2_ping_sidecar,
-)
+from sidecar_fsm.launcher import H2PingSidecarManager
 from sidecar_fsm.state.hostname import host_name
 from sidecar_fsm.state.store import InstanceRecord
 
 
 def test_killed_sidecar_is_reported_with_exit_code_and_log(
-    tls_origin: TlsH2Origin,
-    sidecar_binary: Path,
-    cache_dir: Path,
+    lab_config: Callable[..., DictConfig],
     log_dir: Path,
     wait_until: Callable[..., Any],
-    managers: list[H2PingSidecarManager],
+    start_manager: Callable[[DictConfig], H2PingSidecarManager],
 ) -> None:
-    config = gym_config(tls_origin.url, tls_origin.ca_file, log_dir, cache_dir)
-    manager = start_h2_ping_sidecar(config)
-    assert manager is not None
-    managers.append(manager)
+    manager = start_manager(lab_config())
     ((_, (record,)),) = run_records(log_dir)
     assert record.pid is not None
     os.kill(record.pid, signal.SIGKILL)
@@ -63,24 +54,13 @@ def test_killed_sidecar_is_reported_with_exit_code_and_log(
 
 
 def test_restart_policy_brings_it_back_on_the_same_address(
-    tls_origin: TlsH2Origin,
-    sidecar_binary: Path,
-    cache_dir: Path,
+    lab_config: Callable[..., DictConfig],
     log_dir: Path,
     wait_until: Callable[..., Any],
-    managers: list[H2PingSidecarManager],
+    start_manager: Callable[[DictConfig], H2PingSidecarManager],
     capsys: pytest.CaptureFixture[str],
 ) -> None:
-    config = gym_config(
-        tls_origin.url,
-        tls_origin.ca_file,
-        log_dir,
-        cache_dir,
-        restart={"max_restarts": 2, "backoff": "100ms"},
-    )
-    manager = start_h2_ping_sidecar(config)
-    assert manager is not None
-    managers.append(manager)
+    manager = start_manager(lab_config(restart={"max_restarts": 2, "backoff": "100ms"}))
     (listen,) = [instance.listen for instance in manager.instances_actual]
     host, _, port = listen.rpartition(":")
 

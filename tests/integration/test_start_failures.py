@@ -29,6 +29,7 @@ from launchrun import (
     cmdline,
     fake_binary,
     gym_config,
+    port_in_use,
     run_records,
     snapshot,
     states_path,
@@ -53,10 +54,8 @@ from sidecar_fsm.state.store import Store
 # --- failure paths ---------------------------------------------------------------------------
 
 
-def test_invalid_config_starts_nothing(
-    tls_origin: TlsH2Origin, cache_dir: Path, log_dir: Path, sidecar_binary: Path
-) -> None:
-    config = gym_config(tls_origin.url, tls_origin.ca_file, log_dir, cache_dir, ping_interval="6m")
+def test_invalid_config_starts_nothing(lab_config: Callable[..., DictConfig], log_dir: Path) -> None:
+    config = lab_config(ping_interval="6m")
     before = snapshot(config)
     with pytest.raises(ValidationError, match=r"sidecar\.ping_interval: '6m'"):
         start_h2_ping_sidecar(config)
@@ -80,19 +79,16 @@ def test_missing_go_and_no_prebuilt(
 
 def test_manager_starts_again_after_stop_and_after_a_failed_start(
     tls_origin: TlsH2Origin,
+    lab_config: Callable[..., DictConfig],
     sidecar_binary: Path,
-    cache_dir: Path,
     log_dir: Path,
     managers: list[H2PingSidecarManager],
 ) -> None:
     """As NeMo Gym's can: each start() after stop() or a failure is a new run."""
 
-    with socket.socket() as holder:
-        holder.bind(("127.0.0.1", 0))
-        holder.listen()
-        port = holder.getsockname()[1]
+    with port_in_use() as port:
         instances = [{"name": "nvcf", "upstream": tls_origin.url, "listen": f"127.0.0.1:{port}"}]
-        config = gym_config(tls_origin.url, tls_origin.ca_file, log_dir, cache_dir, instances=instances)
+        config = lab_config(instances=instances)
         parsed = h2_ping_sidecar_config_from_global_config(config)
         manager = H2PingSidecarManager(
             parsed, parsed.instances, sidecar_binary, resolve_log_dir(parsed, config)
@@ -125,22 +121,14 @@ def test_manager_starts_again_after_stop_and_after_a_failed_start(
 
 def test_port_in_use_names_the_holder(
     tls_origin: TlsH2Origin,
-    sidecar_binary: Path,
-    cache_dir: Path,
+    lab_config: Callable[..., DictConfig],
     log_dir: Path,
-    managers: list[H2PingSidecarManager],
+    start_manager: Callable[[DictConfig], H2PingSidecarManager],
 ) -> None:
     # Held by a process the database does not know.
-    with socket.socket() as holder:
-        holder.bind(("127.0.0.1", 0))
-        holder.listen()
-        port = holder.getsockname()[1]
-        config = gym_config(
-            tls_origin.url,
-            tls_origin.ca_file,
-            log_dir,
-            cache_dir,
-            instances=[{"name": "nvcf", "upstream": tls_origin.url, "listen": f"127.0.0.1:{port}"}],
+    with port_in_use() as port:
+        config = lab_config(
+            instances=[{"name": "nvcf", "upstream": tls_origin.url, "listen": f"127.0.0.1:{port}"}]
         )
         before = snapshot(config)
         with pytest.raises(SidecarError) as caught:
@@ -156,18 +144,9 @@ def test_port_in_use_names_the_holder(
     assert_nothing_left(log_dir)
 
     # Held by a run the database knows: the error names that run and instance.
-    holder_config = gym_config(tls_origin.url, tls_origin.ca_file, log_dir, cache_dir)
-    holder_manager = start_h2_ping_sidecar(holder_config)
-    assert holder_manager is not None
-    managers.append(holder_manager)
+    holder_manager = start_manager(lab_config())
     (taken,) = [instance.listen for instance in holder_manager.instances_actual]
-    clash = gym_config(
-        tls_origin.url,
-        tls_origin.ca_file,
-        log_dir,
-        cache_dir,
-        instances=[{"name": "second", "upstream": tls_origin.url, "listen": taken}],
-    )
+    clash = lab_config(instances=[{"name": "second", "upstream": tls_origin.url, "listen": taken}])
     before = snapshot(clash)
     with pytest.raises(SidecarError) as caught:
         start_h2_ping_sidecar(clash)
@@ -177,10 +156,10 @@ def test_port_in_use_names_the_holder(
 
 
 def test_child_exits_before_ready(
-    tls_origin: TlsH2Origin, log_dir: Path, tmp_path: Path, cache_dir: Path
+    lab_config: Callable[..., DictConfig], log_dir: Path, tmp_path: Path
 ) -> None:
     binary = fake_binary(tmp_path / "early-exit", 'echo "fatal: upstream refused us" >&2\nexit 3')
-    config = gym_config(tls_origin.url, tls_origin.ca_file, log_dir, cache_dir, binary=str(binary))
+    config = lab_config(binary=str(binary))
     before = snapshot(config)
     with pytest.raises(SidecarError) as caught:
         start_h2_ping_sidecar(config)
@@ -195,17 +174,10 @@ def test_child_exits_before_ready(
     assert_nothing_left(log_dir)
 
 
-def test_startup_timeout(tls_origin: TlsH2Origin, log_dir: Path, tmp_path: Path, cache_dir: Path) -> None:
+def test_startup_timeout(lab_config: Callable[..., DictConfig], log_dir: Path, tmp_path: Path) -> None:
     # Never writes its ready file: what a proxy stuck before binding looks like to us.
     binary = fake_binary(tmp_path / "never-ready", "echo starting\nexec sleep 60")
-    config = gym_config(
-        tls_origin.url,
-        tls_origin.ca_file,
-        log_dir,
-        cache_dir,
-        binary=str(binary),
-        startup_timeout_seconds=0.5,
-    )
+    config = lab_config(binary=str(binary), startup_timeout_seconds=0.5)
     before = snapshot(config)
     started = time.monotonic()
     with pytest.raises(SidecarError, match=r"not ready after 0\.5s \(startup_timeout_seconds\)") as caught:
@@ -312,16 +284,15 @@ print(json.dumps({"interrupted": False}))
 
 
 def test_keyboard_interrupt_during_start_stops_the_child(
-    tls_origin: TlsH2Origin,
+    lab_config: Callable[..., DictConfig],
     log_dir: Path,
     tmp_path: Path,
-    cache_dir: Path,
     process_registry: ProcessRegistry,
     wait_until: Callable[..., Any],
 ) -> None:
     pid_file = tmp_path / "child.pid"
     binary = fake_binary(tmp_path / "slow-start", f'echo $$ > "{pid_file}"\nexec sleep 60')
-    config = gym_config(tls_origin.url, tls_origin.ca_file, log_dir, cache_dir, binary=str(binary))
+    config = lab_config(binary=str(binary))
     launcher = subprocess.Popen(
         [sys.executable, "-c", _INTERRUPTED_START, json.dumps(OmegaConf.to_container(config))],
         stdout=subprocess.PIPE,
@@ -347,11 +318,7 @@ def test_keyboard_interrupt_during_start_stops_the_child(
 
 
 def test_keyboard_interrupt_after_the_proxy_is_ready(
-    tls_origin: TlsH2Origin,
-    sidecar_binary: Path,
-    cache_dir: Path,
-    log_dir: Path,
-    monkeypatch: pytest.MonkeyPatch,
+    lab_config: Callable[..., DictConfig], log_dir: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """An interrupt while the config is being rewritten: the ready proxy is stopped, config untouched."""
 
@@ -367,7 +334,7 @@ def test_keyboard_interrupt_after_the_proxy_is_ready(
         raise KeyboardInterrupt
 
     monkeypatch.setattr(launcher, "rewrite_base_urls", interrupt_the_second)
-    config = gym_config(tls_origin.url, tls_origin.ca_file, log_dir, cache_dir)
+    config = lab_config()
     before = snapshot(config)
     with pytest.raises(KeyboardInterrupt):
         start_h2_ping_sidecar(config)

@@ -17,13 +17,12 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from clirun import StartedCli, cli_json, sidecar_identity, write_gym_config
-from helpers import ProcessRegistry, http11_request, sidecar_cli, wait_until
+from clirun import StartedCli, cli_json
+from helpers import http11_request, sidecar_cli, wait_until
 from omegaconf import DictConfig, OmegaConf
 
-from sidecar_fsm.base import procs
 from sidecar_fsm.lab import TlsH2Origin
-from sidecar_fsm.launcher import H2PingSidecarManager, start_h2_ping_sidecar
+from sidecar_fsm.launcher import H2PingSidecarManager
 from sidecar_fsm.run import traffic
 from sidecar_fsm.state import query
 from sidecar_fsm.state.fsm import InstanceMachine
@@ -65,19 +64,16 @@ def config(
 
 def test_a_stop_gives_final_figures_equal_to_what_the_clients_sent(
     make_tls_origin: Callable[..., TlsH2Origin],
-    sidecar_binary: Path,
     cache_dir: Path,
     log_dir: Path,
-    managers: list[H2PingSidecarManager],
+    start_manager: Callable[[DictConfig], H2PingSidecarManager],
 ) -> None:
     origin, http1 = make_tls_origin(), make_tls_origin(h1_only=True)
     instances = [
         {"name": "policy", "upstream": origin.url, "listen": "127.0.0.1:0"},
         {"name": "judge", "upstream": http1.url, "listen": "127.0.0.1:0"},
     ]
-    manager = start_h2_ping_sidecar(config(origin, log_dir, cache_dir, instances, access_log=True))
-    assert manager is not None
-    managers.append(manager)
+    manager = start_manager(config(origin, log_dir, cache_dir, instances, access_log=True))
     policy, judge = (instance.listen for instance in manager.instances_actual)
     assert send(policy, f"/echo?{SECRET_QUERY}", 3, headers=[SECRET_HEADER]) == [200] * 3
     assert send(policy, "/slow?first_byte=0.3", 1) == [200]
@@ -112,23 +108,12 @@ def test_a_stop_gives_final_figures_equal_to_what_the_clients_sent(
 
 
 def test_a_killed_launchers_sidecars_exit_by_themselves_and_reap_brings_their_final_figures(
-    log_dir: Path,
-    tls_origin: TlsH2Origin,
-    sidecar_binary: Path,
-    tmp_path: Path,
-    process_registry: ProcessRegistry,
+    log_dir: Path, start_cli: Callable[..., StartedCli]
 ) -> None:
-    started = StartedCli(
-        log_dir, write_gym_config(tmp_path / "gym.yaml", tls_origin, sidecar_binary), process_registry
-    )
-    identities = [sidecar_identity(inst) for inst in started.instances]
+    started = start_cli()
     for count, inst in enumerate(started.instances, start=2):
         assert send(inst["listen"], "/echo", count) == [200] * count
-    started.proc.send_signal(signal.SIGKILL)
-    started.proc.wait(timeout=10)
-    wait_until(
-        lambda: not any(procs.is_ours(i) for i in identities), 2 + 10, "sidecars to exit with their owner"
-    )
+    started.sigkill_and_wait_for_sidecars()
     # What the supervise loop imported while the run lived, never the figures after the drain.
     assert {row["final"] for row in summary(log_dir).values()} <= {0, None}
 
@@ -154,22 +139,11 @@ def test_a_killed_launchers_sidecars_exit_by_themselves_and_reap_brings_their_fi
 
 
 def test_a_corrupt_traffic_file_warns_once_and_breaks_nothing(
-    log_dir: Path,
-    tls_origin: TlsH2Origin,
-    sidecar_binary: Path,
-    tmp_path: Path,
-    process_registry: ProcessRegistry,
+    log_dir: Path, start_cli: Callable[..., StartedCli]
 ) -> None:
-    started = StartedCli(
-        log_dir, write_gym_config(tmp_path / "gym.yaml", tls_origin, sidecar_binary), process_registry
-    )
-    identities = [sidecar_identity(inst) for inst in started.instances]
+    started = start_cli()
     assert send(started.instances[0]["listen"], "/echo", 1) == [200]
-    started.proc.send_signal(signal.SIGKILL)
-    started.proc.wait(timeout=10)
-    wait_until(
-        lambda: not any(procs.is_ours(i) for i in identities), 2 + 10, "sidecars to exit with their owner"
-    )
+    started.sigkill_and_wait_for_sidecars()
     policy_log = next(inst["log_path"] for inst in started.instances if inst["name"] == "policy")
     corrupt = Path(traffic.traffic_path(policy_log))
     whole = corrupt.read_text()
@@ -240,16 +214,13 @@ def test_a_proxy_killed_with_sigkill_loses_at_most_its_last_interval(
 
 def test_a_restart_adds_both_processes_figures(
     tls_origin: TlsH2Origin,
-    sidecar_binary: Path,
     cache_dir: Path,
     log_dir: Path,
-    managers: list[H2PingSidecarManager],
+    start_manager: Callable[[DictConfig], H2PingSidecarManager],
 ) -> None:
     instances = [{"name": "policy", "upstream": tls_origin.url, "listen": "127.0.0.1:0"}]
     block = {"restart": {"max_restarts": 1, "backoff": "100ms"}}
-    manager = start_h2_ping_sidecar(config(tls_origin, log_dir, cache_dir, instances, **block))
-    assert manager is not None
-    managers.append(manager)
+    manager = start_manager(config(tls_origin, log_dir, cache_dir, instances, **block))
     (listen,) = [instance.listen for instance in manager.instances_actual]
     assert send(listen, "/echo", 2) == [200] * 2
 

@@ -11,7 +11,6 @@ from __future__ import annotations
 import json
 import os
 import random
-import socket
 import stat
 import subprocess
 import sys
@@ -24,10 +23,11 @@ import psutil
 import pytest
 import yaml
 from helpers import ProcessRegistry, http11_request, sidecar_cli, wait_until
+from launchrun import port_in_use
 from omegaconf import DictConfig, OmegaConf
 
 from sidecar_fsm.errors import SidecarError
-from sidecar_fsm.lab import TlsH2Origin
+from sidecar_fsm.lab import CertPaths, TlsH2Origin
 from sidecar_fsm.lab.tlsca import make_ca_and_cert
 from sidecar_fsm.launcher import H2PingSidecarManager, start_h2_ping_sidecar
 from sidecar_fsm.state.hostname import host_name
@@ -40,26 +40,6 @@ CONSEQUENCE = "requests will get 502 until it answers"
 
 
 @pytest.fixture
-def refusing_port() -> Iterator[int]:
-    """A loopback port that refuses connections: bound, never listening, held until the end."""
-    sock = socket.socket()
-    sock.bind(("127.0.0.1", 0))
-    yield sock.getsockname()[1]
-    sock.close()
-
-
-@pytest.fixture
-def silent_port() -> Iterator[int]:
-    """A loopback port whose connections complete in the kernel and are never accepted: a TLS
-    handshake there waits for ever, so no check gets a verdict."""
-    sock = socket.socket()
-    sock.bind(("127.0.0.1", 0))
-    sock.listen(64)
-    yield sock.getsockname()[1]
-    sock.close()
-
-
-@pytest.fixture
 def other_ca_origin(tmp_path: Path) -> Iterator[TlsH2Origin]:
     """An origin whose certificate is signed by a CA the config does not name."""
     origin = TlsH2Origin(make_ca_and_cert(tmp_path / "other-ca")).start()
@@ -68,31 +48,42 @@ def other_ca_origin(tmp_path: Path) -> Iterator[TlsH2Origin]:
 
 
 @pytest.fixture
-def managers() -> Iterator[list[H2PingSidecarManager]]:
-    started: list[H2PingSidecarManager] = []
-    yield started
-    for manager in started:
-        manager.stop()
-
-
 def config_of(
-    instances: list[dict[str, Any]], ca_file: Path, log_dir: Path, cache_dir: Path, **block: Any
-) -> DictConfig:
-    return OmegaConf.create(
-        {
-            "cache_dir": str(cache_dir),
-            "policy_model": {"responses_api_models": {"m": {"base_url": instances[0]["upstream"] + "/v1"}}},
-            "sidecar": {
-                "enabled": True,
-                "instances": [{"listen": "127.0.0.1:0", **inst} for inst in instances],
-                "ca_file": str(ca_file),
-                "log_dir": str(log_dir),
-                "shutdown_grace": "2s",
-                "startup_timeout_seconds": 20,
-                **block,
-            },
-        }
-    )
+    lab_certs: CertPaths, log_dir: Path, cache_dir: Path, sidecar_binary: Path
+) -> Callable[..., DictConfig]:
+    """Factory: ``config_of(instances, **block)`` → a config of those instances (each on port 0
+    unless it says) trusting the lab CA, logging to ``log_dir``, the first upstream as the model's
+    URL. The proxy is built in ``cache_dir`` already, so a start compiles nothing."""
+
+    def make(instances: list[dict[str, Any]], **block: Any) -> DictConfig:
+        return OmegaConf.create(
+            {
+                "cache_dir": str(cache_dir),
+                "policy_model": {
+                    "responses_api_models": {"m": {"base_url": instances[0]["upstream"] + "/v1"}}
+                },
+                "sidecar": {
+                    "enabled": True,
+                    "instances": [{"listen": "127.0.0.1:0", **inst} for inst in instances],
+                    "ca_file": str(lab_certs.ca_pem),
+                    "log_dir": str(log_dir),
+                    "shutdown_grace": "2s",
+                    "startup_timeout_seconds": 20,
+                    **block,
+                },
+            }
+        )
+
+    return make
+
+
+@pytest.fixture
+def start_instances(
+    config_of: Callable[..., DictConfig], start_manager: Callable[[DictConfig], H2PingSidecarManager]
+) -> Callable[..., H2PingSidecarManager]:
+    """Factory: ``start_instances(instances, **block)`` → ``start_manager(config_of(...))``; a
+    start that fails raises, as ``start_h2_ping_sidecar`` does."""
+    return lambda instances, **block: start_manager(config_of(instances, **block))
 
 
 def verdict_lines(out: str) -> dict[str, str]:
@@ -122,28 +113,20 @@ def test_each_verdict_is_printed_in_the_proxys_words_and_warn_starts_anyway(
     idle_relay: Callable[..., Any],
     other_ca_origin: TlsH2Origin,
     refusing_port: int,
-    sidecar_binary: Path,
-    cache_dir: Path,
+    start_instances: Callable[..., H2PingSidecarManager],
     log_dir: Path,
-    managers: list[H2PingSidecarManager],
     capsys: pytest.CaptureFixture[str],
 ) -> None:
     relay = idle_relay(tls_origin, idle=5.0)
     refused = f"https://127.0.0.1:{refusing_port}"
-    config = config_of(
+    manager = start_instances(
         [
             {"name": "good", "upstream": f"https://localhost:{relay.port}"},
             {"name": "refused", "upstream": refused},
             {"name": "wrongca", "upstream": other_ca_origin.url},
         ],
-        tls_origin.ca_file,
-        log_dir,
-        cache_dir,
         ping_interval="1s",  # keeps the good connection through the relay (5 s idle limit)
     )
-    manager = start_h2_ping_sidecar(config)
-    assert manager is not None
-    managers.append(manager)
     lines = verdict_lines(capsys.readouterr().out)
     assert lines["good"].startswith(f"good upstream https://localhost:{relay.port} ok: TLS and HTTP/2 in ")
     assert lines["refused"] == (
@@ -175,18 +158,11 @@ def test_each_verdict_is_printed_in_the_proxys_words_and_warn_starts_anyway(
 
 
 def test_fail_fails_the_start_naming_the_instance_and_leaves_nothing_running(
-    tls_origin: TlsH2Origin,
-    refusing_port: int,
-    sidecar_binary: Path,
-    cache_dir: Path,
-    log_dir: Path,
+    tls_origin: TlsH2Origin, refusing_port: int, config_of: Callable[..., DictConfig], log_dir: Path
 ) -> None:
     refused = f"https://127.0.0.1:{refusing_port}"
     config = config_of(
         [{"name": "good", "upstream": tls_origin.url}, {"name": "refused", "upstream": refused}],
-        tls_origin.ca_file,
-        log_dir,
-        cache_dir,
         upstream_check="fail",
     )
     before = OmegaConf.to_container(config)
@@ -211,29 +187,16 @@ def test_fail_fails_the_start_naming_the_instance_and_leaves_nothing_running(
 
 
 def test_unanswered_checks_cost_one_wait_not_one_each(
-    tls_origin: TlsH2Origin,
     silent_port: int,
-    sidecar_binary: Path,
-    cache_dir: Path,
-    log_dir: Path,
-    managers: list[H2PingSidecarManager],
+    start_instances: Callable[..., H2PingSidecarManager],
     capsys: pytest.CaptureFixture[str],
 ) -> None:
     silent = f"https://127.0.0.1:{silent_port}"
     wait = 1.5
-    config = config_of(
-        [{"name": f"s{i}", "upstream": silent} for i in range(4)],
-        tls_origin.ca_file,
-        log_dir,
-        cache_dir,
-        upstream_check_seconds=wait,
-        rewrite_base_urls=False,
-    )
+    instances = [{"name": f"s{i}", "upstream": silent} for i in range(4)]
     started = time.monotonic()
-    manager = start_h2_ping_sidecar(config)
+    start_instances(instances, upstream_check_seconds=wait, rewrite_base_urls=False)
     took = time.monotonic() - started
-    assert manager is not None
-    managers.append(manager)
     lines = verdict_lines(capsys.readouterr().out)
     for i in range(4):
         assert lines[f"s{i}"] == (
@@ -244,44 +207,23 @@ def test_unanswered_checks_cost_one_wait_not_one_each(
 
 
 def test_off_does_not_wait_and_prints_no_verdict(
-    tls_origin: TlsH2Origin,
     silent_port: int,
-    sidecar_binary: Path,
-    cache_dir: Path,
-    log_dir: Path,
-    managers: list[H2PingSidecarManager],
+    start_instances: Callable[..., H2PingSidecarManager],
     capsys: pytest.CaptureFixture[str],
 ) -> None:
-    config = config_of(
-        [{"name": "silent", "upstream": f"https://127.0.0.1:{silent_port}"}],
-        tls_origin.ca_file,
-        log_dir,
-        cache_dir,
-        upstream_check="off",
-        rewrite_base_urls=False,
-    )
+    instances = [{"name": "silent", "upstream": f"https://127.0.0.1:{silent_port}"}]
     started = time.monotonic()
-    manager = start_h2_ping_sidecar(config)
-    assert manager is not None
-    managers.append(manager)
+    start_instances(instances, upstream_check="off", rewrite_base_urls=False)
     assert time.monotonic() - started < 10  # the default check would have waited its 10 s
     assert verdict_lines(capsys.readouterr().out) == {}
 
 
 def test_without_metrics_the_upstream_is_not_checked(
     tls_origin: TlsH2Origin,
-    sidecar_binary: Path,
-    cache_dir: Path,
-    log_dir: Path,
-    managers: list[H2PingSidecarManager],
+    start_instances: Callable[..., H2PingSidecarManager],
     capsys: pytest.CaptureFixture[str],
 ) -> None:
-    config = config_of(
-        [{"name": "plain", "upstream": tls_origin.url}], tls_origin.ca_file, log_dir, cache_dir, metrics=False
-    )
-    manager = start_h2_ping_sidecar(config)
-    assert manager is not None
-    managers.append(manager)
+    start_instances([{"name": "plain", "upstream": tls_origin.url}], metrics=False)
     assert verdict_lines(capsys.readouterr().out) == {"plain": "plain upstream not checked (metrics: false)"}
 
 
@@ -316,46 +258,25 @@ def test_cli_start_with_fail_exits_1_in_one_line_with_nothing_left(
 
 
 def test_a_fixed_metrics_listen_is_bound_or_refused_naming_it(
-    tls_origin: TlsH2Origin,
-    sidecar_binary: Path,
-    cache_dir: Path,
-    log_dir: Path,
-    managers: list[H2PingSidecarManager],
+    tls_origin: TlsH2Origin, start_instances: Callable[..., H2PingSidecarManager], log_dir: Path
 ) -> None:
-    holder = socket.socket()
-    holder.bind(("127.0.0.1", 0))
-    holder.listen(1)
-    taken = holder.getsockname()[1]
-    try:
-        config = config_of(
-            [{"name": "m", "upstream": tls_origin.url, "metrics_listen": f"127.0.0.1:{taken}"}],
-            tls_origin.ca_file,
-            log_dir,
-            cache_dir,
-        )
+    def metrics_on(port: int) -> list[dict[str, Any]]:
+        return [{"name": "m", "upstream": tls_origin.url, "metrics_listen": f"127.0.0.1:{port}"}]
+
+    with port_in_use() as taken:
         with pytest.raises(SidecarError) as caught:
-            start_h2_ping_sidecar(config)
+            start_instances(metrics_on(taken))
         assert f"127.0.0.1:{taken}" in str(caught.value) and "in use" in str(caught.value), caught.value
-    finally:
-        holder.close()
     # A free fixed port: picked at random, another one if someone holds it (as Gym's test does).
     for port in random.sample(range(20000, 60000), 5):
-        config = config_of(
-            [{"name": "m", "upstream": tls_origin.url, "metrics_listen": f"127.0.0.1:{port}"}],
-            tls_origin.ca_file,
-            log_dir,
-            cache_dir,
-        )
         try:
-            manager = start_h2_ping_sidecar(config)
+            manager = start_instances(metrics_on(port))
         except SidecarError as error:
             assert "in use" in str(error), error
             continue
         break
     else:
         raise AssertionError("no free port in 5 tries")
-    assert manager is not None
-    managers.append(manager)
     with Store.open(log_dir) as store:
         (record,) = store.instances_of(str(manager.run_id))
     assert record.metrics == f"127.0.0.1:{port}"
@@ -367,17 +288,13 @@ def target_file(log_dir: Path) -> Path:
 
 def test_the_target_file_lists_live_sidecars_and_follows_start_stop_and_reap(
     tls_origin: TlsH2Origin,
-    sidecar_binary: Path,
-    cache_dir: Path,
+    config_of: Callable[..., DictConfig],
     log_dir: Path,
     tmp_path: Path,
     process_registry: ProcessRegistry,
 ) -> None:
     config = config_of(
         [{"name": "a", "upstream": tls_origin.url}, {"name": "b", "upstream": tls_origin.url}],
-        tls_origin.ca_file,
-        log_dir,
-        cache_dir,
         upstream_check="off",
     )
     manager = start_h2_ping_sidecar(config)

@@ -3,11 +3,12 @@
 Owns: ``sidecar_binary`` (session: the real h2-ping-sidecar, through the build cache), ``go_tool``,
 ``cache_dir`` (session), ``log_dir``, ``store`` (this host's state database in ``log_dir``),
 ``managers`` (launcher managers a test started) and ``start_manager`` (factory), ``lab_certs``,
-``tls_origin`` / ``make_tls_origin``, ``idle_relay`` (factory), ``lab_config`` (factory: a Gym
-config on the lab origin), ``start_cli`` (factory: ``sidecar-fsm start`` supervising),
-``refusing_port`` / ``silent_port``, ``wait_until``, ``process_registry`` (per test, with a
-session-wide safety net) and ``run_sidecar`` (the binary started on 127.0.0.1:0, waited for by
-its ready file). One fixture per thing: a test module adds only what no other needs.
+``tls_origin`` / ``make_tls_origin``, ``idle_relay`` (factory), the config factories
+``lab_config`` (a Gym config on the lab origin) and ``instances_config`` (a config of given
+instances), ``start_cli`` (factory: ``sidecar-fsm start`` supervising), ``refusing_port`` /
+``silent_upstream``, ``wait_until``, ``process_registry`` (per test, with a session-wide safety
+net) and ``run_sidecar`` (the binary started on 127.0.0.1:0, waited for by its ready file). One
+fixture per thing: a test module adds only what no other needs.
 Every fixture ends what it started, pass or fail. Must not leave a process, thread or socket
 behind, nor bind anything but loopback.
 """
@@ -27,7 +28,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from omegaconf import DictConfig
+from omegaconf import DictConfig, OmegaConf
 
 # tests/ is not a package; putting it on sys.path makes ``from helpers import ...`` work the same
 # whichever directory pytest was started from and whatever import mode it uses.
@@ -316,6 +317,37 @@ def lab_config(
 
 
 @pytest.fixture
+def instances_config(
+    lab_certs: CertPaths, log_dir: Path, cache_dir: Path, sidecar_binary: Path
+) -> Callable[..., DictConfig]:
+    """Factory: ``instances_config(instances, **block)`` → a config of just these instances (each on
+    port 0 unless it says), trusting the lab CA, logging to ``log_dir`` (``sidecar.log_dir``), the
+    first upstream as the one model's URL, ``block`` over the sidecar keys. The proxy is built in
+    ``cache_dir`` already, so a start compiles nothing."""
+
+    def make(instances: list[dict[str, Any]], **block: Any) -> DictConfig:
+        return OmegaConf.create(
+            {
+                "cache_dir": str(cache_dir),
+                "policy_model": {
+                    "responses_api_models": {"m": {"base_url": instances[0]["upstream"] + "/v1"}}
+                },
+                "sidecar": {
+                    "enabled": True,
+                    "instances": [{"listen": "127.0.0.1:0", **inst} for inst in instances],
+                    "ca_file": str(lab_certs.ca_pem),
+                    "log_dir": str(log_dir),
+                    "shutdown_grace": "2s",
+                    "startup_timeout_seconds": 20,
+                    **block,
+                },
+            }
+        )
+
+    return make
+
+
+@pytest.fixture
 def node_run(
     tls_origin: TlsH2Origin, sidecar_binary: Path, log_dir: Path, cache_dir: Path
 ) -> Iterator[Callable[..., NodeSidecars]]:
@@ -408,10 +440,10 @@ def refusing_port() -> Iterator[int]:
 
 
 @pytest.fixture
-def silent_port() -> Iterator[int]:
-    """A loopback port whose connections complete in the kernel and are never accepted: a TLS
-    handshake there waits for ever, so no check gets a verdict."""
+def silent_upstream() -> Iterator[str]:
+    """``https://127.0.0.1:PORT`` on a port whose connections complete in the kernel and are never
+    accepted (held until the end): a TLS handshake there waits for ever, so no check gets a verdict."""
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         sock.listen(64)
-        yield sock.getsockname()[1]
+        yield f"https://127.0.0.1:{sock.getsockname()[1]}"

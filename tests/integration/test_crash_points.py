@@ -23,17 +23,18 @@ import socket
 import sqlite3
 import subprocess
 import sys
-import threading
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
 import psutil
 import pytest
-from helpers import ProcessRegistry, http11_request, wait_until
+from helpers import ProcessRegistry
+from launchrun import request_in_flight
 
 import sidecar_fsm
 from sidecar_fsm import cli
+from sidecar_fsm.lab import TlsH2Origin
 from sidecar_fsm.run import crashpoints
 from sidecar_fsm.state import fsm
 from sidecar_fsm.state.store import open_all_hosts
@@ -300,6 +301,21 @@ def _config(
     }
 
 
+def _start_driver(
+    spec: dict[str, Any], env: dict[str, str], registry: ProcessRegistry
+) -> subprocess.Popen[str]:
+    """The launcher under test (``_DRIVER``) for ``spec``, its stdin and stdout piped, in ``registry``."""
+    driver = subprocess.Popen(
+        [sys.executable, "-c", _DRIVER, json.dumps(spec)],
+        env=env,
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    registry.add(driver)
+    return driver
+
+
 def _records(log_dir: Path) -> list[tuple[Any, list[Any], dict[int, list[Any]]]]:
     out = []
     for store in open_all_hosts(log_dir):
@@ -392,14 +408,7 @@ def test_crash_at_point_then_reap_leaves_nothing(
     env.pop(crashpoints.ENV_VAR, None)
     if when != "reap":
         env[crashpoints.ENV_VAR] = point
-    driver = subprocess.Popen(
-        [sys.executable, "-c", _DRIVER, json.dumps(spec)],
-        env=env,
-        stdin=subprocess.PIPE,
-        stdout=subprocess.PIPE,
-        text=True,
-    )
-    process_registry.add(driver)
+    driver = _start_driver(spec, env, process_registry)
     try:
         _drive(driver, scenario, when, log_dir)
         assert driver.wait(60) == -signal.SIGKILL, f"the driver did not die at {point}"
@@ -482,7 +491,7 @@ def _drive(driver: subprocess.Popen[str], scenario: str, when: str, log_dir: Pat
 def test_launcher_killed_mid_drain_reap_lets_the_request_finish(
     exit_with_owner: bool,
     sidecar_binary: Path,
-    tls_origin: Any,
+    tls_origin: TlsH2Origin,
     log_dir: Path,
     process_registry: ProcessRegistry,
     capsys: pytest.CaptureFixture[str],
@@ -500,31 +509,13 @@ def test_launcher_killed_mid_drain_reap_lets_the_request_finish(
     }
     spec = {"mode": "api", "config": {"sidecar": sidecar}, "slack": SLACK}
     env = {**os.environ, crashpoints.ENV_VAR: "sigterm-sent"}
-    driver = subprocess.Popen(
-        [sys.executable, "-c", _DRIVER, json.dumps(spec)],
-        env=env,
-        stdin=subprocess.PIPE,
-        stdout=subprocess.PIPE,
-        text=True,
-    )
-    process_registry.add(driver)
+    driver = _start_driver(spec, env, process_registry)
     assert driver.stdout is not None and driver.stdin is not None
     assert any(line.strip() == "READY" for line in iter(driver.stdout.readline, ""))
     ((_, (inst,), _),) = _records(log_dir)
     assert inst.pid is not None
     process_registry.add_pid(inst.pid)
-    host, _, port = inst.listen.rpartition(":")
-    answers: list[Any] = []
-
-    def request() -> None:
-        try:
-            answers.append(http11_request(host, int(port), "/slow?first_byte=2", timeout=60).status)
-        except Exception as error:
-            answers.append(error)
-
-    client = threading.Thread(target=request, daemon=True)
-    client.start()
-    wait_until(lambda: tls_origin.active_streams >= 1, 10, "the request to reach the origin")
+    client, answers = request_in_flight(inst.listen, "/slow?first_byte=2", tls_origin)
     driver.stdin.write("stop\n")
     driver.stdin.flush()
     assert driver.wait(60) == -signal.SIGKILL

@@ -29,7 +29,7 @@ from launchrun import (
     run_records,
     states_path,
 )
-from omegaconf import OmegaConf
+from omegaconf import DictConfig, OmegaConf
 
 from sidecar_fsm.base import procs
 from sidecar_fsm.lab import IdleRelay, TlsH2Origin
@@ -49,7 +49,6 @@ def test_end_to_end_as_gym_does_it(
     sidecar_binary: Path,
     cache_dir: Path,
     log_dir: Path,
-    wait_until: Callable[..., Any],
 ) -> None:
     idle = 1.0
     relay = idle_relay(tls_origin, idle=idle)
@@ -90,10 +89,9 @@ def test_end_to_end_as_gym_does_it(
 
 def test_port_zero_instances_get_distinct_ports_and_urls(
     make_tls_origin: Callable[..., TlsH2Origin],
-    sidecar_binary: Path,
     cache_dir: Path,
     log_dir: Path,
-    managers: list[H2PingSidecarManager],
+    start_manager: Callable[[DictConfig], H2PingSidecarManager],
 ) -> None:
     first, second = make_tls_origin(), make_tls_origin()
     config = gym_config(
@@ -107,9 +105,7 @@ def test_port_zero_instances_get_distinct_ports_and_urls(
         ],
     )
     config.judge_model = {"responses_api_models": {"judge": {"base_url": [f"{second.url}/echo"]}}}
-    manager = start_h2_ping_sidecar(config)
-    assert manager is not None
-    managers.append(manager)
+    manager = start_manager(config)
     listens = [instance.listen for instance in manager.instances_actual]
     ports = {int(listen.rpartition(":")[2]) for listen in listens}
     assert len(ports) == 2 and 0 not in ports
@@ -143,15 +139,11 @@ sleep 1
 
 
 def test_instances_start_together_not_one_after_another(
-    tls_origin: TlsH2Origin, log_dir: Path, tmp_path: Path, cache_dir: Path
+    tls_origin: TlsH2Origin, lab_config: Callable[..., DictConfig], log_dir: Path, tmp_path: Path
 ) -> None:
     """Three children that each take 1 s to get ready: one startup in total, not three."""
     binary = fake_binary(tmp_path / "slow-ready", _SLOW_BUT_READY)
-    config = gym_config(
-        tls_origin.url,
-        tls_origin.ca_file,
-        log_dir,
-        cache_dir,
+    config = lab_config(
         binary=str(binary),
         instances=[
             {"name": f"i{index}", "upstream": tls_origin.url, "listen": "127.0.0.1:0"} for index in range(3)
@@ -274,20 +266,14 @@ def test_interrupt_during_stop_kills_the_rest_then_propagates(
 def test_a_listen_off_loopback_runs_with_gyms_warning_unless_allowed(
     allow: bool,
     tls_origin: TlsH2Origin,
-    cache_dir: Path,
-    log_dir: Path,
-    managers: list[H2PingSidecarManager],
+    lab_config: Callable[..., DictConfig],
+    start_manager: Callable[[DictConfig], H2PingSidecarManager],
     capsys: pytest.CaptureFixture[str],
 ) -> None:
     """A Gym config with a non-loopback listen runs here as it runs under Gym, with Gym's
     warning on stdout; allow_non_loopback (ours) says it is meant and silences it."""
     instances = [{"name": "wide", "upstream": tls_origin.url, "listen": "0.0.0.0:0"}]
-    config = gym_config(
-        tls_origin.url, tls_origin.ca_file, log_dir, cache_dir, instances=instances, allow_non_loopback=allow
-    )
-    manager = start_h2_ping_sidecar(config)
-    assert manager is not None
-    managers.append(manager)
+    manager = start_manager(lab_config(instances=instances, allow_non_loopback=allow))
     printed = capsys.readouterr().out
     assert ("not a loopback address" in printed) is not allow, printed
     (listen,) = [instance.listen for instance in manager.instances_actual]

@@ -28,7 +28,7 @@ from urllib.parse import parse_qs, urlsplit
 
 import pytest
 from helpers import ProcessRegistry, sidecar_cli, wait_until
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import DictConfig
 
 from sidecar_fsm.errors import SidecarError
 from sidecar_fsm.lab import CertPaths, IdleRelay, TlsH2Origin
@@ -339,31 +339,14 @@ def test_haproxy_goaways_the_silent_connection_and_times_out_a_silent_response_p
 
 @pytest.fixture
 def start_policy(
-    lab_certs: CertPaths,
-    log_dir: Path,
-    cache_dir: Path,
+    instances_config: Callable[..., DictConfig],
     start_manager: Callable[[DictConfig], H2PingSidecarManager],
 ) -> Callable[..., H2PingSidecarManager]:
-    """Factory: ``start_policy(upstream, **block)`` → ``start_manager`` of a config of one instance,
-    ``policy``, on ``upstream`` (the model's URL too), trusting the lab CA and logging to
-    ``log_dir``. A start that fails raises, as ``start_h2_ping_sidecar`` does."""
+    """Factory: ``start_policy(upstream, **block)`` → the started manager of one instance,
+    ``policy``, on ``upstream``; a start that fails raises, as ``start_h2_ping_sidecar`` does."""
 
     def start(upstream: str, **block: Any) -> H2PingSidecarManager:
-        config = OmegaConf.create(
-            {
-                "cache_dir": str(cache_dir),
-                "policy_model": {"responses_api_models": {"m": {"base_url": upstream + "/v1"}}},
-                "sidecar": {
-                    "enabled": True,
-                    "instances": [{"name": "policy", "upstream": upstream, "listen": "127.0.0.1:0"}],
-                    "ca_file": str(lab_certs.ca_pem),
-                    "log_dir": str(log_dir),
-                    "shutdown_grace": "2s",
-                    **block,
-                },
-            }
-        )
-        return start_manager(config)
+        return start_manager(instances_config([{"name": "policy", "upstream": upstream}], **block))
 
     return start
 
@@ -440,16 +423,15 @@ def test_warn_prints_a_goaway_on_the_ping_and_status_shows_an_unanswered_one(
 
 
 def test_a_wait_past_two_seconds_is_said(
-    silent_port: int,
+    silent_upstream: str,
     start_policy: Callable[..., H2PingSidecarManager],
     capsys: pytest.CaptureFixture[str],
 ) -> None:
-    silent = f"https://127.0.0.1:{silent_port}"
-    start_policy(silent, upstream_check_seconds=3, rewrite_base_urls=False)
+    start_policy(silent_upstream, upstream_check_seconds=3, rewrite_base_urls=False)
     listening, waiting, verdict = start_lines(capsys)
     assert " listening on " in listening
     assert waiting == "waiting up to 3s (upstream_check_seconds) for the upstream check of policy"
-    assert verdict.startswith(f"policy upstream {silent}: no verdict within 3s"), verdict
+    assert verdict.startswith(f"policy upstream {silent_upstream}: no verdict within 3s"), verdict
 
 
 def test_the_probe_binary_mode_refuses_bad_flags_before_dialling(sidecar_binary: Path) -> None:

@@ -20,6 +20,7 @@ from typing import Any
 
 import pytest
 from helpers import http11_request, wait_until
+from launchrun import failure_of
 from omegaconf import OmegaConf
 
 from sidecar_fsm.base import procs
@@ -214,13 +215,7 @@ def test_a_proxy_dying_after_ready_is_restarted_with_backoff_then_failed(
     assert manager is not None
     managers.append(manager)
     (listen,) = [instance.listen for instance in manager.instances_actual]
-
-    def check_error() -> SidecarError | None:
-        try:
-            manager.check()
-        except SidecarError as error:
-            return error
-        return None
+    check_error = failure_of(manager)
 
     for attempt in (1, 2, 3):
         record, _ = _records(log_dir)["policy"]

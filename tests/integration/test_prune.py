@@ -9,33 +9,25 @@ import os
 import signal
 import subprocess
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
-from clirun import StartedCli, cli_json, write_gym_config
-from helpers import ProcessRegistry, sidecar_cli
+from clirun import StartedCli, cli_json
+from helpers import sidecar_cli
 
-from sidecar_fsm.lab import TlsH2Origin
 from sidecar_fsm.state.dbfile import DB_DIR_NAME
 
 
 def test_prune_removes_ended_runs_and_their_files_but_never_a_live_run(
-    log_dir: Path,
-    tmp_path: Path,
-    tls_origin: TlsH2Origin,
-    sidecar_binary: Path,
-    process_registry: ProcessRegistry,
+    log_dir: Path, start_cli: Callable[..., StartedCli]
 ) -> None:
     ended = []
-    for name in ("one", "two"):
-        run = StartedCli(
-            log_dir, write_gym_config(tmp_path / f"{name}.yaml", tls_origin, sidecar_binary), process_registry
-        )
+    for _ in range(2):
+        run = start_cli()
         assert sidecar_cli(log_dir, "stop", run.run_id).returncode == 0
         run.proc.wait(timeout=10)
         ended.append(run)
-    live = StartedCli(
-        log_dir, write_gym_config(tmp_path / "live.yaml", tls_origin, sidecar_binary), process_registry
-    )
+    live = start_cli()
     ended_logs = [inst["log_path"] for run in ended for inst in run.run["instances"]]
     assert all(os.path.exists(path) for path in ended_logs)
 

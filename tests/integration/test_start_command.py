@@ -8,7 +8,7 @@ from __future__ import annotations
 import os
 import signal
 import subprocess
-import threading
+from collections.abc import Callable
 from pathlib import Path
 
 import yaml
@@ -21,7 +21,8 @@ from clirun import (
     sidecar_identity,
     write_gym_config,
 )
-from helpers import SIDECAR_FSM, ProcessRegistry, http11_request, sidecar_cli, wait_until
+from helpers import SIDECAR_FSM, ProcessRegistry, sidecar_cli, wait_until
+from launchrun import request_in_flight
 
 from sidecar_fsm.base import procs
 from sidecar_fsm.lab import TlsH2Origin
@@ -82,14 +83,9 @@ def test_start_supervises_until_sigterm_then_drains_and_exits_0(
 
 
 def test_sigkilled_start_leaves_sidecars_serving_until_reap(
-    log_dir: Path,
-    tmp_path: Path,
-    tls_origin: TlsH2Origin,
-    sidecar_binary: Path,
-    process_registry: ProcessRegistry,
+    log_dir: Path, start_cli: Callable[..., StartedCli]
 ) -> None:
-    config = write_gym_config(tmp_path / "gym.yaml", tls_origin, sidecar_binary, exit_with_owner=False)
-    started = StartedCli(log_dir, config, process_registry)
+    started = start_cli(exit_with_owner=False)
     identities = [sidecar_identity(inst) for inst in started.instances]
     ready_files = [Path(inst["ready_path"]) for inst in started.instances]
     assert all(path.exists() for path in ready_files)
@@ -133,15 +129,7 @@ def test_sigkilled_start_with_exit_with_owner_sidecars_exit_by_themselves(
     log_dir: Path, gym_config_file: Path, process_registry: ProcessRegistry
 ) -> None:
     started = StartedCli(log_dir, gym_config_file, process_registry)
-    identities = [sidecar_identity(inst) for inst in started.instances]
-
-    started.proc.send_signal(signal.SIGKILL)
-    started.proc.wait(timeout=10)
-
-    # shutdown_grace is 2s; the sidecars notice the owner is gone, drain and exit.
-    wait_until(
-        lambda: not any(procs.is_ours(i) for i in identities), 2 + 10, "sidecars to exit with their owner"
-    )
+    started.sigkill_and_wait_for_sidecars()
     before = db_rows(database_path(log_dir))
     (run,) = cli_json(log_dir, "status")["runs"]
     assert run["owner"]["status"] == "dead"
@@ -255,27 +243,11 @@ def test_an_upstream_path_is_dropped_with_one_warning_line(tmp_path: Path) -> No
 
 
 def test_a_second_ctrl_c_ends_the_drain_now_and_says_so(
-    log_dir: Path,
-    tmp_path: Path,
-    tls_origin: TlsH2Origin,
-    sidecar_binary: Path,
-    process_registry: ProcessRegistry,
+    tls_origin: TlsH2Origin, start_cli: Callable[..., StartedCli]
 ) -> None:
-    config = write_gym_config(tmp_path / "slow.yaml", tls_origin, sidecar_binary, shutdown_grace="60s")
-    started = StartedCli(log_dir, config, process_registry)
+    started = start_cli(shutdown_grace="60s")
     policy = next(inst for inst in started.run["instances"] if inst["name"] == "policy")
-    host, port = policy["listen"].rsplit(":", 1)
-    answers: list[object] = []
-
-    def slow_request() -> None:
-        try:
-            answers.append(http11_request(host, int(port), "/slow?first_byte=50", timeout=60).status)
-        except OSError as error:
-            answers.append(error)
-
-    client = threading.Thread(target=slow_request, daemon=True)
-    client.start()
-    wait_until(lambda: tls_origin.active_streams >= 1, 10, "the request to reach the origin")
+    client, answers = request_in_flight(policy["listen"], "/slow?first_byte=50", tls_origin)
 
     started.proc.send_signal(signal.SIGINT)
     wait_until(lambda: "draining policy:" in started.text(), 10, "the drain lines")

@@ -8,16 +8,11 @@ from __future__ import annotations
 import os
 import signal
 import subprocess
+from collections.abc import Callable
 from pathlib import Path
 
-from clirun import (
-    StartedCli,
-    cli_json,
-    write_gym_config,
-)
+from clirun import StartedCli, cli_json
 from helpers import SIDECAR_FSM, ProcessRegistry, sidecar_cli, wait_until
-
-from sidecar_fsm.lab import TlsH2Origin
 
 
 def test_stop_from_another_shell_drains_the_run_and_says_how_each_instance_ended(
@@ -43,18 +38,9 @@ def test_stop_from_another_shell_drains_the_run_and_says_how_each_instance_ended
 
 
 def test_stop_with_several_live_runs_lists_them_and_with_the_owner_gone_points_at_reap(
-    log_dir: Path,
-    tmp_path: Path,
-    tls_origin: TlsH2Origin,
-    sidecar_binary: Path,
-    process_registry: ProcessRegistry,
+    log_dir: Path, start_cli: Callable[..., StartedCli]
 ) -> None:
-    first = StartedCli(
-        log_dir, write_gym_config(tmp_path / "a.yaml", tls_origin, sidecar_binary), process_registry
-    )
-    second = StartedCli(
-        log_dir, write_gym_config(tmp_path / "b.yaml", tls_origin, sidecar_binary), process_registry
-    )
+    first, second = start_cli(), start_cli()
     several = sidecar_cli(log_dir, "stop")
     assert several.returncode == 2
     assert "2 live runs" in several.stderr

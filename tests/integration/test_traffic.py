@@ -17,11 +17,12 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import pytest
 from clirun import StartedCli, cli_json
 from helpers import http11_request, sidecar_cli, wait_until
 from omegaconf import DictConfig, OmegaConf
 
-from sidecar_fsm.lab import TlsH2Origin
+from sidecar_fsm.lab import CertPaths, TlsH2Origin
 from sidecar_fsm.launcher import H2PingSidecarManager
 from sidecar_fsm.run import traffic
 from sidecar_fsm.state import query
@@ -43,37 +44,47 @@ def send(listen: str, path: str, count: int, **kwargs: Any) -> list[int]:
     return [http11_request(host, int(port), path, timeout=15, **kwargs).status for _ in range(count)]
 
 
-def config(
-    origin: TlsH2Origin, log_dir: Path, cache_dir: Path, instances: list[dict[str, Any]], **block: Any
-) -> DictConfig:
-    return OmegaConf.create(
-        {
-            "cache_dir": str(cache_dir),
-            "nemo_gym_log_dir": str(log_dir),
-            "sidecar": {
-                "enabled": True,
-                "instances": instances,
-                "ca_file": str(origin.ca_file),
-                "shutdown_grace": "5s",
-                "upstream_check": "off",
-                **block,
-            },
-        }
-    )
+@pytest.fixture
+def start_instances(
+    lab_certs: CertPaths,
+    log_dir: Path,
+    cache_dir: Path,
+    start_manager: Callable[[DictConfig], H2PingSidecarManager],
+) -> Callable[..., H2PingSidecarManager]:
+    """Factory: ``start_instances(instances, **block)`` → ``start_manager`` of a config of those
+    instances trusting the lab CA, logging to ``log_dir``, ``upstream_check`` off."""
+
+    def start(instances: list[dict[str, Any]], **block: Any) -> H2PingSidecarManager:
+        config = OmegaConf.create(
+            {
+                "cache_dir": str(cache_dir),
+                "nemo_gym_log_dir": str(log_dir),
+                "sidecar": {
+                    "enabled": True,
+                    "instances": instances,
+                    "ca_file": str(lab_certs.ca_pem),
+                    "shutdown_grace": "5s",
+                    "upstream_check": "off",
+                    **block,
+                },
+            }
+        )
+        return start_manager(config)
+
+    return start
 
 
 def test_a_stop_gives_final_figures_equal_to_what_the_clients_sent(
     make_tls_origin: Callable[..., TlsH2Origin],
-    cache_dir: Path,
+    start_instances: Callable[..., H2PingSidecarManager],
     log_dir: Path,
-    start_manager: Callable[[DictConfig], H2PingSidecarManager],
 ) -> None:
     origin, http1 = make_tls_origin(), make_tls_origin(h1_only=True)
     instances = [
         {"name": "policy", "upstream": origin.url, "listen": "127.0.0.1:0"},
         {"name": "judge", "upstream": http1.url, "listen": "127.0.0.1:0"},
     ]
-    manager = start_manager(config(origin, log_dir, cache_dir, instances, access_log=True))
+    manager = start_instances(instances, access_log=True)
     policy, judge = (instance.listen for instance in manager.instances_actual)
     assert send(policy, f"/echo?{SECRET_QUERY}", 3, headers=[SECRET_HEADER]) == [200] * 3
     assert send(policy, "/slow?first_byte=0.3", 1) == [200]
@@ -214,13 +225,11 @@ def test_a_proxy_killed_with_sigkill_loses_at_most_its_last_interval(
 
 def test_a_restart_adds_both_processes_figures(
     tls_origin: TlsH2Origin,
-    cache_dir: Path,
+    start_instances: Callable[..., H2PingSidecarManager],
     log_dir: Path,
-    start_manager: Callable[[DictConfig], H2PingSidecarManager],
 ) -> None:
     instances = [{"name": "policy", "upstream": tls_origin.url, "listen": "127.0.0.1:0"}]
-    block = {"restart": {"max_restarts": 1, "backoff": "100ms"}}
-    manager = start_manager(config(tls_origin, log_dir, cache_dir, instances, **block))
+    manager = start_instances(instances, restart={"max_restarts": 1, "backoff": "100ms"})
     (listen,) = [instance.listen for instance in manager.instances_actual]
     assert send(listen, "/echo", 2) == [200] * 2
 

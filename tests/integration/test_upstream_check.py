@@ -27,7 +27,7 @@ from launchrun import port_in_use
 from omegaconf import DictConfig, OmegaConf
 
 from sidecar_fsm.errors import SidecarError
-from sidecar_fsm.lab import CertPaths, TlsH2Origin
+from sidecar_fsm.lab import TlsH2Origin
 from sidecar_fsm.lab.tlsca import make_ca_and_cert
 from sidecar_fsm.launcher import H2PingSidecarManager, start_h2_ping_sidecar
 from sidecar_fsm.state.hostname import host_name
@@ -48,42 +48,13 @@ def other_ca_origin(tmp_path: Path) -> Iterator[TlsH2Origin]:
 
 
 @pytest.fixture
-def config_of(
-    lab_certs: CertPaths, log_dir: Path, cache_dir: Path, sidecar_binary: Path
-) -> Callable[..., DictConfig]:
-    """Factory: ``config_of(instances, **block)`` → a config of those instances (each on port 0
-    unless it says) trusting the lab CA, logging to ``log_dir``, the first upstream as the model's
-    URL. The proxy is built in ``cache_dir`` already, so a start compiles nothing."""
-
-    def make(instances: list[dict[str, Any]], **block: Any) -> DictConfig:
-        return OmegaConf.create(
-            {
-                "cache_dir": str(cache_dir),
-                "policy_model": {
-                    "responses_api_models": {"m": {"base_url": instances[0]["upstream"] + "/v1"}}
-                },
-                "sidecar": {
-                    "enabled": True,
-                    "instances": [{"listen": "127.0.0.1:0", **inst} for inst in instances],
-                    "ca_file": str(lab_certs.ca_pem),
-                    "log_dir": str(log_dir),
-                    "shutdown_grace": "2s",
-                    "startup_timeout_seconds": 20,
-                    **block,
-                },
-            }
-        )
-
-    return make
-
-
-@pytest.fixture
 def start_instances(
-    config_of: Callable[..., DictConfig], start_manager: Callable[[DictConfig], H2PingSidecarManager]
+    instances_config: Callable[..., DictConfig],
+    start_manager: Callable[[DictConfig], H2PingSidecarManager],
 ) -> Callable[..., H2PingSidecarManager]:
-    """Factory: ``start_instances(instances, **block)`` → ``start_manager(config_of(...))``; a
-    start that fails raises, as ``start_h2_ping_sidecar`` does."""
-    return lambda instances, **block: start_manager(config_of(instances, **block))
+    """Factory: ``start_instances(instances, **block)`` → ``start_manager(instances_config(...))``;
+    a start that fails raises, as ``start_h2_ping_sidecar`` does."""
+    return lambda instances, **block: start_manager(instances_config(instances, **block))
 
 
 def verdict_lines(out: str) -> dict[str, str]:
@@ -158,10 +129,10 @@ def test_each_verdict_is_printed_in_the_proxys_words_and_warn_starts_anyway(
 
 
 def test_fail_fails_the_start_naming_the_instance_and_leaves_nothing_running(
-    tls_origin: TlsH2Origin, refusing_port: int, config_of: Callable[..., DictConfig], log_dir: Path
+    tls_origin: TlsH2Origin, refusing_port: int, instances_config: Callable[..., DictConfig], log_dir: Path
 ) -> None:
     refused = f"https://127.0.0.1:{refusing_port}"
-    config = config_of(
+    config = instances_config(
         [{"name": "good", "upstream": tls_origin.url}, {"name": "refused", "upstream": refused}],
         upstream_check="fail",
     )
@@ -187,31 +158,30 @@ def test_fail_fails_the_start_naming_the_instance_and_leaves_nothing_running(
 
 
 def test_unanswered_checks_cost_one_wait_not_one_each(
-    silent_port: int,
+    silent_upstream: str,
     start_instances: Callable[..., H2PingSidecarManager],
     capsys: pytest.CaptureFixture[str],
 ) -> None:
-    silent = f"https://127.0.0.1:{silent_port}"
     wait = 1.5
-    instances = [{"name": f"s{i}", "upstream": silent} for i in range(4)]
+    instances = [{"name": f"s{i}", "upstream": silent_upstream} for i in range(4)]
     started = time.monotonic()
     start_instances(instances, upstream_check_seconds=wait, rewrite_base_urls=False)
     took = time.monotonic() - started
     lines = verdict_lines(capsys.readouterr().out)
     for i in range(4):
         assert lines[f"s{i}"] == (
-            f"s{i} upstream {silent}: no verdict within 1.5s (upstream_check_seconds); {CONSEQUENCE}"
+            f"s{i} upstream {silent_upstream}: no verdict within 1.5s (upstream_check_seconds); {CONSEQUENCE}"
         )
     # Four waits one after another would be 6 s; together they are one (plus the proxies' start).
     assert wait <= took < 2 * wait + 1.0, took
 
 
 def test_off_does_not_wait_and_prints_no_verdict(
-    silent_port: int,
+    silent_upstream: str,
     start_instances: Callable[..., H2PingSidecarManager],
     capsys: pytest.CaptureFixture[str],
 ) -> None:
-    instances = [{"name": "silent", "upstream": f"https://127.0.0.1:{silent_port}"}]
+    instances = [{"name": "silent", "upstream": silent_upstream}]
     started = time.monotonic()
     start_instances(instances, upstream_check="off", rewrite_base_urls=False)
     assert time.monotonic() - started < 10  # the default check would have waited its 10 s
@@ -288,12 +258,12 @@ def target_file(log_dir: Path) -> Path:
 
 def test_the_target_file_lists_live_sidecars_and_follows_start_stop_and_reap(
     tls_origin: TlsH2Origin,
-    config_of: Callable[..., DictConfig],
+    instances_config: Callable[..., DictConfig],
     log_dir: Path,
     tmp_path: Path,
     process_registry: ProcessRegistry,
 ) -> None:
-    config = config_of(
+    config = instances_config(
         [{"name": "a", "upstream": tls_origin.url}, {"name": "b", "upstream": tls_origin.url}],
         upstream_check="off",
     )

@@ -1,7 +1,8 @@
 """What the command-line tests share: ``sidecar-fsm start`` in the background (``StartedCli``), a
 Gym-shaped config for it, ``--json`` read back, and what the database and the sidecars say.
 
-The ``gym_config_file`` fixture (a config on the lab origin and the test binary) is in conftest.
+The ``gym_config_file`` fixture (a config on the lab origin and the test binary) and ``start_cli``
+(a ``StartedCli`` of such a config) are in conftest.
 """
 
 from __future__ import annotations

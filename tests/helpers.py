@@ -1,8 +1,9 @@
 """Helpers the tests import directly (``from helpers import wait_until``); fixtures live in conftest.
 
 Owns waiting on a condition with a deadline (never a bare sleep to order events), the registry of
-processes a test started (so they are ended pass or fail, whole process tree included), and a
-tiny HTTP/1.1 client for talking to a sidecar. Must not start anything itself.
+processes a test started (so they are ended pass or fail, whole process tree included), ending
+one server a fixture started, and a tiny HTTP/1.1 client for talking to a sidecar. Must not start
+anything itself.
 """
 
 from __future__ import annotations
@@ -125,6 +126,17 @@ class ProcessRegistry:
             with contextlib.suppress(subprocess.TimeoutExpired):
                 proc.wait(timeout=grace)
         return ended
+
+
+def terminate_and_reap(process: _AnyPopen, grace: float) -> None:
+    """SIGTERM ``process`` (a server a fixture started), reap it, SIGKILL it if it still runs after
+    ``grace`` seconds: a fixture's teardown waits for its server's own shutdown, but never hangs."""
+    process.terminate()
+    try:
+        process.wait(grace)
+    except subprocess.TimeoutExpired:
+        process.kill()
+        process.wait(grace)
 
 
 def _collect(pid: int, create_time: float | None, targets: dict[int, psutil.Process]) -> bool:

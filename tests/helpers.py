@@ -213,6 +213,15 @@ def sidecar_cli(
     )
 
 
+def missing_log_dir_line(command: str, log_dir: os.PathLike[str] | str) -> str:
+    """The whole of stderr from ``sidecar-fsm COMMAND`` given a log dir that does not exist (it
+    exits 1): every reader and upkeep command says it in these words, never "no runs"."""
+    return (
+        f"sidecar-fsm {command}: log dir '{log_dir}' does not exist; "
+        "give the --log-dir (or SIDECAR_FSM_LOG_DIR) the run was started with\n"
+    )
+
+
 def fill_filesystem(point: Path) -> Path:
     """Write a file under ``point`` until its filesystem is full (ENOSPC); returns the file, so a
     test can free the space later. Meant for a small tmpfs (``make_tmpfs``): the loop is bounded."""

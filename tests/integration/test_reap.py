@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from helpers import ProcessRegistry, sidecar_cli
+from helpers import ProcessRegistry, missing_log_dir_line, sidecar_cli
 
 from sidecar_fsm.base import procs
 from sidecar_fsm.observe.verdicts import owner_of
@@ -319,8 +319,5 @@ def test_reap_on_a_missing_log_dir_says_so_and_creates_nothing(tmp_path: Path) -
     for args in (["reap"], ["reap", "--json"]):
         done = sidecar_cli(missing, *args)
         assert (done.returncode, done.stdout) == (1, "")
-        assert done.stderr == (
-            f"sidecar-fsm reap: log dir '{missing}' does not exist; "
-            "give the --log-dir (or SIDECAR_FSM_LOG_DIR) the run was started with\n"
-        )
+        assert done.stderr == missing_log_dir_line("reap", missing)
     assert not missing.exists()

@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 import tomllib
+from helpers import missing_log_dir_line
 
 from sidecar_fsm.base.resources import command_hint, default_log_dir
 from sidecar_fsm.cli import build_parser, main
@@ -178,10 +179,7 @@ def test_global_options_before_or_after_the_command_and_a_missing_log_dir_is_exi
     assert main([a.format(d=missing) for a in argv]) == 1
     out, err = capsys.readouterr()
     assert out == ""
-    assert err == (
-        f"sidecar-fsm {command}: log dir '{missing}' does not exist; "
-        "give the --log-dir (or SIDECAR_FSM_LOG_DIR) the run was started with\n"
-    )
+    assert err == missing_log_dir_line(command, missing)
     assert not missing.exists()
 
 

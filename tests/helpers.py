@@ -2,7 +2,8 @@
 
 Owns waiting on a condition with a deadline (never a bare sleep to order events), the registry of
 processes a test started (so they are ended pass or fail, whole process tree included), ending
-one server a fixture started, and a tiny HTTP/1.1 client for talking to a sidecar. Must not start
+what a fixture started (a server, children with nothing to drain), a tiny HTTP/1.1 client for
+talking to a sidecar, and the CLI's words a test checks in more than one file. Must not start
 anything itself.
 """
 
@@ -16,7 +17,7 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TypeVar, Union
@@ -126,6 +127,19 @@ class ProcessRegistry:
             with contextlib.suppress(subprocess.TimeoutExpired):
                 proc.wait(timeout=grace)
         return ended
+
+
+def kill_and_reap(processes: Iterable[_AnyPopen], timeout: float = 30.0) -> None:
+    """SIGKILL each of ``processes`` that still runs, reap every one and close its pipes: the
+    teardown of a test whose children hold nothing to drain (``ProcessRegistry`` gives a SIGTERM
+    first, and a grace, to those that do)."""
+    for process in processes:
+        if process.poll() is None:
+            process.kill()
+        process.wait(timeout)
+        for stream in (process.stdin, process.stdout, process.stderr):
+            if stream is not None:
+                stream.close()
 
 
 def terminate_and_reap(process: _AnyPopen, grace: float) -> None:

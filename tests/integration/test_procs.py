@@ -13,7 +13,7 @@ from pathlib import Path
 
 import psutil
 import pytest
-from helpers import wait_until
+from helpers import kill_and_reap, wait_until
 
 from sidecar_fsm.base import procs, ready
 from sidecar_fsm.base.procs import ProcessIdentity
@@ -33,10 +33,7 @@ def started() -> Iterator[list[subprocess.Popen[bytes]]]:
     """Processes a test starts; all killed and reaped afterwards, pass or fail."""
     processes: list[subprocess.Popen[bytes]] = []
     yield processes
-    for process in processes:
-        if process.poll() is None:
-            process.kill()
-        process.wait()
+    kill_and_reap(processes)
 
 
 def _spawn(started: list[subprocess.Popen[bytes]], argv: list[str], log: Path) -> subprocess.Popen[bytes]:

@@ -105,15 +105,12 @@ def start_writer(*args: str) -> subprocess.Popen[str]:
 
 @pytest.fixture
 def writers() -> Iterator[list[subprocess.Popen[str]]]:
+    # Imported here: this file also runs as the writer script, where tests/ is not on the path.
+    from helpers import kill_and_reap
+
     started: list[subprocess.Popen[str]] = []
     yield started
-    for process in started:
-        if process.poll() is None:
-            process.kill()
-        process.wait(timeout=30)
-        for stream in (process.stdin, process.stdout, process.stderr):
-            if stream is not None:
-                stream.close()
+    kill_and_reap(started)
 
 
 def release_together(writers: list[subprocess.Popen[str]]) -> None:

@@ -1,8 +1,10 @@
 """Helpers the tests import directly (``from helpers import wait_until``); fixtures live in conftest.
 
 Owns waiting on a condition with a deadline (never a bare sleep to order events), the registry of
-processes a test started (so they are ended pass or fail, whole process tree included), and a
-tiny HTTP/1.1 client for talking to a sidecar. Must not start anything itself.
+processes a test started (so they are ended pass or fail, whole process tree included), ending
+what a fixture started (a server, children with nothing to drain), a tiny HTTP/1.1 client for
+talking to a sidecar, and the CLI's words a test checks in more than one file. Must not start
+anything itself.
 """
 
 from __future__ import annotations
@@ -15,7 +17,7 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TypeVar, Union
@@ -127,6 +129,30 @@ class ProcessRegistry:
         return ended
 
 
+def kill_and_reap(processes: Iterable[_AnyPopen], timeout: float = 30.0) -> None:
+    """SIGKILL each of ``processes`` that still runs, reap every one and close its pipes: the
+    teardown of a test whose children hold nothing to drain (``ProcessRegistry`` gives a SIGTERM
+    first, and a grace, to those that do)."""
+    for process in processes:
+        if process.poll() is None:
+            process.kill()
+        process.wait(timeout)
+        for stream in (process.stdin, process.stdout, process.stderr):
+            if stream is not None:
+                stream.close()
+
+
+def terminate_and_reap(process: _AnyPopen, grace: float) -> None:
+    """SIGTERM ``process`` (a server a fixture started), reap it, SIGKILL it if it still runs after
+    ``grace`` seconds: a fixture's teardown waits for its server's own shutdown, but never hangs."""
+    process.terminate()
+    try:
+        process.wait(grace)
+    except subprocess.TimeoutExpired:
+        process.kill()
+        process.wait(grace)
+
+
 def _collect(pid: int, create_time: float | None, targets: dict[int, psutil.Process]) -> bool:
     try:
         process = psutil.Process(pid)
@@ -198,6 +224,15 @@ def sidecar_cli(
         text=True,
         timeout=timeout,
         env=env,
+    )
+
+
+def missing_log_dir_line(command: str, log_dir: os.PathLike[str] | str) -> str:
+    """The whole of stderr from ``sidecar-fsm COMMAND`` given a log dir that does not exist (it
+    exits 1): every reader and upkeep command says it in these words, never "no runs"."""
+    return (
+        f"sidecar-fsm {command}: log dir '{log_dir}' does not exist; "
+        "give the --log-dir (or SIDECAR_FSM_LOG_DIR) the run was started with\n"
     )
 
 

@@ -139,6 +139,22 @@ def proxy_env(https_proxy: str, no_proxy: str = "") -> dict[str, str]:
     return env
 
 
+EgressSidecar = Callable[..., Any]
+
+
+@pytest.fixture
+def egress_sidecar(run_sidecar: Callable[..., Any], egress_origin: TlsH2Origin) -> EgressSidecar:
+    """``egress_sidecar(proxy_url, upstream, *flags, no_proxy="")``: ``run_sidecar`` trusting the
+    egress origin's CA, with ``HTTPS_PROXY=proxy_url`` (and ``NO_PROXY``) as a cluster sets them."""
+
+    def start(proxy_url: str, upstream: str, *flags: str, no_proxy: str = "") -> Any:
+        return run_sidecar(
+            upstream, *flags, ca_file=egress_origin.ca_file, env=proxy_env(proxy_url, no_proxy)
+        )
+
+    return start
+
+
 def get(sidecar: Any, path: str, **kwargs: Any) -> tuple[int, bytes]:
     response = http11_request(sidecar.host, sidecar.port, path, **kwargs)
     return response.status, response.body
@@ -159,18 +175,12 @@ def test_a_long_wait_through_the_tunnel_outlives_the_idle_relay(
     tinyproxy: Callable[..., Tinyproxy],
     egress_origin: TlsH2Origin,
     idle_relay: Callable[..., IdleRelay],
-    run_sidecar: Callable[..., Any],
+    egress_sidecar: EgressSidecar,
 ) -> None:
     idle = 1.0
     relay = idle_relay(egress_origin, idle=idle)
     proxy = tinyproxy()
-    sidecar = run_sidecar(
-        f"https://0.0.0.0:{relay.port}",
-        "-ping-interval",
-        "250ms",
-        ca_file=egress_origin.ca_file,
-        env=proxy_env(proxy.url),
-    )
+    sidecar = egress_sidecar(proxy.url, f"https://0.0.0.0:{relay.port}", "-ping-interval", "250ms")
     status, body = get(sidecar, f"/slow?first_byte={3 * idle:g}", timeout=30)
     assert status == 200, body[:300]
     assert body.startswith(b"slow: first byte after 3s")
@@ -183,15 +193,11 @@ def test_a_long_wait_through_the_tunnel_outlives_the_idle_relay(
 def test_a_goaway_refusal_is_resent_through_a_new_tunnel(
     tinyproxy: Callable[..., Tinyproxy],
     egress_origin: TlsH2Origin,
-    run_sidecar: Callable[..., Any],
+    egress_sidecar: EgressSidecar,
 ) -> None:
     proxy = tinyproxy()
-    sidecar = run_sidecar(
-        f"https://0.0.0.0:{egress_origin.port}",
-        "-metrics-listen",
-        "127.0.0.1:0",
-        ca_file=egress_origin.ca_file,
-        env=proxy_env(proxy.url),
+    sidecar = egress_sidecar(
+        proxy.url, f"https://0.0.0.0:{egress_origin.port}", "-metrics-listen", "127.0.0.1:0"
     )
     assert get(sidecar, "/echo")[0] == 200
     egress_origin.refuse_next(1)
@@ -206,13 +212,11 @@ def test_a_goaway_refusal_is_resent_through_a_new_tunnel(
 def test_no_proxy_naming_the_upstream_goes_direct(
     tinyproxy: Callable[..., Tinyproxy],
     egress_origin: TlsH2Origin,
-    run_sidecar: Callable[..., Any],
+    egress_sidecar: EgressSidecar,
 ) -> None:
     proxy = tinyproxy()
     upstream = f"https://0.0.0.0:{egress_origin.port}"
-    sidecar = run_sidecar(
-        upstream, ca_file=egress_origin.ca_file, env=proxy_env(proxy.url, no_proxy="0.0.0.0")
-    )
+    sidecar = egress_sidecar(proxy.url, upstream, no_proxy="0.0.0.0")
     assert get(sidecar, "/echo")[0] == 200
     assert proxy.tunnels() == 0
     assert "egress proxy" not in sidecar.log()
@@ -221,13 +225,13 @@ def test_no_proxy_naming_the_upstream_goes_direct(
 def test_a_proxy_demanding_credentials_answers_502_naming_its_407_without_them(
     tinyproxy: Callable[..., Tinyproxy],
     egress_origin: TlsH2Origin,
-    run_sidecar: Callable[..., Any],
+    egress_sidecar: EgressSidecar,
 ) -> None:
     proxy = tinyproxy(auth=(USER, PASSWORD))
     upstream = f"https://0.0.0.0:{egress_origin.port}"
     refused = f"egress proxy {proxy.url} answered 407 Proxy Authentication Required"
 
-    without = run_sidecar(upstream, ca_file=egress_origin.ca_file, env=proxy_env(proxy.url))
+    without = egress_sidecar(proxy.url, upstream)
     wait_until(
         lambda: f"upstream check: {upstream}: {refused}" in without.log(), 10, "the upstream check's verdict"
     )
@@ -235,13 +239,11 @@ def test_a_proxy_demanding_credentials_answers_502_naming_its_407_without_them(
     assert (status, body) == (502, f"h2-ping-sidecar: upstream {upstream}: {refused}\n".encode())
 
     # Wrong credentials: tinyproxy answers 401, and the 502 names that answer as given.
-    wrong = run_sidecar(upstream, ca_file=egress_origin.ca_file, env=proxy_env(proxy.url_with(USER, "wrong")))
+    wrong = egress_sidecar(proxy.url_with(USER, "wrong"), upstream)
     answer = f"egress proxy {proxy.url} answered 401 Unauthorized"
     assert get(wrong, "/echo") == (502, f"h2-ping-sidecar: upstream {upstream}: {answer}\n".encode())
 
-    right = run_sidecar(
-        upstream, ca_file=egress_origin.ca_file, env=proxy_env(proxy.url_with(USER, PASSWORD))
-    )
+    right = egress_sidecar(proxy.url_with(USER, PASSWORD), upstream)
     assert get(right, "/echo")[0] == 200
     for sidecar in (without, wrong, right):
         log = sidecar.log()

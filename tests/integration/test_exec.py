@@ -56,7 +56,30 @@ def _python(code: str, *extra: str) -> list[str]:
 # --- the gym env start flow -------------------------------------------------------------------
 
 
-def _gym_config(
+GymConfig = Callable[[float], tuple[Path, IdleRelay]]
+
+
+@pytest.fixture
+def gym_config(
+    tmp_path: Path,
+    tls_origin: TlsH2Origin,
+    idle_relay: Callable[..., IdleRelay],
+    sidecar_binary: Path,
+    cache_dir: Path,
+    log_dir: Path,
+) -> GymConfig:
+    """``gym_config(idle)``: a gym.yaml whose one sidecar and model reach the lab's origin through
+    a relay that drops a connection idle for ``idle`` seconds, and that relay. Its ``cache_dir``
+    already holds the session's proxy (``sidecar_binary``): the program under test builds nothing."""
+
+    def write(idle: float) -> tuple[Path, IdleRelay]:
+        relay = idle_relay(tls_origin, idle=idle)
+        return _write_gym_config(tmp_path, tls_origin, relay, cache_dir, log_dir), relay
+
+    return write
+
+
+def _write_gym_config(
     tmp_path: Path, origin: TlsH2Origin, relay: IdleRelay, cache_dir: Path, log_dir: Path
 ) -> Path:
     upstream = f"https://localhost:{relay.port}"
@@ -85,16 +108,9 @@ def _facts(text: str) -> dict[str, str]:
 
 
 def test_gym_entry_point_serves_a_slow_request_and_stops_on_sigint(
-    tmp_path: Path,
-    tls_origin: TlsH2Origin,
-    idle_relay: Callable[..., IdleRelay],
-    sidecar_binary: Path,
-    cache_dir: Path,
-    log_dir: Path,
-    process_registry: ProcessRegistry,
+    gym_config: GymConfig, tmp_path: Path, log_dir: Path, process_registry: ProcessRegistry
 ) -> None:
-    relay = idle_relay(tls_origin, idle=1.0)
-    config = _gym_config(tmp_path, tls_origin, relay, cache_dir, log_dir)
+    config, relay = gym_config(1.0)
     out_path = tmp_path / "out.txt"
     with out_path.open("w") as out:
         proc = subprocess.Popen(
@@ -129,16 +145,8 @@ def test_gym_entry_point_serves_a_slow_request_and_stops_on_sigint(
     assert list(log_dir.glob("*.ready")) == []
 
 
-def test_exit_status_of_the_gym_program_passes_through(
-    tmp_path: Path,
-    tls_origin: TlsH2Origin,
-    idle_relay: Callable[..., IdleRelay],
-    sidecar_binary: Path,
-    cache_dir: Path,
-    log_dir: Path,
-) -> None:
-    relay = idle_relay(tls_origin, idle=30)
-    config = _gym_config(tmp_path, tls_origin, relay, cache_dir, log_dir)
+def test_exit_status_of_the_gym_program_passes_through(gym_config: GymConfig, log_dir: Path) -> None:
+    config, _ = gym_config(30)
     done = _exec(
         "--", sys.executable, "-m", "nemo_gym.env_start", str(config), "--exit", "3", env=_env(STANDIN)
     )

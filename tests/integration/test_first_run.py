@@ -17,6 +17,7 @@ import socket
 import subprocess
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -55,27 +56,40 @@ def gym_dict(origin: TlsH2Origin, log_dir: Path, binary: Path, *instances: dict[
     }
 
 
+@dataclass(frozen=True)
+class GymStart:
+    config: dict[str, Any]
+    manager: H2PingSidecarManager
+
+
+StartGym = Callable[..., GymStart]
+
+
 @pytest.fixture
-def started(managers: list[H2PingSidecarManager]) -> Callable[[Any], H2PingSidecarManager]:
-    def start(config: Any) -> H2PingSidecarManager:
+def start_gym(
+    tls_origin: TlsH2Origin, log_dir: Path, sidecar_binary: Path, managers: list[H2PingSidecarManager]
+) -> StartGym:
+    """``start_gym(*instances, **sidecar)``: ``gym_dict`` of this test's origin, binary and log dir
+    (``sidecar`` added to its ``sidecar:`` block) given to the launcher as the plain dict it is;
+    the dict (rewritten in place) and the manager, stopped at teardown."""
+
+    def start(*instances: dict[str, str], **sidecar: Any) -> GymStart:
+        config = gym_dict(tls_origin, log_dir, sidecar_binary, *instances)
+        config["sidecar"].update(sidecar)
         manager = start_h2_ping_sidecar(config)
         assert manager is not None
         managers.append(manager)
-        return manager
+        return GymStart(config, manager)
 
     return start
 
 
 def test_a_plain_dict_is_started_and_rewritten_in_place_like_a_dictconfig(
-    tls_origin: TlsH2Origin,
-    sidecar_binary: Path,
-    log_dir: Path,
-    started: Callable[[Any], H2PingSidecarManager],
-    capsys: pytest.CaptureFixture[str],
+    tls_origin: TlsH2Origin, start_gym: StartGym, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    config = gym_dict(tls_origin, log_dir, sidecar_binary)
-    manager = started(config)
-    (listen,) = [instance.listen for instance in manager.instances_actual]
+    started = start_gym()
+    config = started.config
+    (listen,) = [instance.listen for instance in started.manager.instances_actual]
     servers = config["policy_model"]["responses_api_models"]
     assert servers["openai_model"]["base_url"] == f"http://{listen}"
     assert servers["judge_model"]["base_url"] == [f"http://{listen}/v1"]
@@ -102,21 +116,13 @@ def test_anything_but_a_mapping_is_a_one_line_type_error_naming_its_type(given: 
 
 
 def test_an_instance_nothing_is_routed_through_is_warned_by_name_beside_a_routed_one(
-    tls_origin: TlsH2Origin,
-    sidecar_binary: Path,
-    log_dir: Path,
-    started: Callable[[Any], H2PingSidecarManager],
-    capsys: pytest.CaptureFixture[str],
+    tls_origin: TlsH2Origin, start_gym: StartGym, capsys: pytest.CaptureFixture[str]
 ) -> None:
     other = f"https://127.0.0.1:{tls_origin.port}"  # the same origin by another name: no URL names it
-    config = gym_dict(
-        tls_origin,
-        log_dir,
-        sidecar_binary,
+    start_gym(
         {"name": "policy", "upstream": tls_origin.url, "listen": "127.0.0.1:0"},
         {"name": "judge", "upstream": other, "listen": "127.0.0.1:0"},
     )
-    started(config)
     warnings = [line for line in capsys.readouterr().out.splitlines() if line.startswith("WARNING")]
     assert warnings == [
         f"WARNING: h2-ping-sidecar 'judge' is running but no model base_url points at its upstream "
@@ -126,21 +132,13 @@ def test_an_instance_nothing_is_routed_through_is_warned_by_name_beside_a_routed
 
 
 def test_a_listen_off_loopback_keeps_the_host_written_in_the_rewritten_url(
-    tls_origin: TlsH2Origin,
-    sidecar_binary: Path,
-    log_dir: Path,
-    started: Callable[[Any], H2PingSidecarManager],
+    tls_origin: TlsH2Origin, start_gym: StartGym
 ) -> None:
-    config = gym_dict(
-        tls_origin,
-        log_dir,
-        sidecar_binary,
-        {"name": "policy", "upstream": tls_origin.url, "listen": "0.0.0.0:0"},
+    started = start_gym(
+        {"name": "policy", "upstream": tls_origin.url, "listen": "0.0.0.0:0"}, allow_non_loopback=True
     )
-    config["sidecar"]["allow_non_loopback"] = True
-    manager = started(config)
-    (bound,) = [instance.listen_port for instance in manager.instances_actual]
-    servers = config["policy_model"]["responses_api_models"]
+    (bound,) = [instance.listen_port for instance in started.manager.instances_actual]
+    servers = started.config["policy_model"]["responses_api_models"]
     assert servers["openai_model"]["base_url"] == f"http://0.0.0.0:{bound}"
     assert http11_request("127.0.0.1", bound, "/echo").status == 200
 
@@ -277,29 +275,51 @@ def sigint_ignored(argv: list[str]) -> list[str]:
     return ["sh", "-c", 'trap "" INT; exec "$@"', "sh", *argv]
 
 
-def start_config(path: Path, binary: Path, ca_file: Path, upstream: str, **sidecar: Any) -> Path:
-    block = {
-        "enabled": True,
-        "binary": str(binary),
-        "ca_file": str(ca_file),
-        "shutdown_grace": "5s",
-        "instances": [{"name": "policy", "upstream": upstream, "listen": "127.0.0.1:0"}],
-        **sidecar,
-    }
-    path.write_text(yaml.safe_dump({"sidecar": block}))
-    return path
+StartFile = Callable[..., Path]
+
+
+@pytest.fixture
+def start_file(tmp_path: Path, tls_origin: TlsH2Origin, sidecar_binary: Path) -> StartFile:
+    """``start_file(upstream=the origin, **sidecar)``: a ``gym.yaml`` of one instance for
+    ``sidecar-fsm start``; ``sidecar`` adds to (or replaces) keys of its ``sidecar:`` block."""
+
+    def write(upstream: str = tls_origin.url, **sidecar: Any) -> Path:
+        block = {
+            "enabled": True,
+            "binary": str(sidecar_binary),
+            "ca_file": str(tls_origin.ca_file),
+            "shutdown_grace": "5s",
+            "instances": [{"name": "policy", "upstream": upstream, "listen": "127.0.0.1:0"}],
+            **sidecar,
+        }
+        path = tmp_path / "gym.yaml"
+        path.write_text(yaml.safe_dump({"sidecar": block}))
+        return path
+
+    return write
+
+
+LaunchStart = Callable[..., Background]
+
+
+@pytest.fixture
+def launch_start(tmp_path: Path, log_dir: Path, process_registry: ProcessRegistry) -> LaunchStart:
+    """``launch_start(config, ignoring_sigint=False)``: ``sidecar-fsm start CONFIG`` in the
+    background, as a user's shell runs it (``ignoring_sigint``: as ``sigint_ignored`` runs it)."""
+
+    def launch(config: Path, *, ignoring_sigint: bool = False) -> Background:
+        argv = [str(SIDECAR_FSM), "--log-dir", str(log_dir), "start", str(config)]
+        if ignoring_sigint:
+            argv = sigint_ignored(argv)
+        return Background(argv, dict(os.environ), tmp_path / "start.out", process_registry)
+
+    return launch
 
 
 def test_stop_ends_a_start_launched_with_sigint_ignored(
-    tmp_path: Path,
-    log_dir: Path,
-    tls_origin: TlsH2Origin,
-    sidecar_binary: Path,
-    process_registry: ProcessRegistry,
+    log_dir: Path, start_file: StartFile, launch_start: LaunchStart
 ) -> None:
-    config = start_config(tmp_path / "gym.yaml", sidecar_binary, tls_origin.ca_file, tls_origin.url)
-    argv = [str(SIDECAR_FSM), "--log-dir", str(log_dir), "start", str(config)]
-    start = Background(sigint_ignored(argv), dict(os.environ), tmp_path / "start.out", process_registry)
+    start = launch_start(start_file(), ignoring_sigint=True)
     start.wait_for("supervising;", 60)
     stopped = sidecar_cli(log_dir, "stop", "--timeout", "30")
     assert stopped.returncode == 0, stopped.stdout + stopped.stderr
@@ -308,11 +328,7 @@ def test_stop_ends_a_start_launched_with_sigint_ignored(
 
 
 def test_sigterm_while_starting_stops_what_was_started_with_sigint_ignored(
-    tmp_path: Path,
-    log_dir: Path,
-    tls_origin: TlsH2Origin,
-    sidecar_binary: Path,
-    process_registry: ProcessRegistry,
+    log_dir: Path, start_file: StartFile, launch_start: LaunchStart
 ) -> None:
     """The start waits on its upstream check (an upstream that takes the connection and never
     answers): SIGTERM then ends it at once, 130, nothing left running."""
@@ -320,11 +336,8 @@ def test_sigterm_while_starting_stops_what_was_started_with_sigint_ignored(
         silent.bind(("127.0.0.1", 0))
         silent.listen(8)
         upstream = f"https://localhost:{silent.getsockname()[1]}"
-        config = start_config(
-            tmp_path / "gym.yaml", sidecar_binary, tls_origin.ca_file, upstream, upstream_check_seconds=60
-        )
-        argv = [str(SIDECAR_FSM), "--log-dir", str(log_dir), "start", str(config)]
-        start = Background(sigint_ignored(argv), dict(os.environ), tmp_path / "start.out", process_registry)
+        config = start_file(upstream, upstream_check_seconds=60)
+        start = launch_start(config, ignoring_sigint=True)
         silent.settimeout(60)
         checking, _ = silent.accept()  # the proxy is ready and its upstream check has dialled
         with checking:
@@ -341,21 +354,9 @@ def test_sigterm_while_starting_stops_what_was_started_with_sigint_ignored(
 
 
 def test_restarts_are_said_on_the_console_and_a_signal_reads_by_its_name_everywhere(
-    tmp_path: Path,
-    log_dir: Path,
-    tls_origin: TlsH2Origin,
-    sidecar_binary: Path,
-    process_registry: ProcessRegistry,
+    log_dir: Path, start_file: StartFile, launch_start: LaunchStart
 ) -> None:
-    config = start_config(
-        tmp_path / "gym.yaml",
-        sidecar_binary,
-        tls_origin.ca_file,
-        tls_origin.url,
-        restart={"max_restarts": 1, "backoff": "100ms"},
-    )
-    argv = [str(SIDECAR_FSM), "--log-dir", str(log_dir), "start", str(config)]
-    start = Background(argv, dict(os.environ), tmp_path / "start.out", process_registry)
+    start = launch_start(start_file(restart={"max_restarts": 1, "backoff": "100ms"}))
     start.wait_for("supervising;", 60)
 
     def instance() -> dict[str, Any]:

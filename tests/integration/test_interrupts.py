@@ -18,6 +18,7 @@ import socket
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -78,47 +79,48 @@ def test_every_point_of_a_start_is_interrupted_here() -> None:
     assert sorted(named | set(NOT_A_START)) == sorted(crashpoints.POINTS)
 
 
-def _config(sidecar_binary: Path, tls_origin: TlsH2Origin, log_dir: Path) -> dict[str, Any]:
+@pytest.fixture
+def start_config(sidecar_binary: Path, tls_origin: TlsH2Origin, log_dir: Path) -> dict[str, Any]:
+    """The config every case starts; a test may change it before ``interrupt_start`` reads it."""
     return interrupt_hunt.start_config(sidecar_binary, tls_origin.url, tls_origin.ca_file, log_dir)
 
 
-def _assert_answered(result: interrupt_hunt.Start) -> None:
-    assert result.outcome == "interrupted", result.describe()
-    assert result.answer_seconds is not None and result.answer_seconds <= 1.0, result.describe()
-    assert result.left == [], result.describe()
-    assert result.unchanged is True, result.describe()
-    if result.kind == "cli":
-        assert result.code == 130, result.describe()
+InterruptStart = Callable[..., None]
+
+
+@pytest.fixture
+def interrupt_start(
+    start_config: dict[str, Any], log_dir: Path, process_registry: ProcessRegistry
+) -> InterruptStart:
+    """``interrupt_start(kind, sig, point, plain=False)``: one start of ``start_config``, cut by
+    ``sig`` at ``point``, held to the promise of this file (out within 1 s, nothing left, the
+    config as it was, 130 from the CLI). Every case asserts the same verdict; only where the
+    signal lands differs."""
+
+    def interrupt(kind: str, sig: signal.Signals, point: str, *, plain: bool = False) -> None:
+        result = interrupt_hunt.run_start(
+            kind, sig, start_config, log_dir, point=point, track=process_registry.add, plain=plain
+        )
+        assert result.outcome == "interrupted", result.describe()
+        assert result.answer_seconds is not None and result.answer_seconds <= 1.0, result.describe()
+        assert result.left == [], result.describe()
+        assert result.unchanged is True, result.describe()
+        if result.kind == "cli":
+            assert result.code == 130, result.describe()
+
+    return interrupt
 
 
 @pytest.mark.parametrize("point", START_POINTS)
-def test_ctrl_c_at_each_point_of_an_api_start(
-    point: str,
-    sidecar_binary: Path,
-    tls_origin: TlsH2Origin,
-    log_dir: Path,
-    process_registry: ProcessRegistry,
-) -> None:
-    config = _config(sidecar_binary, tls_origin, log_dir)
-    result = interrupt_hunt.run_start(
-        "api", signal.SIGINT, config, log_dir, point=point, track=process_registry.add
-    )
-    _assert_answered(result)
+def test_ctrl_c_at_each_point_of_an_api_start(point: str, interrupt_start: InterruptStart) -> None:
+    interrupt_start("api", signal.SIGINT, point)
 
 
 @pytest.mark.parametrize("point", ["rewritten", "started"])
 def test_ctrl_c_after_the_rewrite_of_a_plain_dict_puts_it_back(
-    point: str,
-    sidecar_binary: Path,
-    tls_origin: TlsH2Origin,
-    log_dir: Path,
-    process_registry: ProcessRegistry,
+    point: str, interrupt_start: InterruptStart
 ) -> None:
-    config = _config(sidecar_binary, tls_origin, log_dir)
-    result = interrupt_hunt.run_start(
-        "api", signal.SIGINT, config, log_dir, point=point, track=process_registry.add, plain=True
-    )
-    _assert_answered(result)
+    interrupt_start("api", signal.SIGINT, point, plain=True)
 
 
 # The CLI's two stop signals take turns over the points: each point once, each signal at half.
@@ -128,55 +130,31 @@ def test_ctrl_c_after_the_rewrite_of_a_plain_dict_puts_it_back(
     ids=[f"{point}-{('SIGTERM', 'SIGINT')[index % 2]}" for index, point in enumerate(START_POINTS)],
 )
 def test_a_signal_at_each_point_of_a_cli_start_exits_130(
-    point: str,
-    sig: signal.Signals,
-    sidecar_binary: Path,
-    tls_origin: TlsH2Origin,
-    log_dir: Path,
-    process_registry: ProcessRegistry,
+    point: str, sig: signal.Signals, interrupt_start: InterruptStart
 ) -> None:
-    config = _config(sidecar_binary, tls_origin, log_dir)
-    result = interrupt_hunt.run_start("cli", sig, config, log_dir, point=point, track=process_registry.add)
-    _assert_answered(result)
+    interrupt_start("cli", sig, point)
 
 
 @pytest.mark.parametrize("kind", ["api", "cli"])
 def test_ctrl_c_while_a_failing_start_records_its_failure(
-    kind: str,
-    sidecar_binary: Path,
-    tls_origin: TlsH2Origin,
-    log_dir: Path,
-    process_registry: ProcessRegistry,
+    kind: str, start_config: dict[str, Any], interrupt_start: InterruptStart
 ) -> None:
     """The second instance cannot bind its port: SIGINT as its failure is committed."""
-    config = _config(sidecar_binary, tls_origin, log_dir)
     with socket.socket() as holder:
         holder.bind(("127.0.0.1", 0))
         holder.listen()
-        config["sidecar"]["instances"][1]["listen"] = f"127.0.0.1:{holder.getsockname()[1]}"
-        result = interrupt_hunt.run_start(
-            kind, signal.SIGINT, config, log_dir, point="fail-recorded", track=process_registry.add
-        )
-    _assert_answered(result)
+        start_config["sidecar"]["instances"][1]["listen"] = f"127.0.0.1:{holder.getsockname()[1]}"
+        interrupt_start(kind, signal.SIGINT, "fail-recorded")
 
 
 @pytest.mark.parametrize(
     "second", ["drain-recorded:1", "drain-recorded:2", "sigterm-sent:1", "stopped-recorded:1", "run-ended"]
 )
 def test_a_second_ctrl_c_while_the_interrupted_start_stops_its_sidecars(
-    second: str,
-    sidecar_binary: Path,
-    tls_origin: TlsH2Origin,
-    log_dir: Path,
-    process_registry: ProcessRegistry,
+    second: str, interrupt_start: InterruptStart
 ) -> None:
     """Ctrl-C twice, as impatient users do: the second lands in the cleanup the first began."""
-    config = _config(sidecar_binary, tls_origin, log_dir)
-    points = f"ready-recorded@SIGINT,{second}@SIGINT"
-    result = interrupt_hunt.run_start(
-        "api", signal.SIGINT, config, log_dir, point=points, track=process_registry.add
-    )
-    _assert_answered(result)
+    interrupt_start("api", signal.SIGINT, f"ready-recorded@SIGINT,{second}@SIGINT")
 
 
 def _ignoring_sigint() -> None:
@@ -184,8 +162,7 @@ def _ignoring_sigint() -> None:
 
 
 def test_a_start_begun_with_sigint_ignored_keeps_ignoring_it_and_sigterm_stops_it(
-    sidecar_binary: Path,
-    tls_origin: TlsH2Origin,
+    start_config: dict[str, Any],
     log_dir: Path,
     tmp_path: Path,
     process_registry: ProcessRegistry,
@@ -193,7 +170,7 @@ def test_a_start_begun_with_sigint_ignored_keeps_ignoring_it_and_sigterm_stops_i
     """As ``nohup`` or a script's ``&`` starts it: a SIGINT while starting (sent at a point of the
     start by the start itself) and one while supervising change nothing; SIGTERM drains it."""
     config_file = tmp_path / "gym.yaml"
-    config_file.write_text(yaml.safe_dump(_config(sidecar_binary, tls_origin, log_dir)))
+    config_file.write_text(yaml.safe_dump(start_config))
     env = {**os.environ, crashpoints.ENV_VAR: "spawn-recorded:1@SIGINT"}
     start = subprocess.Popen(
         [sys.executable, "-m", "sidecar_fsm", "start", str(config_file)],
@@ -241,13 +218,12 @@ FOREVER = "WITH RECURSIVE c(x) AS (SELECT 1 UNION ALL SELECT x + 1 FROM c) SELEC
 
 
 def test_top_logs_and_query_end_within_a_second_of_sigint_or_sigterm(
-    sidecar_binary: Path,
-    tls_origin: TlsH2Origin,
+    start_config: dict[str, Any],
     log_dir: Path,
     process_registry: ProcessRegistry,
     managers: list[H2PingSidecarManager],
 ) -> None:
-    manager = start_h2_ping_sidecar(OmegaConf.create(_config(sidecar_binary, tls_origin, log_dir)))
+    manager = start_h2_ping_sidecar(OmegaConf.create(start_config))
     assert manager is not None
     managers.append(manager)
     (database,) = database_files(log_dir)

@@ -8,12 +8,12 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import psutil
 import pytest
-from helpers import wait_until
+from helpers import kill_and_reap, wait_until
 
 from sidecar_fsm.base import procs, ready
 from sidecar_fsm.base.procs import ProcessIdentity
@@ -33,16 +33,35 @@ def started() -> Iterator[list[subprocess.Popen[bytes]]]:
     """Processes a test starts; all killed and reaped afterwards, pass or fail."""
     processes: list[subprocess.Popen[bytes]] = []
     yield processes
-    for process in processes:
-        if process.poll() is None:
-            process.kill()
-        process.wait()
+    kill_and_reap(processes)
 
 
 def _spawn(started: list[subprocess.Popen[bytes]], argv: list[str], log: Path) -> subprocess.Popen[bytes]:
     process = procs.spawn(argv, dict(os.environ), str(log))
     started.append(process)
     return process
+
+
+def _running_identity(process: subprocess.Popen[bytes]) -> ProcessIdentity:
+    """The identity of a child that must still run: ``None`` is the test's set-up failing."""
+    identity = procs.identity_of(process.pid)
+    assert identity is not None, f"pid {process.pid} is not running"
+    return identity
+
+
+Sleeper = Callable[[], tuple[subprocess.Popen[bytes], ProcessIdentity]]
+
+
+@pytest.fixture
+def sleeper(tmp_path: Path, started: list[subprocess.Popen[bytes]]) -> Sleeper:
+    """``sleeper()``: a ``sleep 30`` started by ``procs.spawn``, and its identity taken while it
+    surely runs (the record a test later holds against whatever has that pid)."""
+
+    def spawn() -> tuple[subprocess.Popen[bytes], ProcessIdentity]:
+        process = _spawn(started, [SLEEP, "30"], tmp_path / "log")
+        return process, _running_identity(process)
+
+    return spawn
 
 
 def _wait_for_text(path: Path, text: str, timeout: float = 10.0) -> None:
@@ -114,8 +133,7 @@ def test_proxy_drains_on_sigterm_even_when_the_host_blocks_or_ignores_it(
     status = Path(f"/proc/{child.pid}/status").read_text()
     assert _signal_set(status, "SigBlk") & {signal.SIGINT, signal.SIGTERM} == set()
     assert _signal_set(status, "SigIgn") & {signal.SIGINT, signal.SIGTERM, signal.SIGPIPE} == set()
-    record = procs.identity_of(child.pid)
-    assert record is not None
+    record = _running_identity(child)
     assert procs.signal_if_ours(record, signal.SIGTERM)
     assert procs.wait_exit(child, 10) == 0
 
@@ -134,12 +152,8 @@ def test_spawn_failure_raises_oserror_and_leaves_no_child(tmp_path: Path) -> Non
     assert {child.pid for child in psutil.Process().children()} == before
 
 
-def test_identity_of_a_live_process_and_none_once_it_exits(
-    tmp_path: Path, started: list[subprocess.Popen[bytes]]
-) -> None:
-    child = _spawn(started, [SLEEP, "30"], tmp_path / "log")
-    identity = procs.identity_of(child.pid)
-    assert identity is not None
+def test_identity_of_a_live_process_and_none_once_it_exits(sleeper: Sleeper) -> None:
+    child, identity = sleeper()
     assert identity.pid == child.pid
     assert identity.exe == os.path.realpath(SLEEP)  # the exec'd program, not a copy of python
     assert abs(identity.start_time - time.time()) < 30
@@ -162,13 +176,9 @@ def test_identity_of_a_live_process_and_none_once_it_exits(
     assert procs.terminate(identity, 1) == "gone"
 
 
-def test_record_with_other_start_time_or_exe_is_never_signalled(
-    tmp_path: Path, started: list[subprocess.Popen[bytes]]
-) -> None:
+def test_record_with_other_start_time_or_exe_is_never_signalled(sleeper: Sleeper) -> None:
     """A record whose pid now belongs to an unrelated process: nothing is sent, it survives."""
-    unrelated = _spawn(started, [SLEEP, "30"], tmp_path / "log")
-    actual = procs.identity_of(unrelated.pid)
-    assert actual is not None
+    unrelated, actual = sleeper()
     records = [
         ProcessIdentity(unrelated.pid, actual.start_time - 3600, actual.exe),
         ProcessIdentity(unrelated.pid, actual.start_time + 0.01, None),
@@ -199,11 +209,11 @@ def _spawn_at_pid(
     return None
 
 
-def test_real_pid_reuse_is_never_signalled(tmp_path: Path, started: list[subprocess.Popen[bytes]]) -> None:
+def test_real_pid_reuse_is_never_signalled(
+    tmp_path: Path, started: list[subprocess.Popen[bytes]], sleeper: Sleeper
+) -> None:
     """The recorded process exits and the kernel gives its pid to a newcomer: the newcomer survives."""
-    first = _spawn(started, [SLEEP, "30"], tmp_path / "log")
-    record = procs.identity_of(first.pid)
-    assert record is not None
+    first, record = sleeper()
     first.kill()
     first.wait()
     # Start times are boot time + clock ticks (10 ms) since boot: let a few ticks pass, on that
@@ -223,12 +233,8 @@ def test_real_pid_reuse_is_never_signalled(tmp_path: Path, started: list[subproc
     assert procs.wait_exit(newcomer, 0.2) is None
 
 
-def test_terminate_cooperative_process_returns_as_soon_as_it_exits(
-    tmp_path: Path, started: list[subprocess.Popen[bytes]]
-) -> None:
-    child = _spawn(started, [SLEEP, "30"], tmp_path / "log")
-    record = procs.identity_of(child.pid)
-    assert record is not None
+def test_terminate_cooperative_process_returns_as_soon_as_it_exits(sleeper: Sleeper) -> None:
+    child, record = sleeper()
     began = time.monotonic()
     assert procs.terminate(record, 10) == "exited"
     elapsed = time.monotonic() - began
@@ -242,8 +248,7 @@ def test_process_ignoring_sigterm_is_killed_after_grace(
     log = tmp_path / "log"
     child = _spawn(started, [sys.executable, "-c", IGNORE_TERM], log)
     _wait_for_text(log, "armed")
-    record = procs.identity_of(child.pid)
-    assert record is not None
+    record = _running_identity(child)
     grace = 0.3
     began = time.monotonic()
     assert procs.terminate(record, grace) == "killed"
@@ -252,10 +257,8 @@ def test_process_ignoring_sigterm_is_killed_after_grace(
     assert procs.wait_exit(child, 1) == -signal.SIGKILL
 
 
-def test_signal_if_ours_reaches_our_process(tmp_path: Path, started: list[subprocess.Popen[bytes]]) -> None:
-    child = _spawn(started, [SLEEP, "30"], tmp_path / "log")
-    record = procs.identity_of(child.pid)
-    assert record is not None
+def test_signal_if_ours_reaches_our_process(sleeper: Sleeper) -> None:
+    child, record = sleeper()
     assert procs.signal_if_ours(record, signal.SIGUSR1)
     assert procs.wait_exit(child, 10) == -signal.SIGUSR1
 

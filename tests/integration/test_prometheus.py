@@ -23,7 +23,7 @@ from typing import Any
 import psutil
 import pytest
 import yaml
-from helpers import ProcessRegistry, http11_request, wait_until
+from helpers import ProcessRegistry, http11_request, terminate_and_reap, wait_until
 from omegaconf import OmegaConf
 from querycluster import README, Run, write_config
 
@@ -140,12 +140,7 @@ def prometheus(
         wait_until(server.ready, 30, "prometheus to be ready")
         yield server
     finally:
-        process.terminate()
-        try:
-            process.wait(15)
-        except subprocess.TimeoutExpired:
-            process.kill()
-            process.wait(5)
+        terminate_and_reap(process, 15)
 
 
 def test_prometheus_scrapes_every_sidecar_of_a_live_run_through_the_target_file(

@@ -242,16 +242,27 @@ def test_a_statement_past_its_deadline_is_interrupted_with_one_line(cluster: Pat
     ]
 
 
-def test_ctrl_c_stops_a_long_query_with_one_line(cluster: Path, process_registry: ProcessRegistry) -> None:
+def attached_forever_query(
+    log_dir: Path, host: str, timeout: float, registry: ProcessRegistry
+) -> subprocess.Popen[str]:
+    """``sidecar-fsm query`` of a statement that never ends on its own (it holds its read snapshot
+    of every database until ``--timeout``), returned once it has ``host``'s database open: only
+    then can a signal or a writer meet a query that is reading."""
+    query = [f"{FOREVER}, run_summary", "--timeout", str(timeout)]
     reader = subprocess.Popen(
-        [str(SIDECAR_FSM), "--log-dir", str(cluster), "query", f"{FOREVER}, run_summary", "--timeout", "60"],
+        [str(SIDECAR_FSM), "--log-dir", str(log_dir), "query", *query],
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
     )
-    process_registry.add(reader)
-    db = cluster / "sidecar-fsm" / "node-a.db"
+    registry.add(reader)
+    db = log_dir / "sidecar-fsm" / f"{host}.db"
     wait_until(lambda: any(str(db) in str(f.path) for f in open_files(reader.pid)), 10, "query to attach")
+    return reader
+
+
+def test_ctrl_c_stops_a_long_query_with_one_line(cluster: Path, process_registry: ProcessRegistry) -> None:
+    reader = attached_forever_query(cluster, "node-a", 60, process_registry)
     reader.send_signal(signal.SIGINT)
     stdout, stderr = reader.communicate(timeout=30)
     assert (reader.returncode, stdout, stderr) == (130, "", "sidecar-fsm: interrupted\n")
@@ -290,15 +301,7 @@ def test_a_long_query_beside_a_live_run_never_blocks_its_writes(
     assert run == {"outcome": None, "ended": None}
 
     # A statement that holds its read snapshot of every database until its deadline.
-    reader = subprocess.Popen(
-        [str(SIDECAR_FSM), "--log-dir", str(log_dir), "query", f"{FOREVER}, run_summary", "--timeout", "3"],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
-    process_registry.add(reader)
-    db = log_dir / "sidecar-fsm" / "node-live.db"
-    wait_until(lambda: any(str(db) in str(f.path) for f in open_files(reader.pid)), 10, "query to attach")
+    reader = attached_forever_query(log_dir, "node-live", 3, process_registry)
     slowest = 0.0
     with Store.open(log_dir, host="node-live") as writer:
         for index in range(200):

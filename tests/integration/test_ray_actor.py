@@ -28,7 +28,7 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
@@ -135,16 +135,29 @@ def gym_config(origin: TlsH2Origin, binary: Path, log_dir: Path) -> dict[str, An
     }
 
 
-def started(
-    driver: Driver, config: dict[str, Any], registry: ProcessRegistry, log_dir: Path
-) -> tuple[Any, ...]:
-    """Start through the actor; (answer, the sidecar's recorded pid), the sidecar registered."""
-    answer = driver.send("start", config)
-    with Store.open(str(log_dir), host=HOST) as store:
-        (instance,) = store.instances_of(answer["run_id"])
-    assert instance.state == "ready" and instance.pid is not None
-    registry.add_pid(instance.pid)
-    return answer, instance.pid
+ActorStart = Callable[[], tuple[Any, int]]
+
+
+@pytest.fixture
+def actor_start(
+    driver: Driver,
+    tls_origin: TlsH2Origin,
+    sidecar_binary: Path,
+    log_dir: Path,
+    process_registry: ProcessRegistry,
+) -> ActorStart:
+    """``actor_start()``: ``gym_config`` started through the actor; (its answer, the sidecar's
+    recorded pid), the sidecar registered so it is ended even if the actor's stop never runs."""
+
+    def start() -> tuple[Any, int]:
+        answer = driver.send("start", gym_config(tls_origin, sidecar_binary, log_dir))
+        with Store.open(str(log_dir), host=HOST) as store:
+            (instance,) = store.instances_of(answer["run_id"])
+        assert instance.state == "ready" and instance.pid is not None
+        process_registry.add_pid(instance.pid)
+        return answer, instance.pid
+
+    return start
 
 
 def get(base_url: str, path: str, timeout: float = 30.0) -> tuple[int, bytes]:
@@ -160,15 +173,9 @@ def status_json(log_dir: Path, cluster: LocalRayCluster) -> tuple[int, dict[str,
 
 
 def test_an_actor_starts_serves_checks_and_stops_its_sidecar(
-    driver: Driver,
-    tls_origin: TlsH2Origin,
-    sidecar_binary: Path,
-    log_dir: Path,
-    process_registry: ProcessRegistry,
+    driver: Driver, tls_origin: TlsH2Origin, log_dir: Path, actor_start: ActorStart
 ) -> None:
-    answer, sidecar_pid = started(
-        driver, gym_config(tls_origin, sidecar_binary, log_dir), process_registry, log_dir
-    )
+    answer, sidecar_pid = actor_start()
     assert answer["base_url"].startswith("http://127.0.0.1:")  # rewritten to the bound port
 
     assert get(answer["base_url"], "/echo?x=1")[0] == 200
@@ -190,13 +197,10 @@ def test_a_killed_actor_leaves_no_sidecar_and_status_reads_the_run_as_ended(
     driver: Driver,
     ray_cluster: LocalRayCluster,
     tls_origin: TlsH2Origin,
-    sidecar_binary: Path,
     log_dir: Path,
-    process_registry: ProcessRegistry,
+    actor_start: ActorStart,
 ) -> None:
-    answer, sidecar_pid = started(
-        driver, gym_config(tls_origin, sidecar_binary, log_dir), process_registry, log_dir
-    )
+    answer, sidecar_pid = actor_start()
     assert get(answer["base_url"], "/echo")[0] == 200
 
     # A request that would wait longer than the grace is in flight when the owner dies: the

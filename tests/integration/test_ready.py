@@ -13,7 +13,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from helpers import wait_until
+from helpers import kill_and_reap, wait_until
 
 from sidecar_fsm.base import procs, ready
 from sidecar_fsm.base.ready import ReadyInfo, ReadyWait
@@ -47,10 +47,7 @@ time.sleep(60)
 def children(tmp_path: Path) -> Iterator[list[subprocess.Popen[bytes]]]:
     started: list[subprocess.Popen[bytes]] = []
     yield started
-    for process in started:
-        if process.poll() is None:
-            process.kill()
-        process.wait()
+    kill_and_reap(started)
 
 
 def _start(

@@ -13,11 +13,12 @@ import sqlite3
 import subprocess
 import sys
 import uuid
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import pytest
-from helpers import ProcessRegistry, sidecar_cli
+from helpers import ProcessRegistry, missing_log_dir_line, sidecar_cli
 
 from sidecar_fsm.base import procs
 from sidecar_fsm.observe.verdicts import owner_of
@@ -32,6 +33,14 @@ def sleeper(registry: ProcessRegistry) -> subprocess.Popen[bytes]:
     proc = subprocess.Popen([SLEEP, "300"], stdin=subprocess.DEVNULL)
     registry.add(proc)
     return proc
+
+
+def running_identity(pid: int) -> procs.ProcessIdentity:
+    """The identity of a process that must be running (one this test started and has not ended):
+    ``None`` here is a failure of the test's set-up, not a value to record."""
+    identity = procs.identity_of(pid)
+    assert identity is not None, f"pid {pid} is not running"
+    return identity
 
 
 def dead_pid() -> tuple[int, float]:
@@ -95,8 +104,7 @@ def test_process_that_is_ours_is_terminated_and_marked_failed(
     store: Store, log_dir: Path, process_registry: ProcessRegistry
 ) -> None:
     proc = sleeper(process_registry)
-    identity = procs.identity_of(proc.pid)
-    assert identity is not None
+    identity = running_identity(proc.pid)
     run_id = make_run(store, log_dir, dead_pid(), [("policy", identity, identity.exe)])
 
     report = reap(store)
@@ -124,8 +132,7 @@ def test_pid_now_held_by_an_unrelated_process_is_never_signalled(
     mismatch: str, store: Store, log_dir: Path, process_registry: ProcessRegistry
 ) -> None:
     unrelated = sleeper(process_registry)
-    real = procs.identity_of(unrelated.pid)
-    assert real is not None
+    real = running_identity(unrelated.pid)
     if mismatch == "start time":
         recorded = procs.ProcessIdentity(real.pid, real.start_time - 10, real.exe)
         binary = real.exe
@@ -149,8 +156,7 @@ def test_owner_pid_reused_counts_as_gone(
     store: Store, log_dir: Path, process_registry: ProcessRegistry
 ) -> None:
     impostor = sleeper(process_registry)
-    real = procs.identity_of(impostor.pid)
-    assert real is not None
+    real = running_identity(impostor.pid)
     run_id = make_run(
         store, log_dir, (real.pid, real.start_time - 100), [("policy", None, None)], state="building"
     )
@@ -169,9 +175,7 @@ def test_live_run_is_left_entirely_alone(
     store: Store, log_dir: Path, process_registry: ProcessRegistry
 ) -> None:
     proc = sleeper(process_registry)
-    identity = procs.identity_of(proc.pid)
-    me = procs.identity_of(os.getpid())
-    assert identity is not None and me is not None
+    identity, me = running_identity(proc.pid), running_identity(os.getpid())
     make_run(store, log_dir, (me.pid, me.start_time), [("policy", identity, identity.exe)])
     before = db_rows(store.path)
     ready_files = sorted(log_dir.glob("*.ready"))
@@ -187,8 +191,7 @@ def test_dry_run_changes_nothing_then_the_real_reap_does_what_it_said(
     store: Store, log_dir: Path, process_registry: ProcessRegistry
 ) -> None:
     proc, other = sleeper(process_registry), sleeper(process_registry)
-    identity, other_identity = procs.identity_of(proc.pid), procs.identity_of(other.pid)
-    assert identity is not None and other_identity is not None
+    identity, other_identity = running_identity(proc.pid), running_identity(other.pid)
     instances = [("policy", identity, identity.exe), ("judge", other_identity, "/not/ours")]
     make_run(store, log_dir, dead_pid(), instances)
     ready_files = sorted(log_dir.glob("*.ready"))
@@ -252,22 +255,36 @@ time.sleep(3.0)  # the drain of the requests in flight
 """
 
 
-def test_self_draining_sidecar_is_not_sent_a_second_signal(
-    store: Store, log_dir: Path, tmp_path: Path, process_registry: ProcessRegistry, wait_until: Any
-) -> None:
+@dataclass(frozen=True)
+class DrainingSidecar:
+    proc: subprocess.Popen[bytes]
+    identity: procs.ProcessIdentity
+    marker: Path  # written if it is ever sent SIGTERM
+
+
+@pytest.fixture
+def draining(tmp_path: Path, process_registry: ProcessRegistry, wait_until: Any) -> DrainingSidecar:
+    """A running ``SELF_DRAINING`` process, returned once it has set its SIGTERM handler (a
+    SIGTERM before that would kill it unrecorded, and read as a drain cut short)."""
     marker, up = tmp_path / "sigterm", tmp_path / "up"
     proc = subprocess.Popen([sys.executable, "-c", SELF_DRAINING, str(marker), str(up)])
     process_registry.add(proc)
-    wait_until(up.exists, 10, "the self-draining process did not start")
-    identity = procs.identity_of(proc.pid)
-    assert identity is not None
+    wait_until(up.exists, 10, "the draining process did not start")
+    identity = running_identity(proc.pid)
+    return DrainingSidecar(proc, identity, marker)
+
+
+def test_self_draining_sidecar_is_not_sent_a_second_signal(
+    store: Store, log_dir: Path, draining: DrainingSidecar
+) -> None:
+    identity = draining.identity
     summary = {"shutdown_grace": "10s", "exit_with_owner": True}
     make_run(store, log_dir, dead_pid(), [("policy", identity, identity.exe)], summary=summary)
 
     report = reap(store)
 
-    assert procs.wait_exit(proc, 10) == 0, "the drain was cut short or the process was killed"
-    assert not marker.exists(), "reap sent SIGTERM to a sidecar that was already draining"
+    assert procs.wait_exit(draining.proc, 10) == 0, "the drain was cut short or the process was killed"
+    assert not draining.marker.exists(), "reap sent SIGTERM to a sidecar that was already draining"
     (run,) = report.runs
     (instance,) = run.instances
     assert instance.action == "wait for its drain, mark failed"
@@ -275,16 +292,11 @@ def test_self_draining_sidecar_is_not_sent_a_second_signal(
 
 
 def test_sidecar_its_launcher_left_draining_is_not_sent_a_second_signal(
-    store: Store, log_dir: Path, tmp_path: Path, process_registry: ProcessRegistry, wait_until: Any
+    store: Store, log_dir: Path, draining: DrainingSidecar
 ) -> None:
     """A launcher killed mid-drain (no exit_with_owner): the row says draining, so its SIGTERM went
     out; reap lets the drain finish within the grace instead of cutting it with a second one."""
-    marker, up = tmp_path / "sigterm", tmp_path / "up"
-    proc = subprocess.Popen([sys.executable, "-c", SELF_DRAINING, str(marker), str(up)])
-    process_registry.add(proc)
-    wait_until(up.exists, 10, "the draining process did not start")
-    identity = procs.identity_of(proc.pid)
-    assert identity is not None
+    identity = draining.identity
     summary = {"shutdown_grace": "10s", "exit_with_owner": False}
     run_id = make_run(store, log_dir, dead_pid(), [("policy", identity, identity.exe)], summary=summary)
     (inst,) = store.instances_of(run_id)
@@ -292,8 +304,8 @@ def test_sidecar_its_launcher_left_draining_is_not_sent_a_second_signal(
 
     report = reap(store)
 
-    assert procs.wait_exit(proc, 10) == 0, "the drain was cut short or the process was killed"
-    assert not marker.exists(), "reap sent a second SIGTERM to a sidecar its launcher was draining"
+    assert procs.wait_exit(draining.proc, 10) == 0, "the drain was cut short or the process was killed"
+    assert not draining.marker.exists(), "reap sent a second SIGTERM to a sidecar its launcher was draining"
     (instance,) = report.runs[0].instances
     assert instance.action == "wait for its drain, mark failed"
     assert instance.result == "finished the drain its launcher had begun, and exited"
@@ -307,8 +319,5 @@ def test_reap_on_a_missing_log_dir_says_so_and_creates_nothing(tmp_path: Path) -
     for args in (["reap"], ["reap", "--json"]):
         done = sidecar_cli(missing, *args)
         assert (done.returncode, done.stdout) == (1, "")
-        assert done.stderr == (
-            f"sidecar-fsm reap: log dir '{missing}' does not exist; "
-            "give the --log-dir (or SIDECAR_FSM_LOG_DIR) the run was started with\n"
-        )
+        assert done.stderr == missing_log_dir_line("reap", missing)
     assert not missing.exists()

@@ -105,15 +105,27 @@ def start_writer(*args: str) -> subprocess.Popen[str]:
 
 @pytest.fixture
 def writers() -> Iterator[list[subprocess.Popen[str]]]:
+    # Imported here: this file also runs as the writer script, where tests/ is not on the path.
+    from helpers import kill_and_reap
+
     started: list[subprocess.Popen[str]] = []
     yield started
-    for process in started:
-        if process.poll() is None:
-            process.kill()
-        process.wait(timeout=30)
-        for stream in (process.stdin, process.stdout, process.stderr):
-            if stream is not None:
-                stream.close()
+    kill_and_reap(started)
+
+
+def release_together(writers: list[subprocess.Popen[str]]) -> None:
+    """Send each writer the "go" it waits for on stdin, once all of them are started: what they
+    race on (opening, migrating, writing) then begins in all of them at the same moment."""
+    for process in writers:
+        assert process.stdin is not None
+        process.stdin.write("go\n")
+        process.stdin.flush()
+
+
+def outcomes(writers: list[subprocess.Popen[str]]) -> list[tuple[int, str, str]]:
+    """Each writer's exit code, stdout and stderr, once it is done (two minutes each at most)."""
+    done = [process.communicate(timeout=120) for process in writers]
+    return [(process.returncode, out, err) for process, (out, err) in zip(writers, done, strict=True)]
 
 
 def assert_state_matches_history(path: Path) -> int:
@@ -147,14 +159,10 @@ def test_eight_writers_one_database(tmp_path: Path, writers: list[subprocess.Pop
         assert process.stdout is not None
         line = process.stdout.readline()
         assert line == "opened\n", process.communicate(timeout=30)[1]
-    for process in writers:
-        assert process.stdin is not None
-        process.stdin.write("go\n")
-        process.stdin.flush()
+    release_together(writers)
 
-    for process in writers:
-        out, err = process.communicate(timeout=120)
-        assert process.returncode == 0, err
+    for code, out, err in outcomes(writers):
+        assert code == 0, err
         assert out == "done\n"
         assert "locked" not in err
 
@@ -219,13 +227,9 @@ def test_eight_processes_open_an_old_database_at_once_and_migrate_it_once(
     conn.close()
     for _ in range(WRITERS):
         writers.append(start_writer("migrate", str(tmp_path)))
-    for process in writers:
-        assert process.stdin is not None
-        process.stdin.write("go\n")
-        process.stdin.flush()
-    for process in writers:
-        out, err = process.communicate(timeout=120)
-        assert (process.returncode, out) == (0, "True\n"), err
+    release_together(writers)
+    for code, out, err in outcomes(writers):
+        assert (code, out) == (0, "True\n"), err
 
     conn = sqlite3.connect(path)
     try:

@@ -4,10 +4,13 @@ from __future__ import annotations
 
 import subprocess
 import sys
+from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
 import tomllib
+from helpers import missing_log_dir_line
 
 from sidecar_fsm.base.resources import command_hint, default_log_dir
 from sidecar_fsm.cli import build_parser, main
@@ -38,13 +41,38 @@ def test_bad_usage_exits_2_with_one_line(
     assert not (tmp_path / "sidecar-fsm").exists()
 
 
-def test_start_with_sidecar_disabled_is_bad_config(
-    capsys: pytest.CaptureFixture[str], tmp_path: Path
-) -> None:
-    config = tmp_path / "gym.yaml"
-    config.write_text("sidecar:\n  enabled: false\n")
-    assert main(["--log-dir", str(tmp_path), "start", str(config)]) == 2
-    err = capsys.readouterr().err
+@dataclass(frozen=True)
+class Refusal:
+    config: Path
+    log_dir: Path
+    out: str
+    err: str
+
+
+RefuseStart = Callable[..., Refusal]
+
+
+@pytest.fixture
+def refuse_start(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> RefuseStart:
+    """``refuse_start(content, *args)``: ``sidecar-fsm start gym.yaml ARGS...`` of a gym.yaml
+    holding ``content`` (text, or bytes as they are), which must be refused with exit 2 before it
+    starts anything; the file, the log dir it was given and the two outputs."""
+
+    def refuse(content: str | bytes, *args: str) -> Refusal:
+        config, log_dir = tmp_path / "gym.yaml", tmp_path / "logs"
+        if isinstance(content, bytes):
+            config.write_bytes(content)
+        else:
+            config.write_text(content)
+        assert main(["--log-dir", str(log_dir), "start", str(config), *args]) == 2
+        out, err = capsys.readouterr()
+        return Refusal(config, log_dir, out, err)
+
+    return refuse
+
+
+def test_start_with_sidecar_disabled_is_bad_config(refuse_start: RefuseStart) -> None:
+    err = refuse_start("sidecar:\n  enabled: false\n").err
     assert err == "sidecar-fsm start: sidecar.enabled is not true in the config; set sidecar.enabled=true\n"
 
 
@@ -79,53 +107,39 @@ BAD_YAML = [
     ("content", "message"), BAD_YAML, ids=["flow", "dup", "indent", "quote", "list", "interp"]
 )
 def test_start_with_invalid_yaml_names_file_line_and_column(
-    content: str, message: str, capsys: pytest.CaptureFixture[str], tmp_path: Path
+    content: str, message: str, refuse_start: RefuseStart
 ) -> None:
-    config = tmp_path / "gym.yaml"
-    config.write_text(content)
-    assert main(["--log-dir", str(tmp_path / "logs"), "start", str(config)]) == 2
-    out, err = capsys.readouterr()
-    assert (out, err) == ("", f"sidecar-fsm start: {config}{message}\n")
-    assert not (tmp_path / "logs").exists()  # nothing started, nothing written
-    assert config.read_text() == content
+    refused = refuse_start(content)
+    assert (refused.out, refused.err) == ("", f"sidecar-fsm start: {refused.config}{message}\n")
+    assert not refused.log_dir.exists()  # nothing started, nothing written
+    assert refused.config.read_text() == content
 
 
-def test_unreadable_config_is_bad_usage_in_one_line(
-    capsys: pytest.CaptureFixture[str], tmp_path: Path
-) -> None:
-    config = tmp_path / "gym.yaml"
-    config.write_bytes(b"sidecar: \xff\xfe\n")
-    assert main(["--log-dir", str(tmp_path / "logs"), "start", str(config)]) == 2
-    err = capsys.readouterr().err
-    assert err == f"sidecar-fsm start: {config}: not UTF-8 text (byte 9); save it as UTF-8\n"
+def test_unreadable_config_is_bad_usage_in_one_line(refuse_start: RefuseStart) -> None:
+    refused = refuse_start(b"sidecar: \xff\xfe\n")
+    assert refused.err == f"sidecar-fsm start: {refused.config}: not UTF-8 text (byte 9); save it as UTF-8\n"
 
 
-def test_start_with_invalid_sidecar_block_names_the_field(
-    capsys: pytest.CaptureFixture[str], tmp_path: Path
-) -> None:
-    config = tmp_path / "gym.yaml"
-    config.write_text(
+def test_start_with_invalid_sidecar_block_names_the_field(refuse_start: RefuseStart) -> None:
+    refused = refuse_start(
         "sidecar:\n  enabled: true\n  ping_interval: 6m\n"
         "  instances: [{name: nvcf, upstream: 'https://api.example.com', listen: '127.0.0.1:0'}]\n"
     )
-    assert main(["--log-dir", str(tmp_path), "start", str(config)]) == 2
-    err = capsys.readouterr().err
-    assert err.startswith("sidecar.ping_interval: '6m'"), err
-    assert err.count("\n") == 1
-    assert not list(tmp_path.glob("h2ping-*"))
+    assert refused.err.startswith("sidecar.ping_interval: '6m'"), refused.err
+    assert refused.err.count("\n") == 1
+    assert not list(refused.log_dir.glob("h2ping-*"))
 
 
 def test_write_config_into_missing_directory_is_refused_before_start(
-    capsys: pytest.CaptureFixture[str], tmp_path: Path
+    refuse_start: RefuseStart, tmp_path: Path
 ) -> None:
-    config = tmp_path / "gym.yaml"
-    config.write_text(
-        "sidecar:\n  enabled: true\n"
-        "  instances: [{name: nvcf, upstream: 'https://api.example.com', listen: '127.0.0.1:0'}]\n"
-    )
     out = tmp_path / "missing" / "out.yaml"
-    assert main(["--log-dir", str(tmp_path), "start", str(config), "--write-config", str(out)]) == 2
-    err = capsys.readouterr().err
+    err = refuse_start(
+        "sidecar:\n  enabled: true\n"
+        "  instances: [{name: nvcf, upstream: 'https://api.example.com', listen: '127.0.0.1:0'}]\n",
+        "--write-config",
+        str(out),
+    ).err
     assert err == f"sidecar-fsm start: --write-config '{out}': its directory does not exist\n"
 
 
@@ -138,13 +152,8 @@ def test_help_lists_every_subcommand(capsys: pytest.CaptureFixture[str]) -> None
         assert command in out
 
 
-def test_config_error_keeps_its_example_on_later_lines(
-    capsys: pytest.CaptureFixture[str], tmp_path: Path
-) -> None:
-    config = tmp_path / "gym.yaml"
-    config.write_text("sidecar:\n  enabled: true\n")
-    assert main(["--log-dir", str(tmp_path), "start", str(config)]) == 2
-    err = capsys.readouterr().err
+def test_config_error_keeps_its_example_on_later_lines(refuse_start: RefuseStart) -> None:
+    err = refuse_start("sidecar:\n  enabled: true\n").err
     assert err.startswith("sidecar.instances"), err
     assert err.splitlines()[0].strip() and not err.splitlines()[0].endswith(".")
 
@@ -170,10 +179,7 @@ def test_global_options_before_or_after_the_command_and_a_missing_log_dir_is_exi
     assert main([a.format(d=missing) for a in argv]) == 1
     out, err = capsys.readouterr()
     assert out == ""
-    assert err == (
-        f"sidecar-fsm {command}: log dir '{missing}' does not exist; "
-        "give the --log-dir (or SIDECAR_FSM_LOG_DIR) the run was started with\n"
-    )
+    assert err == missing_log_dir_line(command, missing)
     assert not missing.exists()
 
 

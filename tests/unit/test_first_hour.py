@@ -13,6 +13,7 @@ import re
 from pathlib import Path
 
 import pytest
+from helpers import missing_log_dir_line
 from omegaconf import OmegaConf
 
 from sidecar_fsm.cli import build_parser, main
@@ -37,10 +38,7 @@ def test_reap_and_prune_on_a_missing_log_dir_exit_1_naming_it(
     assert main(["--log-dir", str(missing), *command]) == 1
     out, err = capsys.readouterr()
     assert out == ""
-    assert err == (
-        f"sidecar-fsm {command[0]}: log dir '{missing}' does not exist; "
-        "give the --log-dir (or SIDECAR_FSM_LOG_DIR) the run was started with\n"
-    )
+    assert err == missing_log_dir_line(command[0], missing)
     assert not missing.exists()
 
 

@@ -27,7 +27,7 @@ from typing import Any
 from urllib.parse import parse_qs, urlsplit
 
 import pytest
-from helpers import ProcessRegistry, sidecar_cli, wait_until
+from helpers import ProcessRegistry, sidecar_cli, terminate_and_reap, wait_until
 from omegaconf import DictConfig
 
 from sidecar_fsm.errors import SidecarError
@@ -288,12 +288,7 @@ def haproxy(tmp_path: Path, lab_certs: CertPaths, process_registry: ProcessRegis
         url = f"https://localhost:{front.getsockname()[1]}"
         yield url
     finally:
-        process.terminate()
-        try:
-            process.wait(10)
-        except subprocess.TimeoutExpired:
-            process.kill()
-            process.wait(10)
+        terminate_and_reap(process, 10)
         log.close()
         front.close()
         origin.shutdown()

@@ -56,6 +56,19 @@ _SIDECAR_STOP_SECONDS = 20.0
 # --- processes -------------------------------------------------------------------------------
 
 
+def pytest_configure(config: pytest.Config) -> None:
+    """Children start with Ctrl-C and SIGTERM as a terminal's shell gives them, whatever started
+    pytest. A shell without job control (a script's ``cmd &``, ``nohup``, some CI runners) starts
+    its background commands with SIGINT ignored; an ignored signal stays ignored across
+    ``exec``, and the launcher (rightly) keeps an inherited ignore. Under such a runner every
+    test that sends a child SIGINT would see a start that cannot be interrupted, as a user of
+    that runner would. The tests of that case set the ignore themselves (``preexec_fn``)."""
+    if signal.getsignal(signal.SIGINT) == signal.SIG_IGN:
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+    if signal.getsignal(signal.SIGTERM) == signal.SIG_IGN:
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
+
+
 @pytest.fixture(scope="session")
 def session_process_registry() -> Iterator[ProcessRegistry]:
     """The safety net: at session end, end any registered process still alive."""

@@ -22,6 +22,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import os
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -171,6 +172,18 @@ def _stale_ready_files(instances: list[InstanceRecord]) -> list[str]:
     return [path for path in candidates if os.path.lexists(path)]
 
 
+def _traffic_temp_files(instances: Sequence[InstanceRecord]) -> list[str]:
+    """The temp files of proxies killed while replacing their traffic file (SIGKILL past the
+    grace can land in that write). Half a write holds no figure the import could use: they
+    are removed without a word, as ``prune`` would remove them with the run."""
+    return [
+        path
+        for inst in instances
+        if inst.log_path
+        for path in temp_files(traffic.traffic_path(inst.log_path))
+    ]
+
+
 def reap_lock_path(store: Store) -> Path:
     """The lock two reapers share: next to the database, so it is per host like the database."""
     return Path(f"{store.path}.reap.lock")
@@ -239,9 +252,9 @@ def _reap_run(store: Store, observed: RunObservation, dry_run: bool) -> RunReap:
     if not dry_run:
         # After the sidecars ended: each wrote its final figures when its drain did.
         traffic.import_instances(store, observed.instances)
-        for path in stale:
-            # The run's ready files are per run id, so no other run can be using them; a
-            # sidecar that was killed (not drained) never removed its own.
+        for path in stale + _traffic_temp_files(observed.instances):
+            # The run's files are per run id, so no other run can be using them; a sidecar
+            # that was killed (not drained) never removed its own.
             with contextlib.suppress(FileNotFoundError):
                 os.unlink(path)
         store.end_run(run.run_id, "reaped")

@@ -198,6 +198,9 @@ def test_dry_run_changes_nothing_then_the_real_reap_does_what_it_said(
     # A proxy killed between creating its temp file and renaming it leaves that file too.
     leftover = ready_files[0].with_name(f".{ready_files[0].name}.tmp-4242")
     leftover.touch()
+    # So does one killed while replacing its traffic file (a SIGKILL past the drain's grace).
+    traffic_temp = log_dir / f".{ready_files[0].name.removesuffix('.ready')}.traffic.json.tmp-77"
+    traffic_temp.touch()
     before = db_rows(store.path)
 
     plan = reap(store, dry_run=True)
@@ -210,7 +213,7 @@ def test_dry_run_changes_nothing_then_the_real_reap_does_what_it_said(
         "mark failed (pid not ours)",
     ]
     assert sorted(plan.runs[0].ready_files) == sorted(str(p) for p in [*ready_files, leftover])
-    assert leftover.exists()
+    assert leftover.exists() and traffic_temp.exists()
 
     done = reap(store)
     assert [i.action for i in done.runs[0].instances] == [i.action for i in plan.runs[0].instances]
@@ -218,6 +221,7 @@ def test_dry_run_changes_nothing_then_the_real_reap_does_what_it_said(
     assert other.poll() is None
     assert list(log_dir.glob("*.ready")) == []
     assert not leftover.exists()
+    assert not traffic_temp.exists()
 
 
 def test_two_reapers_at_once_reap_each_run_exactly_once(store: Store, log_dir: Path) -> None:

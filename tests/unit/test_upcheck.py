@@ -59,10 +59,12 @@ def test_each_outcome_is_one_line(verdict: Verdict, line: str) -> None:
 class _Proxy(BaseHTTPRequestHandler):
     answers: list[tuple[int, dict[str, Any]]] = []
     asked = 0
+    delay = 0.0  # seconds before each answer: a proxy on a node with every core busy
 
     def do_GET(self) -> None:  # noqa: N802 (http.server's name)
         assert self.path.split("?")[0] == "/upstream"
         cls = type(self)
+        time.sleep(cls.delay)  # the slow proxy itself, not a wait for an event
         status, document = cls.answers[min(cls.asked, len(cls.answers) - 1)]
         cls.asked += 1
         body = json.dumps(document).encode()
@@ -77,7 +79,7 @@ class _Proxy(BaseHTTPRequestHandler):
 
 @pytest.fixture
 def proxy() -> Iterator[tuple[str, type[_Proxy]]]:
-    handler = type("Handler", (_Proxy,), {"answers": [], "asked": 0})
+    handler = type("Handler", (_Proxy,), {"answers": [], "asked": 0, "delay": 0.0})
     server = ThreadingHTTPServer(("127.0.0.1", 0), handler)
     thread = threading.Thread(target=server.serve_forever, daemon=True)
     thread.start()
@@ -174,3 +176,25 @@ def test_the_wait_says_once_when_it_passes_the_notice(
     handler.answers, handler.asked = [(200, {"checked": True, "ok": True, "seconds": 0.001})], 0
     await_verdicts([CheckTarget("a", UP, address)], 0.6, quick.append)
     assert quick == []  # answered before the notice: nothing said
+
+
+def test_an_ask_cut_short_by_the_deadline_is_not_reported_as_the_proxys_fault(
+    proxy: tuple[str, type[_Proxy]],
+) -> None:
+    """A slow proxy (0.4 s an answer) and a 0.5-s check: the last ask has a few milliseconds
+    left and times out. That is the deadline, not the proxy: "no verdict", with no "last:
+    timed out" sending the user to look at a healthy metrics listener."""
+    address, handler = proxy
+    handler.answers, handler.delay = [(200, {"checked": False})], 0.4
+    (verdict,) = await_verdicts([CheckTarget("a", UP, address)], timeout=0.5)
+    assert verdict == Verdict("a", UP, "no verdict", None)
+
+
+def test_a_listener_that_answers_no_ask_in_its_own_time_is_reported(
+    proxy: tuple[str, type[_Proxy]],
+) -> None:
+    address, handler = proxy
+    handler.answers, handler.delay = [(200, {"checked": False})], 2.5
+    (verdict,) = await_verdicts([CheckTarget("a", UP, address)], timeout=2.0)
+    assert verdict.outcome == "no verdict"
+    assert verdict.error == f"metrics listener {address}: timed out"

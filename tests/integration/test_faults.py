@@ -301,6 +301,12 @@ def test_rate_limit_paces_a_download_and_a_relay_restart_refuses_then_serves(
     relay.go_down()
     with pytest.raises(ConnectionRefusedError):
         socket.create_connection(("127.0.0.1", port), timeout=5).close()
+    # The refusal is the answer once the proxy has read its connection's end: a request that
+    # comes first goes out on the closing connection and gets its EOF as the 502. Idle, the
+    # proxy reads the FIN within a millisecond; with every core busy, it can be later.
+    wait_until(
+        lambda: scrape(sidecar)["h2ping_upstream_connections"] == 0, 10, "the proxy to see its connection end"
+    )
     refused = http11_request(sidecar.host, sidecar.port, "/echo", timeout=10)
     assert refused.status == 502 and b"connection refused" in refused.body, refused
     relay.come_back()

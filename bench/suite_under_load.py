@@ -63,7 +63,10 @@ def one_run(index: int, pytest_args: list[str], work: Path) -> list[str]:
             text=True,
             timeout=RUN_DEADLINE_SECONDS,
         )
-        code, tail = done.returncode, done.stdout.strip().splitlines()[-1:] or [""]
+        # pytest's "=== N passed ... in S ===" line; output after it (a warning printed at exit,
+        # stderr is merged) must not stand in for it, as a "-----" rule once did.
+        summaries = [line for line in done.stdout.splitlines() if line.startswith("=") and " in " in line]
+        code, tail = done.returncode, summaries[-1:] or done.stdout.strip().splitlines()[-1:] or [""]
     except subprocess.TimeoutExpired:
         code, tail = -1, [f"hung: stopped after {RUN_DEADLINE_SECONDS} s"]
     took = time.monotonic() - began

@@ -108,11 +108,16 @@ class Verdict:
 
 
 class _NotAnswered(Exception):
-    """The proxy did not give a verdict this time; the text says what it did instead."""
+    """The proxy did not give a verdict this time; the text says what it did instead.
 
-    def __init__(self, words: str, timed_out: bool = False) -> None:
+    ``timed_out``: the ask ran out of time. ``no_endpoint``: the proxy has no ``GET /upstream``
+    (an older build), so asking again cannot help.
+    """
+
+    def __init__(self, words: str, *, timed_out: bool = False, no_endpoint: bool = False) -> None:
         super().__init__(words)
         self.timed_out = timed_out
+        self.no_endpoint = no_endpoint
 
 
 @dataclass(frozen=True)
@@ -146,7 +151,7 @@ def _ask(address: str, timeout: float, wait: float = 0.0) -> _Answer:
         response = conn.getresponse()
         body = response.read(_MAX_BODY_BYTES)
         if response.status == 404:
-            raise _NotAnswered("the proxy has no GET /upstream (an older build)")
+            raise _NotAnswered("the proxy has no GET /upstream (an older build)", no_endpoint=True)
         if response.status != 200:
             raise _NotAnswered(f"GET /upstream answered HTTP {response.status}")
         document = json.loads(body)
@@ -209,7 +214,7 @@ def _wait_one(target: CheckTarget, deadline: float, timeout: float) -> Verdict:
             # user looking at a healthy metrics listener.
             if not (exc.timed_out and budget < _ASK_TIMEOUT_SECONDS):
                 last = str(exc)
-            if "no GET /upstream" in str(exc):
+            if exc.no_endpoint:
                 return Verdict(target.name, target.upstream, "not checked", str(exc))
         else:
             verdict = _verdict_of(target, answer)

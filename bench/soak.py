@@ -384,14 +384,9 @@ def read_outputs(work: Path) -> dict[str, Any]:
     launcher imports it with) and the access log, every rotated file included."""
     out: dict[str, Any] = {}
     try:
-        figures = traffic.parse((work / TRAFFIC_FILE).read_bytes())
-        out["record"] = {
-            "final": figures.final,
-            "requests": figures.requests,
-            "responses_502": figures.responses_502,
-            "client_disconnects": figures.client_disconnects,
-            "goaways": figures.goaways,
-        }
+        document = traffic.parse((work / TRAFFIC_FILE).read_bytes()).document
+        shown = ("final", "requests", "responses_502", "client_disconnects", "goaways")
+        out["record"] = {name: document[name] for name in shown}
     except (OSError, traffic.NotFigures) as exc:
         out["record_error"] = str(exc)
     lines = broken = 0

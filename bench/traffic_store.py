@@ -4,8 +4,8 @@
 
 Prints one table, medians side by side per database size: ``import`` (read and check one
 traffic file, upsert it: what ``check()`` costs once a minute per instance, and stop, restart and
-reap once), ``history`` (``Store.instance_traffic`` of one run, what ``history RUN`` reads),
-``totals`` (``status --all``'s requests and 502s of every run) and ``query``
+reap once), ``history`` (``traffic_summary`` of one run, what ``history RUN`` reads),
+``totals`` (``status --all``'s requests and 502s of every run, from every run's rows) and ``query``
 (``SELECT * FROM traffic_summary`` through ``sidecar-fsm query``'s code: every instance's six
 percentiles). Each database holds two instances per run, one process each; the bounds are a
 real traffic file's with ``--file``, else 28 made-up ones (the proxy has 19). Real files and a
@@ -31,6 +31,7 @@ from sidecar_fsm.run import traffic  # noqa: E402
 from sidecar_fsm.state import query  # noqa: E402
 from sidecar_fsm.state.fsm import InstanceMachine  # noqa: E402
 from sidecar_fsm.state.store import Store  # noqa: E402
+from sidecar_fsm.view import traffic as view_traffic  # noqa: E402
 
 
 def document(pid: int, bounds: list[float]) -> dict[str, Any]:
@@ -98,8 +99,8 @@ def measure(instances: int, repeat: int, bounds: list[float], root: Path) -> dic
         middle = f"run{instances // 4}"
         return {
             "import": median_ms(one_import, repeat),
-            "history": median_ms(lambda: store.instance_traffic(middle), repeat),
-            "totals": median_ms(store.run_traffic_totals, repeat),
+            "history": median_ms(lambda: view_traffic.instance_traffic(store, middle), repeat),
+            "totals": median_ms(lambda: view_traffic.run_totals([store]), repeat),
             "query": median_ms(lambda: query.run_query(log_dir, "SELECT * FROM traffic_summary"), repeat),
         }
 

@@ -1,18 +1,18 @@
 """Bringing each proxy's traffic figures into the state database.
 
 The proxy writes what it carried beside its log, ``h2ping-<instance>-<host>-<run>.traffic.json``
-(``-traffic-file``, format version 1: go/ and docs/query.md), atomically (temp file, rename)
-every ``-traffic-interval`` and once more when its drain ends. This module reads that file,
-checks it, and hands it to ``Store.record_traffic``, which keeps one row per (instance, pid): a
-re-import changes nothing, a restart's processes add up. No thread of ours runs in NeMo Gym's
-process: ``check()`` (Gym's poll loop, every few seconds) and the CLI's supervise loop call
-``poll``, throttled to one import a minute per run (once a second until the first figures);
-``stop`` imports after the drain, a restart before it spawns the new process (which writes the
-same path), ``reap`` after the sidecars ended.
+(``-traffic-file``, record versions 1 and 2: go/traffic.go, docs/query.md), atomically (temp
+file, rename) every ``-traffic-interval`` and once more when its drain ends. This module reads
+that file, checks it, and hands it to ``Store.record_traffic``, which keeps it as written, one
+row per (instance, pid): a re-import changes nothing, a restart's processes add up. No thread of
+ours runs in NeMo Gym's process: ``check()`` (Gym's poll loop, every few seconds) and the CLI's
+supervise loop call ``poll``, throttled to one import a minute per run (once a second until the
+first figures); ``stop`` imports after the drain, a restart before it spawns the new process
+(which writes the same path), ``reap`` after the sidecars ended.
 
-Owns the file's validation (one warning per file that is not a version-1 figures file of one of
-the instance's processes, naming it; the file is then ignored), the throttle, and the trust
-rule: a file is read only from a log dir, and only as a file, that no other user can write
+Owns the file's validation (one warning per file that is not a traffic record of a known version
+of one of the instance's processes, naming it; the file is then ignored), the throttle, and the
+trust rule: a file is read only from a log dir, and only as a file, that no other user can write
 (``trust``), as the database and ready files are. Never raises: a traffic file, a full disk or a
 locked database never breaks ``check``, ``stop``, ``reap`` or ``prune`` (the figures then stay
 as the last import left them). Must not set a state, signal a process or write any file.
@@ -34,13 +34,14 @@ from typing import TYPE_CHECKING, Any
 from sidecar_fsm.base import trust
 from sidecar_fsm.run import crashpoints
 from sidecar_fsm.run.runfiles import TRAFFIC, sibling
-from sidecar_fsm.state.records import UPSTREAM_ERROR_KINDS, TrafficFigures
+from sidecar_fsm.state.records import TrafficRecord
 
 if TYPE_CHECKING:
     from sidecar_fsm.run.children import Child, SidecarRun
     from sidecar_fsm.state.store import InstanceRecord, Store
 
-FORMAT_VERSION = 1
+# Version 2 is version 1 plus the NVCF counters (nvcf_followed, nvcf_polls, nvcf_budget_exceeded).
+FORMAT_VERSIONS = (1, 2)
 # The supervise loop and Gym's check() run every fraction of a second to every few seconds; the
 # proxy writes every 30 s by default. A minute keeps `query` at most about a minute behind (the
 # issue's bound) for one small read and at most one commit per instance.
@@ -49,25 +50,14 @@ POLL_SECONDS = 60.0
 # poll after a start may come too early: until some figures are found, look again this soon
 # (an open() that fails, per instance; a run of NeMo Gym's binary, which writes none, pays that).
 RETRY_SECONDS = 1.0
-# A version-1 file is a few KB (two histograms of a few dozen buckets); anything much larger is
-# not one, and is not read into memory whole.
+# A record is a few KB (two histograms of a few dozen buckets); anything much larger is not one,
+# and is not read into memory whole.
 MAX_FILE_BYTES = 256 * 1024
 _MAX_BUCKETS = 1000
-
-_COUNTERS = (
-    "requests",
-    "responses_2xx",
-    "responses_4xx",
-    "responses_5xx",
-    "responses_502",
-    "responses_other",
-    "client_disconnects",
-    "pings_sent",
-    "ping_acks",
-    "goaways",
-    "retries",
-    "rotations",
-)
+# What the importer reads itself; every other field is a figure, checked by its shape.
+_HEADER = ("version", "pid", "started_at", "as_of", "final")
+# The histograms traffic_quantiles is computed from: a record without them is not one.
+_HISTOGRAMS = ("ttfb_seconds", "duration_seconds")
 _RFC3339 = re.compile(r"(\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d)(\.\d+)?(Z|[+-]\d\d:\d\d)")
 
 # The throttle's clock (a test turns it forward instead of waiting a minute).
@@ -78,7 +68,7 @@ _warned_lock = threading.Lock()
 
 
 class NotFigures(ValueError):
-    """The file is not a version-1 traffic file of the expected process; the words say why."""
+    """The file is not a traffic record of a known version of the expected process; the words say why."""
 
 
 # -- the file -------------------------------------------------------------------------------------
@@ -89,8 +79,15 @@ def traffic_path(log_path: str) -> str:
     return sibling(log_path, TRAFFIC)
 
 
-def parse(text: str | bytes) -> TrafficFigures:
-    """The figures in a version-1 traffic file's text. Pure; raises ``NotFigures`` saying why not."""
+def parse(text: str | bytes) -> TrafficRecord:
+    """The record in a traffic file's text, checked. Pure; raises ``NotFigures`` saying why not.
+
+    The counters are not listed here (the documented views name them): every field but the
+    header is a figure by its shape, a count (a whole number >= 0; seconds where the name ends
+    in ``_s``), an object of counts (``upstream_errors``), or a histogram (``bounds`` increasing,
+    one more count, ``count`` their sum). Anything else (a string, a list, null) is refused, so a
+    record holds nothing but numbers and the two times.
+    """
     try:
         document = json.loads(text)
     except (ValueError, UnicodeDecodeError) as exc:
@@ -98,40 +95,41 @@ def parse(text: str | bytes) -> TrafficFigures:
     if not isinstance(document, dict):
         raise NotFigures("not a JSON object")
     version = document.get("version")
-    if version != FORMAT_VERSION or isinstance(version, bool):
-        raise NotFigures(f"version {json.dumps(version)} is not {FORMAT_VERSION}")
-    errors = document.get("upstream_errors")
-    if not isinstance(errors, dict):
-        raise NotFigures("upstream_errors is not an object")
-    figures = TrafficFigures(
-        pid=_count(document, "pid"),
-        started_at=_time(document, "started_at"),
-        as_of=_time(document, "as_of"),
-        final=_flag(document, "final"),
-        **{name: _count(document, name) for name in _COUNTERS},
-        upstream_errors={
-            kind: _count(errors, kind, f"upstream_errors.{kind}") for kind in UPSTREAM_ERROR_KINDS
-        },
-        ttfb_seconds=_histogram(document, "ttfb_seconds"),
-        duration_seconds=_histogram(document, "duration_seconds"),
-        duration_max_s=_seconds(document.get("duration_max_s"), "duration_max_s"),
-    )
-    if figures.pid <= 0:
-        raise NotFigures(f"pid {figures.pid} is not a process id")
-    return figures
+    if version not in FORMAT_VERSIONS or isinstance(version, bool):
+        known = " or ".join(str(known) for known in FORMAT_VERSIONS)
+        raise NotFigures(f"version {json.dumps(version)} is not {known}")
+    pid = _count(document.get("pid"), "pid")
+    if pid <= 0:
+        raise NotFigures(f"pid {pid} is not a process id")
+    _time(document, "started_at")
+    as_of = _time(document, "as_of")
+    if not isinstance(document.get("final"), bool):
+        raise NotFigures(f"final {json.dumps(document.get('final'))} is not true or false")
+    for name in _HISTOGRAMS:
+        if not isinstance(document.get(name), dict):
+            raise NotFigures(f"{name} is not an object")
+    for name, value in document.items():
+        if name not in _HEADER:
+            _figure(value, name)
+    return TrafficRecord(pid, as_of, document)
 
 
-def _count(document: Mapping[str, Any], key: str, name: str | None = None) -> int:
-    value = document.get(key)
+def _figure(value: Any, name: str) -> None:
+    """Check one field of the record by its shape (see ``parse``)."""
+    if isinstance(value, dict) and "bounds" in value:
+        _histogram(value, name)
+    elif isinstance(value, dict):
+        for key, count in value.items():
+            _count(count, f"{name}.{key}")
+    elif name.endswith("_s"):
+        _seconds(value, name)
+    else:
+        _count(value, name)
+
+
+def _count(value: Any, name: str) -> int:
     if not isinstance(value, int) or isinstance(value, bool) or value < 0:
-        raise NotFigures(f"{name or key} {json.dumps(value)} is not a count")
-    return value
-
-
-def _flag(document: Mapping[str, Any], key: str) -> bool:
-    value = document.get(key)
-    if not isinstance(value, bool):
-        raise NotFigures(f"{key} {json.dumps(value)} is not true or false")
+        raise NotFigures(f"{name} {json.dumps(value)} is not a count")
     return value
 
 
@@ -156,14 +154,9 @@ def _time(document: Mapping[str, Any], key: str) -> float:
     return moment.astimezone(timezone.utc).timestamp() + float(match[2] or 0)
 
 
-def _histogram(document: Mapping[str, Any], key: str) -> dict[str, Any]:
-    """The file's ``{"bounds", "counts", "sum", "count"}`` checked (increasing finite bounds, one
-    more count, ``count`` their sum) as stored: ``{"buckets": [[le, n], ..., [null, n]], "sum",
-    "count"}``, each bucket's bound beside its count (null: +Inf), so ``traffic_summary`` reads
-    a bucket with one small parse instead of looking its bound up in the whole text."""
-    value = document.get(key)
-    if not isinstance(value, dict):
-        raise NotFigures(f"{key} is not an object")
+def _histogram(value: Mapping[str, Any], key: str) -> None:
+    """The file's ``{"bounds", "counts", "sum", "count"}``: increasing finite bounds, one more
+    count (the last is +Inf), ``count`` their sum, and nothing else."""
     bounds, counts = value.get("bounds"), value.get("counts")
     if not isinstance(bounds, list) or not isinstance(counts, list) or len(bounds) > _MAX_BUCKETS:
         raise NotFigures(f"{key}: bounds and counts are not lists of buckets")
@@ -172,17 +165,18 @@ def _histogram(document: Mapping[str, Any], key: str) -> dict[str, Any]:
     floats = [_seconds(bound, f"{key}.bounds") for bound in bounds]
     if any(later <= earlier for earlier, later in zip(floats, floats[1:], strict=False)):
         raise NotFigures(f"{key}: bounds are not increasing")
-    holder = {str(index): count for index, count in enumerate(counts)}
-    whole = [_count(holder, str(index), f"{key}.counts[{index}]") for index in range(len(counts))]
-    count = _count(value, "count", f"{key}.count")
+    whole = [_count(count, f"{key}.counts[{index}]") for index, count in enumerate(counts)]
+    count = _count(value.get("count"), f"{key}.count")
     if count != sum(whole):
         raise NotFigures(f"{key}: count {count} is not the sum of its counts ({sum(whole)})")
-    buckets = [[bound, number] for bound, number in zip([*floats, None], whole, strict=True)]
-    return {"buckets": buckets, "sum": _seconds(value.get("sum"), f"{key}.sum"), "count": count}
+    _seconds(value.get("sum"), f"{key}.sum")
+    extra = sorted(set(value) - {"bounds", "counts", "sum", "count"})
+    if extra:
+        raise NotFigures(f"{key}.{extra[0]} is not a histogram field")
 
 
-def read(path: str, pids: Iterable[int]) -> TrafficFigures | None:
-    """The figures at ``path`` if they are a version-1 file of one of ``pids``; else None.
+def read(path: str, pids: Iterable[int]) -> TrafficRecord | None:
+    """The record at ``path`` if it is a traffic record of one of ``pids``; else None.
 
     None without a word when there is no file yet (a proxy writes its first after one
     interval) or the log dir or the file could have been written by another user (the

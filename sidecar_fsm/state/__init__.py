@@ -1,7 +1,7 @@
 """The state layer: what is recorded, and the only code that records it.
 
-Owns the instance state machine (``fsm``: the only code that changes an instance's state, and
-the state groups every layer names: ``TERMINAL``, ``WITH_PROCESS``, ``SERVING_METRICS``...), the
+Owns the instance state machine (``fsm``: the only code that changes an instance's state; the
+state groups every layer names, ``TERMINAL``, ``WITH_PROCESS``..., are the leaf ``states``), the
 per-host SQLite database (``store``: the only code that speaks SQL, returning ``records``;
 ``dbfile``: opening and refusing the file; ``schema``: its numbered migrations; ``query``:
 read-only SELECTs over every host's documented views; ``tempfiles``: what a killed creation of

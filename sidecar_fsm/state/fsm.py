@@ -1,10 +1,10 @@
 """The instance state machine: the only code that changes an instance's state.
 
-Owns the states, the transition table (``TRANSITIONS``, data that reads like SPEC's diagram) and
-``InstanceMachine``, which fires events and persists each transition through ``Store`` before
-it takes effect. Must not act on a state (build, spawn, signal, remove files): callers do that
-after ``fire`` returns, so whatever they do is already on record. Must not write SQL: the store
-does, in one transaction per transition.
+Owns the transition table (``TRANSITIONS``, data that reads like SPEC's diagram; the states and
+their groups are ``states``', re-exported here) and ``InstanceMachine``, which fires events and
+persists each transition through ``Store`` before it takes effect. Must not act on a state
+(build, spawn, signal, remove files): callers do that after ``fire`` returns, so whatever they
+do is already on record. Must not write SQL: the store does, in one transaction per transition.
 
 Built on ``transitions`` with ``auto_transitions=False`` (no ``to_<state>()`` bypass) and one
 machine-level ``before_state_change`` callback that writes the transition. ``transitions`` runs
@@ -22,6 +22,15 @@ from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any, NamedTuple
 
 from transitions import EventData, Machine, MachineError
+
+from sidecar_fsm.state.states import (
+    BEFORE_PROCESS,
+    NON_TERMINAL,
+    SERVING_METRICS,
+    STATES,
+    TERMINAL,
+    WITH_PROCESS,
+)
 
 # ``transitions`` logs every event at INFO: under a host that logs INFO (NeMo Gym does), 15 lines
 # per start and stop of one instance, which our own history already records. Its logger is
@@ -52,18 +61,6 @@ __all__ = [
     "target_of",
 ]
 
-STATES = ("configured", "building", "spawned", "ready", "draining", "stopped", "failed")
-TERMINAL = frozenset({"stopped", "failed"})
-# The live states: everything not yet terminal (a live instance of an ended run is a record a
-# killed launcher left, which ``reap`` closes).
-NON_TERMINAL = tuple(state for state in STATES if state not in TERMINAL)
-# No process was spawned yet (configured, building): a stop needs no drain.
-BEFORE_PROCESS = frozenset({"configured", "building"})
-# A process may run (spawned, ready, draining): the states whose recorded pid is judged.
-WITH_PROCESS = frozenset({"spawned", "ready", "draining"})
-# The proxy serves ``/metrics``: ready, and draining, when an operator watches the requests in
-# flight go down (``status``, ``top``, the Prometheus target file).
-SERVING_METRICS = frozenset({"ready", "draining"})
 
 # (event, from, to, facts the event must carry). Read top to bottom it is SPEC's diagram:
 # configured -> building -> spawned -> ready -> draining -> stopped, failed from anywhere live.

@@ -1,11 +1,11 @@
 """Read-only queries over every host's database of a log dir, through the documented views.
 
 Owns ``sidecar-fsm query``'s SQL: attaching each host's file read-only to one in-memory
-connection, presenting each view of ``migrations/0004_query_views.sql`` and ``0005_traffic.sql``
-(``VIEWS``, the contract) as one TEMP view or table over every host, refusing any statement that would write,
-and stopping a statement at its deadline. Must not write a row, take a write lock, or change a
-file's bytes: a launcher writing a live database beside the query is never blocked (WAL
-readers take no lock a writer waits for), and a refused statement changes nothing anywhere.
+connection, presenting each view the migrations make (``VIEWS``, the contract) as one TEMP view
+or table over every host, refusing any statement that would write, and stopping a statement at
+its deadline. Must not write a row, take a write lock, or change a file's bytes: a launcher
+writing a live database beside the query is never blocked (WAL readers take no lock a writer
+waits for), and a refused statement changes nothing anywhere.
 
 Why reading is safe, three times over: each file is attached with ``mode=ro`` (or
 ``immutable=1``, below), ``PRAGMA query_only`` is on, and an authorizer allows only reads, so a
@@ -35,106 +35,33 @@ from typing import Any
 
 from sidecar_fsm.errors import SidecarError, UnusableStateError
 from sidecar_fsm.state import dbfile
+from sidecar_fsm.state.schema import migrate, schema_version
 
 __all__ = ["DEFAULT_TIMEOUT_SECONDS", "VIEWS", "QueryRefused", "QueryResult", "QueryTimeout", "run_query"]
 
+
+def _documented_views() -> dict[str, tuple[str, ...]]:
+    """Each view the migrations make and its columns, in order, read from a database they build in
+    memory: the columns are named once, in the migrations' SQL (docs/query.md documents them;
+    tests/unit/test_query_views.py holds them as the contract)."""
+    conn = sqlite3.connect(":memory:", isolation_level=None)
+    try:
+        migrate(conn, Path(":memory:"))
+        views = conn.execute("SELECT name FROM sqlite_master WHERE type = 'view' ORDER BY rowid")
+        names = [row[0] for row in views]
+        return {
+            name: tuple(row[0] for row in conn.execute("SELECT name FROM pragma_table_info(?)", [name]))
+            for name in names
+        }
+    finally:
+        conn.close()
+
+
 # The query surface: each view and its columns, in order. Later migrations may add columns at
 # the end, never rename, drop or reorder one; the union below selects exactly these, so a
-# database from a newer sidecar-fsm (with more columns) is read alongside older ones.
-VIEWS: dict[str, tuple[str, ...]] = {
-    "run_summary": (
-        "host",
-        "run_id",
-        "owner_pid",
-        "started",
-        "ended",
-        "outcome",
-        "duration_s",
-        "instances",
-        "failed",
-        "restarts",
-    ),
-    "instance_summary": (
-        "host",
-        "run_id",
-        "name",
-        "upstream",
-        "state",
-        "since",
-        "restarts",
-        "exit_code",
-        "error",
-        "reason",
-        "listen",
-        "pid",
-        "spawned",
-        "ready",
-        "ready_s",
-        "ended",
-        "lived_s",
-    ),
-    "transition_log": (
-        "host",
-        "run_id",
-        "instance",
-        "source",
-        "dest",
-        "event",
-        "at",
-        "detail",
-        "in_source_s",
-        "seq",
-    ),
-    "spawn_attempts": (
-        "host",
-        "run_id",
-        "instance",
-        "attempt",
-        "spawned",
-        "ready",
-        "ready_s",
-        "next_state",
-    ),
-    "traffic_summary": (
-        "host",
-        "run_id",
-        "name",
-        "upstream",
-        "requests",
-        "responses_2xx",
-        "responses_4xx",
-        "responses_5xx",
-        "responses_502",
-        "client_disconnects",
-        "upstream_errors",
-        "pings_sent",
-        "ping_acks",
-        "goaways",
-        "retries",
-        "ttfb_p50_s",
-        "ttfb_p90_s",
-        "ttfb_p99_s",
-        "duration_p50_s",
-        "duration_p90_s",
-        "duration_p99_s",
-        "duration_max_s",
-        "as_of",
-        "upstream_errors_dial",
-        "upstream_errors_tls",
-        "upstream_errors_alpn",
-        "upstream_errors_ping_timeout",
-        "upstream_errors_reset",
-        "upstream_errors_other",
-        "responses_other",
-        "rotations",
-        "final",
-        "processes",
-    ),
-}
-
-# The first schema with every view (``traffic_summary``: 5); an older database is migrated first,
-# as ``status`` does.
-VIEWS_SINCE_SCHEMA = 5
+# database from a newer sidecar-fsm (with more columns) is read alongside older ones, and an
+# older one is migrated first (``_attach``), as ``status`` does.
+VIEWS = _documented_views()
 
 DEFAULT_TIMEOUT_SECONDS = 10.0
 
@@ -313,7 +240,7 @@ def _list_in_main_schema(conn: sqlite3.Connection) -> None:
 def _attach(conn: sqlite3.Connection, path: Path, schema: str, created: list[Path]) -> str:
     """Attach ``path`` as ``schema``, read-only; appends it to ``created`` if SQLite made its -shm."""
     # A database from before the views is migrated first, as status would (migrations only add).
-    dbfile.migrate_if_below(path, VIEWS_SINCE_SCHEMA)
+    dbfile.migrate_if_below(path, schema_version())
     had_index = os.path.exists(f"{path}-shm") or os.path.exists(f"{path}-wal")
     uri = _read_only_uri(path, had_index)
     try:

@@ -1,7 +1,8 @@
 """The state database's rows as Python values: runs, instances, history rows, a new instance.
 
 Owns the record types ``store`` returns and takes, and turning a row into one (``run_record``
-decodes the stored config summary). Plain values: no SQL, no I/O; a record is a snapshot as of
+decodes the stored config summary); a traffic record is the proxy's own document, its counters
+named only by the documented views. Plain values: no SQL, no I/O; a record is a snapshot as of
 the query that returned it, never updated in place.
 """
 
@@ -12,7 +13,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, NamedTuple
 
-__all__ = ["InstanceRecord", "NewInstance", "RunRecord", "TransitionRecord", "run_record"]
+__all__ = ["InstanceRecord", "NewInstance", "RunRecord", "TrafficRecord", "TransitionRecord", "run_record"]
 
 
 @dataclass(frozen=True)
@@ -85,60 +86,15 @@ def run_record(row: Mapping[str, Any]) -> RunRecord:
     return RunRecord(**fields)
 
 
-# -- traffic (issue 28) ---------------------------------------------------------------------------
+class TrafficRecord(NamedTuple):
+    """One proxy process's traffic record (go/traffic.go), checked by ``run.traffic.parse``.
 
-# The upstream error kinds of the proxy's ``h2ping_upstream_errors_total{kind}``, in its order.
-UPSTREAM_ERROR_KINDS = ("dial", "tls", "alpn", "ping_timeout", "reset", "other")
-
-
-@dataclass(frozen=True)
-class TrafficFigures:
-    """What one proxy process carried, as of ``as_of`` (unix seconds): one traffic file, checked.
-
-    Numbers only, and the two times: nothing in it can hold a header, a query or userinfo.
-    ``upstream_errors`` maps each of ``UPSTREAM_ERROR_KINDS`` to its count; each histogram is
-    ``{"buckets": [[le, n], ..., [None, n]], "sum", "count"}``: per-bucket (not cumulative)
-    counts beside their upper bounds, the last bucket +Inf.
+    ``document`` is the record as the proxy wrote it: numbers, the two times and nothing else, so
+    it can hold no header, query or userinfo; the store keeps it whole and the documented views
+    name its counters. ``pid`` and ``as_of`` (unix seconds) are read out of it because the importer
+    decides by them (whose figures, and which of two records of one process is newer).
     """
 
     pid: int
-    started_at: float
     as_of: float
-    final: bool
-    requests: int
-    responses_2xx: int
-    responses_4xx: int
-    responses_5xx: int
-    responses_502: int
-    responses_other: int
-    client_disconnects: int
-    upstream_errors: Mapping[str, int]
-    pings_sent: int
-    ping_acks: int
-    goaways: int
-    retries: int
-    rotations: int
-    ttfb_seconds: Mapping[str, Any]
-    duration_seconds: Mapping[str, Any]
-    duration_max_s: float
-
-
-@dataclass(frozen=True)
-class InstanceTraffic:
-    """One instance's figures as ``traffic_summary`` gives them: its processes summed.
-
-    ``upstream_errors`` by kind; percentiles are bucket upper bounds (see migrations/0005), None
-    when no request finished; ``final`` when every process had drained when it wrote them.
-    """
-
-    name: str
-    requests: int
-    responses_502: int
-    upstream_errors: Mapping[str, int]
-    ttfb_p50_s: float | None
-    ttfb_p99_s: float | None
-    duration_p99_s: float | None
-    duration_max_s: float
-    as_of: str
-    final: bool
-    processes: int
+    document: Mapping[str, Any]

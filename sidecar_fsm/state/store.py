@@ -45,19 +45,17 @@ from sidecar_fsm.base.urls import redact_url
 from sidecar_fsm.errors import SidecarError
 from sidecar_fsm.state import dbfile, storagefault
 from sidecar_fsm.state.dbfile import DB_DIR_NAME, database_path  # re-exported: callers and tests
-from sidecar_fsm.state.fsm import SERVING_METRICS, TERMINAL
 from sidecar_fsm.state.hostname import host_name
 from sidecar_fsm.state.records import (
-    UPSTREAM_ERROR_KINDS,
     InstanceRecord,
-    InstanceTraffic,
     NewInstance,
     RunRecord,
-    TrafficFigures,
+    TrafficRecord,
     TransitionRecord,
     run_record,
 )
 from sidecar_fsm.state.schema import Migration, load_migrations, schema_version  # know them as store's
+from sidecar_fsm.state.states import SERVING_METRICS
 
 if TYPE_CHECKING:
     import sqlite_utils
@@ -66,12 +64,11 @@ __all__ = [
     "DB_DIR_NAME",
     "FACT_COLUMNS",
     "InstanceRecord",
-    "InstanceTraffic",
     "Migration",
     "NewInstance",
     "RunRecord",
     "Store",
-    "TrafficFigures",
+    "TrafficRecord",
     "TransitionRecord",
     "database_path",
     "load_migrations",
@@ -500,62 +497,28 @@ class Store:
         )
         return [InstanceRecord(**row) for row in rows]
 
-    def live_instance_on_listen(self, listen: str) -> InstanceRecord | None:
-        """The newest non-terminal instance recorded on ``listen`` (host:port), if any."""
-        terminal = sorted(TERMINAL)
-        rows = self._rows(
-            f"SELECT * FROM instances WHERE listen = ? AND state NOT IN ({_marks(terminal)}) "
-            "ORDER BY id DESC LIMIT 1",
-            [listen, *terminal],
-        )
-        return InstanceRecord(**rows[0]) if rows else None
+    # -- traffic (issue 28): one proxy process's record, and the view every reader reads ------
 
-    # -- traffic (issue 28): one proxy process's figures, and what history and status read ------
+    def record_traffic(self, instance_id: int, record: TrafficRecord) -> bool:
+        """Store one proxy process's record for ``instance_id``, as written; True when that changed a row.
 
-    def record_traffic(self, instance_id: int, figures: TrafficFigures) -> bool:
-        """Store one proxy process's figures for ``instance_id``; True when that changed a row.
-
-        One row per (instance, pid): figures of a process not seen yet are added, figures with a
-        later ``as_of`` replace that process's older ones, and anything else (the same file
-        imported again, an older file) changes nothing, so importing is idempotent and a restart's
+        One row per (instance, pid): a process not seen yet is added, a record with a later
+        ``as_of`` replaces that process's older one, and anything else (the same file imported
+        again, an older file) changes nothing, so importing is idempotent and a restart's
         processes add up in ``traffic_summary``. The upsert is one statement (no read-then-write
         race between two importers: a launcher's stop and a reap); when it changed the row, the
         instance's percentiles are recomputed from every one of its processes' buckets
-        (``_QUANTILES_SQL``) in the same transaction. Raises
-        ``sqlite3.IntegrityError`` for an unknown instance.
+        (``_QUANTILES_SQL``) in the same transaction. Raises ``sqlite3.IntegrityError`` for an
+        unknown instance.
         """
-        row = {
-            "instance_id": instance_id,
-            "pid": figures.pid,
-            "started_at": figures.started_at,
-            "as_of": figures.as_of,
-            "final": int(figures.final),
-            "requests": figures.requests,
-            "responses_2xx": figures.responses_2xx,
-            "responses_4xx": figures.responses_4xx,
-            "responses_5xx": figures.responses_5xx,
-            "responses_502": figures.responses_502,
-            "responses_other": figures.responses_other,
-            "client_disconnects": figures.client_disconnects,
-            **{f"errors_{kind}": figures.upstream_errors.get(kind, 0) for kind in UPSTREAM_ERROR_KINDS},
-            "pings_sent": figures.pings_sent,
-            "ping_acks": figures.ping_acks,
-            "goaways": figures.goaways,
-            "retries": figures.retries,
-            "rotations": figures.rotations,
-            "ttfb_seconds": json.dumps(figures.ttfb_seconds, sort_keys=True),
-            "duration_seconds": json.dumps(figures.duration_seconds, sort_keys=True),
-            "duration_max_s": figures.duration_max_s,
-        }
-        # Column names are this literal's keys, never the caller's text.
-        names = ", ".join(row)
-        updates = ", ".join(f"{name} = excluded.{name}" for name in row if name not in ("instance_id", "pid"))
         sql = (
-            f"INSERT INTO traffic ({names}) VALUES ({', '.join('?' for _ in row)}) "
-            f"ON CONFLICT (instance_id, pid) DO UPDATE SET {updates} WHERE excluded.as_of > traffic.as_of"
+            "INSERT INTO traffic (instance_id, pid, as_of, record) VALUES (?, ?, ?, ?) "
+            "ON CONFLICT (instance_id, pid) DO UPDATE SET as_of = excluded.as_of, record = excluded.record "
+            "WHERE excluded.as_of > traffic.as_of"
         )
+        values = [instance_id, record.pid, record.as_of, json.dumps(record.document)]
         with self._write() as db:
-            if db.conn.execute(sql, list(row.values())).rowcount == 0:
+            if db.conn.execute(sql, values).rowcount == 0:
                 return False
             db.conn.execute(_QUANTILES_SQL, {"instance_id": instance_id})
             return True
@@ -565,47 +528,27 @@ class Store:
         rows = self._rows("SELECT pid FROM traffic WHERE instance_id = ?", [instance_id])
         return {int(row["pid"]) for row in rows}
 
-    def instance_traffic(self, run_id: str) -> dict[str, InstanceTraffic]:
-        """Each instance of ``run_id`` with figures, by name, as ``traffic_summary`` sums them."""
-        rows = self._rows("SELECT * FROM traffic_summary WHERE run_id = ? AND as_of IS NOT NULL", [run_id])
-        return {
-            row["name"]: InstanceTraffic(
-                name=row["name"],
-                requests=row["requests"],
-                responses_502=row["responses_502"],
-                upstream_errors={kind: row[f"upstream_errors_{kind}"] for kind in UPSTREAM_ERROR_KINDS},
-                ttfb_p50_s=row["ttfb_p50_s"],
-                ttfb_p99_s=row["ttfb_p99_s"],
-                duration_p99_s=row["duration_p99_s"],
-                duration_max_s=row["duration_max_s"],
-                as_of=row["as_of"],
-                final=bool(row["final"]),
-                processes=row["processes"],
-            )
-            for row in rows
-        }
-
-    def run_traffic_totals(self) -> dict[str, tuple[int, int]]:
-        """``run_id -> (requests, 502s)`` of every run with figures, all its instances summed."""
-        rows = self._rows(
-            "SELECT i.run_id, sum(t.requests) AS requests, sum(t.responses_502) AS bad "
-            "FROM traffic AS t JOIN instances AS i ON i.id = t.instance_id GROUP BY i.run_id"
-        )
-        return {row["run_id"]: (int(row["requests"]), int(row["bad"])) for row in rows}
+    def traffic_summary(self, run_id: str | None = None) -> list[dict[str, Any]]:
+        """The ``traffic_summary`` rows (docs/query.md) with figures, of ``run_id`` or of every run."""
+        sql = "SELECT * FROM traffic_summary WHERE as_of IS NOT NULL"
+        if run_id is None:
+            return self._rows(sql)
+        return self._rows(f"{sql} AND run_id = ?", [run_id])
 
 
 def _quantile(histogram: str, above: int, of: int) -> str:
-    """The upper bound (``le``) of the first bucket of ``histogram`` (a column of ``traffic``)
-    whose cumulative count, every process of the instance added together, reaches the rank
-    ``below * above >= of * total`` (the nearest rank: ``ceil(q * n)``, in integers, so no float
-    product lands just above a whole number); NULL in the +Inf bucket (whose ``le`` is null) or
-    when nothing was counted. ``+ 0.0``: a bound written as ``1`` is the REAL 1.0."""
+    """The upper bound of the first bucket of the records' ``histogram`` whose cumulative count,
+    every process of the instance added together, reaches the rank ``below * above >= of * total``
+    (the nearest rank: ``ceil(q * n)``, in integers, so no float product lands just above a whole
+    number); NULL in the +Inf bucket (the count without a bound) or when nothing was counted.
+    ``+ 0.0``: a bound written as ``1`` is the REAL 1.0."""
     return (
         "(SELECT min(le) FROM ("
         " SELECT le, sum(n) OVER (ORDER BY le IS NULL, le ROWS UNBOUNDED PRECEDING) AS below,"
         " sum(n) OVER () AS total FROM ("
-        "  SELECT json_extract(c.value, '$[0]') + 0.0 AS le, sum(json_extract(c.value, '$[1]')) AS n"
-        f"  FROM traffic AS t, json_each(t.{histogram}, '$.buckets') AS c"
+        "  SELECT b.value + 0.0 AS le, sum(c.value) AS n FROM traffic AS t"
+        f"  JOIN json_each(t.record, '$.{histogram}.counts') AS c"
+        f"  LEFT JOIN json_each(t.record, '$.{histogram}.bounds') AS b ON b.key = c.key"
         "  WHERE t.instance_id = :instance_id GROUP BY le)"
         f") WHERE below * {above} >= {of} * total)"
     )

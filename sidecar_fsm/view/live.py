@@ -26,7 +26,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from sidecar_fsm.base import fanout
 
-__all__ = ["NO_ANSWER", "SCRAPE_TIMEOUT_SECONDS", "ERROR_KINDS", "Figures", "Scrape", "parse", "scrape_all"]
+__all__ = ["NO_ANSWER", "SCRAPE_TIMEOUT_SECONDS", "Figures", "Scrape", "parse", "scrape_all"]
 
 # One deadline for the whole scrape. A healthy proxy answers from memory in about a
 # millisecond on an idle machine, but on a GPU node whose every core is busy (data loaders,
@@ -37,8 +37,6 @@ __all__ = ["NO_ANSWER", "SCRAPE_TIMEOUT_SECONDS", "ERROR_KINDS", "Figures", "Scr
 # it, and only once per `status` or `top` frame.
 SCRAPE_TIMEOUT_SECONDS = 1.0
 NO_ANSWER = "no answer"
-# The upstream error kinds the proxy counts (SPEC, h2ping_upstream_errors_total{kind}).
-ERROR_KINDS = ("dial", "tls", "alpn", "ping_timeout", "reset", "other")
 # /metrics is a few kilobytes; more than this is not our proxy, and is not read on.
 _MAX_BODY_BYTES = 1 << 20
 
@@ -57,7 +55,8 @@ class Figures:
     ping_rtt_seconds: float
     upstream_up: bool
     upstream_connections: int
-    # Every kind the proxy reported, zeros included, so a reader can tell "none" from "unknown".
+    # Every kind the proxy reported, zeros included, so a reader can tell "none" from "unknown";
+    # in the proxy's order (its kindNames), which is the order of its samples.
     upstream_errors: Mapping[str, int] = field(default_factory=dict)
     # The proxy's last upstream error in its own words (GET /upstream), read only while the
     # upstream is down; None when up, or when the proxy could not say.
@@ -73,10 +72,8 @@ class Figures:
         return not self.upstream_up and not self.upstream_unchecked
 
     def errors_counted(self) -> dict[str, int]:
-        """The error kinds with a non-zero count, in ``ERROR_KINDS`` order, then any others."""
-        order = {kind: index for index, kind in enumerate(ERROR_KINDS)}
-        kinds = sorted(self.upstream_errors, key=lambda kind: (order.get(kind, len(order)), kind))
-        return {kind: self.upstream_errors[kind] for kind in kinds if self.upstream_errors[kind]}
+        """The error kinds with a non-zero count, in the proxy's order."""
+        return {kind: count for kind, count in self.upstream_errors.items() if count}
 
 
 @dataclass(frozen=True)

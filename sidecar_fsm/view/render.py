@@ -40,10 +40,10 @@ from sidecar_fsm.view.status import (
     process_note,
     reap_hint,
 )
-from sidecar_fsm.view.traffic import totals_json, totals_text, traffic_json, traffic_line
+from sidecar_fsm.view.traffic import InstanceTraffic, totals_json, totals_text, traffic_json, traffic_line
 
 if TYPE_CHECKING:
-    from sidecar_fsm.state.store import InstanceRecord, InstanceTraffic, RunRecord, TransitionRecord
+    from sidecar_fsm.state.store import InstanceRecord, RunRecord, TransitionRecord
     from sidecar_fsm.view.live import Scrape
 
 

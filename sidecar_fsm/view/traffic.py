@@ -1,9 +1,9 @@
 """What each sidecar carried, where a person looks: ``history``'s traffic lines, ``status --all``.
 
-Owns reading a run's traffic figures from the database (``Store.instance_traffic``,
-``Store.run_traffic_totals``, the sums ``traffic_summary`` documents) and their words and JSON:
-one line per instance in ``history`` (requests, 502s by kind, TTFB p50/p99, duration p99/max)
-and a run's requests and 502s in ``status --all``. Read-only: the figures are as the last import
+Owns reading a run's traffic figures from the database (``traffic_summary``'s rows, the one sum
+of each figure, docs/query.md) and their words and JSON: one line per instance in ``history``
+(requests, 502s by kind, TTFB p50/p99, duration p99/max) and a run's requests and 502s (its
+instances' rows added up) in ``status --all``. Read-only: the figures are as the last import
 left them (``run.traffic``: the supervise loop, ``check()``, stop, a restart, reap), since a read
 command never writes, so a live run's line says when its figures were taken.
 """
@@ -13,23 +13,34 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-from sidecar_fsm.state.store import InstanceTraffic, Store
+from sidecar_fsm.state.store import Store
 from sidecar_fsm.view.cells import UNKNOWN
 
-__all__ = ["instance_traffic", "run_totals", "totals_text", "traffic_json", "traffic_line"]
+__all__ = ["InstanceTraffic", "instance_traffic", "run_totals", "totals_text", "traffic_json", "traffic_line"]
+
+# One instance's ``traffic_summary`` row (docs/query.md), by column name.
+InstanceTraffic = Mapping[str, Any]
+_KIND = "upstream_errors_"
 
 
 def instance_traffic(store: Store, run_id: str) -> dict[str, InstanceTraffic]:
     """The figures of each instance of ``run_id`` that has some, by name. Read-only."""
-    return store.instance_traffic(run_id)
+    return {row["name"]: row for row in store.traffic_summary(run_id)}
 
 
 def run_totals(stores: Iterable[Store]) -> dict[str, tuple[int, int]]:
     """``run_id -> (requests, 502s)`` of every run with figures in ``stores``. Read-only."""
     totals: dict[str, tuple[int, int]] = {}
     for store in stores:
-        totals.update(store.run_traffic_totals())
+        for row in store.traffic_summary():
+            requests, bad = totals.get(row["run_id"], (0, 0))
+            totals[row["run_id"]] = (requests + row["requests"], bad + row["responses_502"])
     return totals
+
+
+def _errors(figures: InstanceTraffic) -> dict[str, int]:
+    """The upstream errors by kind, in the view's order (its ``upstream_errors_<kind>`` columns)."""
+    return {name[len(_KIND) :]: count for name, count in figures.items() if name.startswith(_KIND)}
 
 
 def _seconds(value: float | None) -> str:
@@ -43,13 +54,14 @@ def traffic_line(name: str, figures: InstanceTraffic | None) -> str:
     duration p99 10s max 12.8s, final``; ``none recorded`` for an instance without figures."""
     if figures is None:
         return f"traffic {name}: none recorded"
-    kinds = ", ".join(f"{kind} {count}" for kind, count in figures.upstream_errors.items() if count)
-    bad = f"{figures.responses_502} 502s" + (f" ({kinds})" if kinds else "")
-    when = "final" if figures.final else f"as of {figures.as_of}"
+    kinds = ", ".join(f"{kind} {count}" for kind, count in _errors(figures).items() if count)
+    bad = f"{figures['responses_502']} 502s" + (f" ({kinds})" if kinds else "")
+    when = "final" if figures["final"] else f"as of {figures['as_of']}"
     return (
-        f"traffic {name}: {figures.requests} requests, {bad}, "
-        f"ttfb p50 {_seconds(figures.ttfb_p50_s)} p99 {_seconds(figures.ttfb_p99_s)}, "
-        f"duration p99 {_seconds(figures.duration_p99_s)} max {_seconds(figures.duration_max_s)}, {when}"
+        f"traffic {name}: {figures['requests']} requests, {bad}, "
+        f"ttfb p50 {_seconds(figures['ttfb_p50_s'])} p99 {_seconds(figures['ttfb_p99_s'])}, "
+        f"duration p99 {_seconds(figures['duration_p99_s'])} "
+        f"max {_seconds(figures['duration_max_s'])}, {when}"
     )
 
 
@@ -58,16 +70,16 @@ def traffic_json(figures: InstanceTraffic | None) -> dict[str, Any] | None:
     if figures is None:
         return None
     return {
-        "requests": figures.requests,
-        "responses_502": figures.responses_502,
-        "upstream_errors": dict(figures.upstream_errors),
-        "ttfb_p50_s": figures.ttfb_p50_s,
-        "ttfb_p99_s": figures.ttfb_p99_s,
-        "duration_p99_s": figures.duration_p99_s,
-        "duration_max_s": figures.duration_max_s,
-        "as_of": figures.as_of,
-        "final": figures.final,
-        "processes": figures.processes,
+        "requests": figures["requests"],
+        "responses_502": figures["responses_502"],
+        "upstream_errors": _errors(figures),
+        "ttfb_p50_s": figures["ttfb_p50_s"],
+        "ttfb_p99_s": figures["ttfb_p99_s"],
+        "duration_p99_s": figures["duration_p99_s"],
+        "duration_max_s": figures["duration_max_s"],
+        "as_of": figures["as_of"],
+        "final": bool(figures["final"]),
+        "processes": figures["processes"],
     }
 
 

@@ -386,7 +386,7 @@ def test_the_launcher_starts_gyms_binary(
     # No -traffic-file: such a run simply has no traffic figures (and no warning about them).
     assert list(log_dir.glob("*.traffic.json")) == []
     with Store.open(log_dir) as store:
-        assert store.instance_traffic(manager.run_id) == {}
+        assert store.traffic_summary(manager.run_id) == []
 
 
 def test_the_launcher_refuses_port_0_for_gyms_binary_before_starting(

@@ -202,7 +202,7 @@ def test_a_proxy_killed_with_sigkill_loses_at_most_its_last_interval(
         if not path.exists():
             return None
         figures = traffic.parse(path.read_bytes())
-        return figures if figures.as_of >= done_at - 0.01 and figures.requests == 4 else None
+        return figures if figures.as_of >= done_at - 0.01 and figures.document["requests"] == 4 else None
 
     wait_until(caught_up, interval + 5, "a write after the requests")
     caught = time.time()

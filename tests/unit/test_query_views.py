@@ -6,6 +6,7 @@ CLI on real runs of two hosts is ``tests/integration/test_query.py``).
 
 from __future__ import annotations
 
+import json
 import re
 import sqlite3
 from pathlib import Path
@@ -14,6 +15,7 @@ from typing import Any
 import pytest
 
 from sidecar_fsm.errors import UnusableStateError
+from sidecar_fsm.run import traffic
 from sidecar_fsm.state import query
 from sidecar_fsm.state.fsm import InstanceMachine
 from sidecar_fsm.state.store import Store, database_path, load_migrations
@@ -99,6 +101,9 @@ CONTRACT = {
         "rotations",
         "final",
         "processes",
+        "nvcf_followed",
+        "nvcf_polls",
+        "nvcf_budget_exceeded",
     ],
 }
 ISO = re.compile(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{3}Z")
@@ -149,6 +154,91 @@ def test_a_database_from_before_the_views_is_migrated_and_queried(tmp_path: Path
     result = query.run_query(tmp_path, "SELECT started, ended, duration_s, instances FROM run_summary")
     assert result.rows == [("2025-12-01T14:00:00.250Z", "2025-12-01T14:01:00.750Z", 60.5, 0)]
     assert result.hosts == ["old"]
+
+
+# Two processes of one instance as step 5's store kept them: a column per figure, each histogram
+# as [le, n] buckets (null: +Inf), and the percentiles it computed from them.
+STEP5_TRAFFIC = [
+    (4242, 1764597600.125, 1764597630.5, 1, 10, 8, 0, 2, 2, 0, 1, 0, 0, 0, 1, 1, 0, 30, 29, 1, 1, 0,
+     '{"buckets": [[0.01, 3], [0.05, 5], [1.0, 0], [null, 0]], "count": 8, "sum": 0.2}',
+     '{"buckets": [[0.01, 0], [0.05, 4], [1.0, 4], [null, 2]], "count": 10, "sum": 300.0}', 512.25),
+    (4243, 1764597640.0, 1764597700.0, 0, 5, 4, 1, 0, 0, 0, 0, 1, 0, 0, 0, 0, 0, 12, 12, 0, 0, 2,
+     '{"buckets": [[0.01, 0], [0.05, 0], [1.0, 5], [null, 0]], "count": 5, "sum": 2.0}',
+     '{"buckets": [[0.01, 0], [0.05, 0], [1.0, 5], [null, 0]], "count": 5, "sum": 2.5}', 0.75),
+]  # fmt: skip
+
+
+def test_a_database_of_step_5_keeps_every_traffic_figure_and_its_records_import_on(tmp_path: Path) -> None:
+    path = database_path(tmp_path, "old")
+    path.parent.mkdir(parents=True)
+    conn = sqlite3.connect(path, isolation_level=None)
+    conn.execute("PRAGMA journal_mode=WAL")
+    for migration in load_migrations()[:5]:
+        conn.executescript(migration.path.read_text())
+    conn.execute("PRAGMA user_version = 5")
+    conn.execute("INSERT INTO runs (run_id, host, owner_pid, started_at) VALUES ('r1', 'old', 7, 1764597600)")
+    conn.execute(
+        "INSERT INTO instances (run_id, name, listen, upstream, state, state_since) "
+        "VALUES ('r1', 'policy', '127.0.0.1:1250', 'https://api.example.com', 'ready', 1764597600)"
+    )
+    for row in STEP5_TRAFFIC:
+        conn.execute(f"INSERT INTO traffic VALUES (1, {', '.join('?' for _ in row)})", row)
+    conn.execute("INSERT INTO traffic_quantiles VALUES (1, 0.05, 1.0, 1.0, 1.0, NULL, NULL)")
+    before = conn.execute("SELECT * FROM traffic_summary").fetchall()
+    conn.close()
+
+    result = query.run_query(tmp_path, "SELECT * FROM traffic_summary")
+    (row,) = [dict(zip(result.columns, values, strict=True)) for values in result.rows]
+    old_columns = CONTRACT["traffic_summary"][: len(before[0])]
+    assert [row[column] for column in old_columns] == list(before[0])
+    assert (row["requests"], row["upstream_errors"], row["processes"], row["duration_p99_s"]) == (
+        15,
+        3,
+        2,
+        512.25,
+    )
+    assert (row["nvcf_followed"], row["nvcf_polls"], row["nvcf_budget_exceeded"]) == (0, 0, 0)
+
+    with Store.open_existing(path) as store:
+        reader = sqlite3.connect(path)
+        (pid, record), _ = reader.execute("SELECT pid, record FROM traffic ORDER BY pid").fetchall()
+        reader.close()
+        stored = json.loads(record)
+        assert (pid, stored["version"], stored["as_of"], stored["final"]) == (
+            4242,
+            1,
+            "2025-12-01T14:00:30.500Z",
+            True,
+        )
+        assert stored["duration_seconds"] == {
+            "bounds": [0.01, 0.05, 1.0],
+            "counts": [0, 4, 4, 2],
+            "count": 10,
+            "sum": 300.0,
+        }
+        assert traffic.parse(record).document == stored  # what the importer would accept
+        # A third process: the percentiles are computed again over the migrated buckets too.
+        third = {**stored, "pid": 4244, "as_of": "2025-12-01T14:10:00.000Z", "version": 2, "nvcf_polls": 4}
+        third["duration_seconds"] = {
+            "bounds": [0.01, 0.05, 1.0],
+            "counts": [0, 0, 0, 5],
+            "count": 5,
+            "sum": 9.0,
+        }
+        assert store.record_traffic(1, traffic.parse(json.dumps(third))) is True
+        (after,) = store.traffic_summary("r1")
+    # Durations: 4 at <= 0.05 s, 9 more at <= 1 s, 7 past 1 s (+Inf: the max), of 20.
+    assert (after["duration_p50_s"], after["duration_p90_s"], after["duration_max_s"]) == (
+        1.0,
+        512.25,
+        512.25,
+    )
+    assert (after["ttfb_p50_s"], after["requests"], after["nvcf_polls"], after["processes"]) == (
+        0.05,
+        25,
+        4,
+        3,
+    )
 
 
 def recorded(store: Store, events: list[tuple[str, dict[str, Any]]], name: str = "policy") -> str:

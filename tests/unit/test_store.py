@@ -14,7 +14,7 @@ import pytest
 from sidecar_fsm.base import resources
 from sidecar_fsm.errors import SchemaTooNewError, SidecarError
 from sidecar_fsm.state import schema
-from sidecar_fsm.state.fsm import InstanceMachine
+from sidecar_fsm.state.fsm import NON_TERMINAL, InstanceMachine
 from sidecar_fsm.state.store import (
     NewInstance,
     Store,
@@ -262,9 +262,8 @@ def test_instance_queries(store: Store) -> None:
     assert store.instances_of("none") == []
     assert [i.id for i in store.instances_in_states(["configured", "building"])] == [b.id, c.id]
     assert store.instances_in_states([]) == []
-    on_1250 = store.live_instance_on_listen("127.0.0.1:1250")
-    assert on_1250 is not None and on_1250.id == c.id
-    assert store.live_instance_on_listen("127.0.0.1:9") is None
+    live = store.instances_in_states(NON_TERMINAL)
+    assert [i.id for i in live if i.listen == "127.0.0.1:1250"] == [c.id]  # a's failed: not live
     assert store.get_instance(10_000) is None
     with pytest.raises(sqlite3.IntegrityError):
         store.create_instance("r1", "a", "127.0.0.1:1252", "https://x.example.com", None, None, None)

@@ -1,4 +1,4 @@
-"""Traffic figures: the version-1 file, its import, the store's rows and ``traffic_summary``.
+"""Traffic figures: the record (versions 1 and 2), its import, the store's rows and ``traffic_summary``.
 
 On real SQLite files and real files in a real log dir, written by hand as the proxy writes them;
 no child processes (the real proxy is ``tests/integration/test_traffic.py``).
@@ -24,6 +24,7 @@ from sidecar_fsm.run.runfiles import instance_files, sibling
 from sidecar_fsm.state import query
 from sidecar_fsm.state.fsm import InstanceMachine
 from sidecar_fsm.state.store import Store
+from sidecar_fsm.view import traffic as view_traffic
 
 BOUNDS = [0.005, 0.01, 0.05, 0.1, 1.0, 10.0, 100.0, 3600.0]
 
@@ -99,21 +100,18 @@ def summary(tmp_path: Path, columns: str = "*") -> list[dict[str, Any]]:
 # -- the file -----------------------------------------------------------------------------------
 
 
-def test_a_version_1_file_reads_as_its_figures() -> None:
-    figures = traffic.parse(json.dumps(document()))
-    assert (figures.pid, figures.requests, figures.responses_502, figures.final) == (4242, 10, 2, False)
-    assert figures.as_of - figures.started_at == pytest.approx(329.877)
-    assert figures.upstream_errors == {
-        "dial": 0,
-        "tls": 0,
-        "alpn": 0,
-        "ping_timeout": 1,
-        "reset": 1,
-        "other": 0,
-    }
-    assert [n for _, n in figures.duration_seconds["buckets"]] == [0, 0, 0, 0, 4, 4, 1, 1, 0]
-    assert [le for le, _ in figures.duration_seconds["buckets"]] == [*BOUNDS, None]
-    assert traffic.parse(json.dumps(document(as_of="2026-12-01T21:05:30+01:00"))).as_of == figures.as_of
+def test_a_record_reads_as_written_with_its_process_and_time() -> None:
+    written = document()
+    record = traffic.parse(json.dumps(written))
+    assert (record.pid, record.document) == (4242, written)
+    assert record.as_of == pytest.approx(
+        traffic.parse(json.dumps(document(as_of="2026-12-01T21:05:30+01:00"))).as_of
+    )
+    assert record.as_of == 1796155530.0  # 2026-12-01T20:05:30Z
+    second = traffic.parse(
+        json.dumps(document(version=2, nvcf_followed=3, nvcf_polls=7, nvcf_budget_exceeded=1))
+    )
+    assert second.document["nvcf_polls"] == 7
 
 
 @pytest.mark.parametrize(
@@ -121,17 +119,23 @@ def test_a_version_1_file_reads_as_its_figures() -> None:
     [
         ('{"version": 1, "pid": 42, "req', "not JSON"),  # half-written (a copy, not our rename)
         ("[1, 2]", "not a JSON object"),
-        (json.dumps(document(version=2)), "version 2 is not 1"),
-        (json.dumps(document(version=True)), "version true is not 1"),
-        (json.dumps({k: v for k, v in document().items() if k != "version"}), "version null is not 1"),
+        (json.dumps(document(version=3)), "version 3 is not 1 or 2"),
+        (json.dumps(document(version=True)), "version true is not 1 or 2"),
+        (json.dumps({k: v for k, v in document().items() if k != "version"}), "version null is not 1 or 2"),
         (json.dumps(document(pid=0)), "pid 0 is not a process id"),
         (json.dumps(document(requests=-1)), "requests -1 is not a count"),
         (json.dumps(document(requests=1.5)), "requests 1.5 is not a count"),
+        (json.dumps(document(version=2, nvcf_polls=-2)), "nvcf_polls -2 is not a count"),
+        (json.dumps(document(note="Authorization: x")), 'note "Authorization: x" is not a count'),
         (json.dumps(document(final="yes")), 'final "yes" is not true or false'),
         (json.dumps(document(as_of="yesterday")), 'as_of "yesterday" is not an RFC 3339 time'),
-        (json.dumps(document(upstream_errors={"dial": 1})), "upstream_errors.tls null is not a count"),
+        (json.dumps(document(upstream_errors={"dial": None})), "upstream_errors.dial null is not a count"),
         (json.dumps(document(duration_max_s=float("nan"))), "duration_max_s NaN is not a number of seconds"),
         (json.dumps(document(duration_max_s="long")), 'duration_max_s "long" is not a number of seconds'),
+        (
+            json.dumps({k: v for k, v in document().items() if k != "ttfb_seconds"}),
+            "ttfb_seconds is not an object",
+        ),
         (
             json.dumps(document(ttfb_seconds={"bounds": [1, 2], "counts": [1, 2], "sum": 1, "count": 3})),
             "ttfb_seconds: 2 counts for 2 bounds; want one more count",
@@ -144,12 +148,51 @@ def test_a_version_1_file_reads_as_its_figures() -> None:
             json.dumps(document(ttfb_seconds={"bounds": [1, 2], "counts": [1, 2, 3], "sum": 1, "count": 7})),
             "ttfb_seconds: count 7 is not the sum of its counts (6)",
         ),
+        (
+            json.dumps(document(ttfb_seconds={**histogram([0] * 9), "path": "/v1?key=x"})),
+            "ttfb_seconds.path is not a histogram field",
+        ),
     ],
 )
-def test_what_is_not_a_version_1_file_is_refused_saying_why(text: str, reason: str) -> None:
+def test_what_is_not_a_traffic_record_is_refused_saying_why(text: str, reason: str) -> None:
     with pytest.raises(traffic.NotFigures) as refused:
         traffic.parse(text)
     assert str(refused.value).startswith(reason)
+
+
+def test_a_malformed_record_is_refused_in_one_line_and_the_stored_figures_stay(
+    store: Store, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    inst = instance(store, tmp_path)
+    write(inst.log_path, document())
+    traffic.import_instances(store, [inst])
+    before = summary(tmp_path)
+    path = write(inst.log_path, document(as_of="2026-12-01T20:06:00.000Z", requests=12, retries=-1))
+    traffic.import_instances(store, [inst])
+    assert capsys.readouterr().err.splitlines() == [
+        f"WARNING: traffic figures {path} ignored: retries -1 is not a count"
+    ]
+    assert summary(tmp_path) == before
+
+
+def test_a_version_2_records_nvcf_counters_add_up_and_version_1_reads_0(store: Store, tmp_path: Path) -> None:
+    old = instance(store, tmp_path, name="judge", pid=4243)
+    write(old.log_path, document(pid=4243))
+    inst = instance(store, tmp_path, pid=100)
+    write(inst.log_path, document(pid=100, version=2, nvcf_followed=3, nvcf_polls=9, nvcf_budget_exceeded=1))
+    traffic.import_instances(store, [inst, old])
+    machine = InstanceMachine(store, inst.id, "ready")
+    machine.fire("restart", pid=200, pid_start_time=2.0, restart_count=1)
+    restarted = store.get_instance(inst.id)
+    write(inst.log_path, document(pid=200, version=2, nvcf_followed=2, nvcf_polls=4, nvcf_budget_exceeded=0))
+    traffic.import_instances(store, [restarted])
+    columns = "name, requests, processes, nvcf_followed, nvcf_polls, nvcf_budget_exceeded"
+    assert summary(tmp_path, columns) == [
+        {"name": "judge", "requests": 10, "processes": 1, "nvcf_followed": 0, "nvcf_polls": 0,
+         "nvcf_budget_exceeded": 0},
+        {"name": "policy", "requests": 20, "processes": 2, "nvcf_followed": 5, "nvcf_polls": 13,
+         "nvcf_budget_exceeded": 1},
+    ]  # fmt: skip
 
 
 def test_a_file_of_another_process_or_corrupt_warns_once_and_is_ignored(
@@ -294,19 +337,19 @@ def test_the_reads_of_history_and_status_and_prune_deleting_the_rows(store: Stor
     inst = instance(store, tmp_path)
     write(inst.log_path, document(final=True))
     traffic.import_instances(store, [inst])
-    (shown,) = store.instance_traffic("run1").values()
-    assert (shown.name, shown.requests, shown.responses_502, shown.final) == ("policy", 10, 2, True)
-    assert (shown.ttfb_p50_s, shown.ttfb_p99_s, shown.duration_p99_s, shown.duration_max_s) == (
+    (shown,) = view_traffic.instance_traffic(store, "run1").values()
+    assert (shown["name"], shown["requests"], shown["responses_502"], shown["final"]) == ("policy", 10, 2, 1)
+    assert (shown["ttfb_p50_s"], shown["ttfb_p99_s"], shown["duration_p99_s"], shown["duration_max_s"]) == (
         0.05,
         0.05,
         3600.0,
         512.25,
     )
-    assert shown.upstream_errors["ping_timeout"] == 1 and shown.upstream_errors["reset"] == 1
-    assert store.run_traffic_totals() == {"run1": (10, 2)}
+    assert view_traffic.traffic_json(shown)["upstream_errors"] == document()["upstream_errors"]
+    assert view_traffic.run_totals([store]) == {"run1": (10, 2)}
     store.end_run("run1", "ended")
     assert [record.id for record in store.delete_ended_run("run1")] == [inst.id]
-    assert store.run_traffic_totals() == {} and store.traffic_pids(inst.id) == set()
+    assert view_traffic.run_totals([store]) == {} and store.traffic_pids(inst.id) == set()
 
 
 def test_a_database_full_or_gone_never_breaks_the_import(
@@ -382,16 +425,39 @@ def test_our_binary_gets_the_traffic_file_and_log_flags_and_gyms_gets_none() -> 
 # -- where a person looks -----------------------------------------------------------------------
 
 
+def shown_row(
+    requests: int,
+    bad: int,
+    errors: dict[str, int],
+    seconds: tuple[float | None, ...],
+    final: int,
+    processes: int,
+) -> dict[str, Any]:
+    """The ``traffic_summary`` columns ``history`` shows (ttfb p50/p99, duration p99/max in ``seconds``)."""
+    ttfb_p50, ttfb_p99, duration_p99, duration_max = seconds
+    return {
+        "name": "policy",
+        "requests": requests,
+        "responses_502": bad,
+        **{f"upstream_errors_{kind}": count for kind, count in errors.items()},
+        "ttfb_p50_s": ttfb_p50,
+        "ttfb_p99_s": ttfb_p99,
+        "duration_p99_s": duration_p99,
+        "duration_max_s": duration_max,
+        "as_of": "2026-12-01T20:05:30.000Z",
+        "final": final,
+        "processes": processes,
+    }
+
+
 def test_history_ends_with_a_traffic_line_per_instance_and_status_all_sums_each_run() -> None:
     from test_render import NOW, two_instance_status
 
-    from sidecar_fsm.state.store import InstanceTraffic, TransitionRecord
+    from sidecar_fsm.state.store import TransitionRecord
     from sidecar_fsm.view import render
 
     errors = {"dial": 0, "tls": 0, "alpn": 0, "ping_timeout": 2, "reset": 1, "other": 0}
-    policy = InstanceTraffic(
-        "policy", 600, 3, errors, 0.05, 296.0, 514.0, 854.25, "2026-12-01T20:05:30.000Z", True, 2
-    )
+    policy = shown_row(600, 3, errors, (0.05, 296.0, 514.0, 854.25), final=1, processes=2)
     status = two_instance_status()
     rows = [("policy", TransitionRecord(1, 1, "configured", "building", "build", NOW, None))]
     lines = render.history_lines(status.run, rows, status=status, traffic={"policy": policy})
@@ -400,9 +466,7 @@ def test_history_ends_with_a_traffic_line_per_instance_and_status_all_sums_each_
         "duration p99 514s max 854s, final",
         "traffic judge: none recorded",
     ]
-    live = InstanceTraffic(
-        "policy", 1, 0, dict.fromkeys(errors, 0), None, None, None, 0.0, "2026-12-01T20:05:30.000Z", False, 1
-    )
+    live = shown_row(1, 0, dict.fromkeys(errors, 0), (None, None, None, 0.0), final=0, processes=1)
     line = render.history_lines(status.run, rows, status=status, traffic={"policy": live})[-2]
     assert line == (
         "traffic policy: 1 requests, 0 502s, ttfb p50 - p99 -, duration p99 - max 0ms, "

@@ -1,21 +1,27 @@
 """URL handling: the upstream origin the proxy is given, and the redacted form of any URL we keep.
 
 Owns parsing a URL into (scheme, host, port), normalizing an upstream to ``https://host[:port]``,
-and stripping userinfo, query and fragment before a URL is stored, logged or put in an error
-message. Must not do I/O (no DNS, no sockets) and must not import other sidecar-fsm modules
-except ``errors``: config, rewrite and store all build on it.
+and stripping userinfo, query and fragment before a URL (alone, or inside free text or a tree of
+values) is stored, logged or put in an error message. Must not do I/O (no DNS, no sockets) and
+must not import other sidecar-fsm modules except ``errors``: config, rewrite and store all build
+on it.
 """
 
 from __future__ import annotations
 
 import ipaddress
 import re
+from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import Any
 from urllib.parse import SplitResult, urlsplit
 
 from sidecar_fsm.errors import ConfigError
 
 DEFAULT_PORTS = {"https": 443, "http": 80}
+
+# A URL inside free text (an error, a log line): everything up to whitespace or a quote.
+_URL_IN_TEXT = re.compile(r"[A-Za-z][A-Za-z0-9+.-]*://[^\s\"'<>]+")
 
 # A registered name as DNS and the Go proxy accept it; percent-encoding and IDN are not used by
 # any model endpoint and would make "the same host" ambiguous, so they are refused rather than
@@ -176,3 +182,19 @@ def redact_url(url: str) -> str:
     authority, slash, path = rest.partition("/")
     authority = authority.rpartition("@")[2]
     return f"{scheme}://{authority}{slash}{path}"
+
+
+def redact_text(text: Any) -> Any:
+    """Free text with every URL in it redacted (error messages quote the URL they failed on)."""
+    if not isinstance(text, str):
+        return text
+    return _URL_IN_TEXT.sub(lambda match: redact_url(match.group(0)), text)
+
+
+def redact_tree(value: Any) -> Any:
+    """A JSON-like tree with every string that contains a URL redacted."""
+    if isinstance(value, Mapping):
+        return {str(key): redact_tree(item) for key, item in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [redact_tree(item) for item in value]
+    return redact_text(value)

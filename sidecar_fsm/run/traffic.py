@@ -106,8 +106,8 @@ def parse(text: str | bytes) -> TrafficRecord:
     if not isinstance(document.get("final"), bool):
         raise NotFigures(f"final {json.dumps(document.get('final'))} is not true or false")
     for name in _HISTOGRAMS:
-        if not isinstance(document.get(name), dict):
-            raise NotFigures(f"{name} is not an object")
+        if not isinstance(document.get(name), dict) or "bounds" not in document[name]:
+            raise NotFigures(f"{name} is not a histogram")
     for name, value in document.items():
         if name not in _HEADER:
             _figure(value, name)

@@ -1,13 +1,12 @@
 """The per-host state database's rows: with ``dbfile``, the only code that speaks SQL.
 
-Owns every write (runs, instances, transitions, traffic figures) and every query of
-``<log_dir>/sidecar-fsm/<host>.db``;
-``dbfile`` owns the file itself (where it lives, refusing one that cannot be used, creating and
-migrating it) and ``records`` the values it returns, split off so each reads in one sitting.
-Longer than the other state modules (about 670 lines) because it is one transaction discipline
-(``_write``, savepoints, the sliced lock wait) and every statement that relies on it; the
-traffic block (``record_traffic`` to ``_quantile``) is the part that can move to a module of its
-own next, if it grows.
+Owns every write (runs, instances, transitions, traffic records) and every query of
+``<log_dir>/sidecar-fsm/<host>.db``; ``dbfile`` owns the file itself (where it lives, refusing
+one that cannot be used, creating and migrating it), ``records`` the values it returns and
+``states`` the state groups it selects by, split off so each reads in one sitting. The longest
+state module because it is one transaction discipline (``_write``, savepoints, the sliced lock
+wait) and every statement that relies on it; the traffic block (``record_traffic`` to
+``_QUANTILES_SQL``) is the part that can move to a module of its own next, if it grows.
 Must not decide state changes: ``fsm`` decides, and ``record_transition`` only checks the
 expected source state and stores what it was told. Must not inspect or signal processes
 (whether a run's owner is alive is ``procs``' call, from the pid and start time stored here),
@@ -31,7 +30,6 @@ A ``Store`` is safe to share between threads (one connection behind a lock) but 
 from __future__ import annotations
 
 import json
-import re
 import sqlite3
 import threading
 import time
@@ -41,7 +39,7 @@ from pathlib import Path
 from types import TracebackType
 from typing import TYPE_CHECKING, Any, Literal, NoReturn
 
-from sidecar_fsm.base.urls import redact_url
+from sidecar_fsm.base.urls import redact_text, redact_tree, redact_url
 from sidecar_fsm.errors import SidecarError
 from sidecar_fsm.state import dbfile, storagefault
 from sidecar_fsm.state.dbfile import DB_DIR_NAME, database_path  # re-exported: callers and tests
@@ -82,10 +80,6 @@ FACT_COLUMNS = frozenset(
 )
 
 RUN_OUTCOMES = frozenset({"ended", "failed", "reaped"})
-
-# A URL inside free text (an error, a log line): everything up to whitespace or a quote.
-_URL_IN_TEXT = re.compile(r"[A-Za-z][A-Za-z0-9+.-]*://[^\s\"'<>]+")
-
 
 # How long one attempt at the write lock blocks inside SQLite. Its busy handler sleeps in C,
 # where Python cannot run a signal handler: a Ctrl-C during a wait for another process's lock
@@ -278,7 +272,7 @@ class Store:
         URL values anywhere in ``config_summary`` are redacted before storage. Raises
         ``sqlite3.IntegrityError`` if ``run_id`` exists.
         """
-        summary = _redact_tree(dict(config_summary))
+        summary = redact_tree(dict(config_summary))
         row = {
             "run_id": run_id,
             "host": self.host,
@@ -399,11 +393,11 @@ class Store:
         unknown = sorted(set(facts) - FACT_COLUMNS)
         if unknown:
             raise ValueError(f"record_transition: unknown facts {unknown}; facts are {sorted(FACT_COLUMNS)}")
-        detail = _redact_text(detail)
+        detail = redact_text(detail)
         now = time.time()
         columns: dict[str, Any] = {"state": dest, "state_since": now}
         for key, value in facts.items():
-            columns[key] = _redact_text(value) if key == "error" else value
+            columns[key] = redact_text(value) if key == "error" else value
         # Column names come from FACT_COLUMNS only (checked above), never from the caller's text.
         assignments = ", ".join(f"{name} = ?" for name in columns)
         with self._write() as db:
@@ -583,7 +577,7 @@ def open_all_hosts(log_dir: str | Path) -> list[Store]:
     return stores
 
 
-# -- rows and redaction ------------------------------------------------------------------------
+# -- rows ---------------------------------------------------------------------------------------
 
 
 def _marks(values: Sequence[Any]) -> str:
@@ -599,19 +593,3 @@ def _first(
     if row is None:
         return None
     return dict(zip([d[0] for d in cursor.description], row, strict=True))
-
-
-def _redact_text(text: Any) -> Any:
-    """Free text with every URL in it redacted (error messages quote the URL they failed on)."""
-    if not isinstance(text, str):
-        return text
-    return _URL_IN_TEXT.sub(lambda match: redact_url(match.group(0)), text)
-
-
-def _redact_tree(value: Any) -> Any:
-    """A JSON-like tree with every string that contains a URL redacted."""
-    if isinstance(value, Mapping):
-        return {str(key): _redact_tree(item) for key, item in value.items()}
-    if isinstance(value, (list, tuple)):
-        return [_redact_tree(item) for item in value]
-    return _redact_text(value)

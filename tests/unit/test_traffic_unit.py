@@ -134,8 +134,9 @@ def test_a_record_reads_as_written_with_its_process_and_time() -> None:
         (json.dumps(document(duration_max_s="long")), 'duration_max_s "long" is not a number of seconds'),
         (
             json.dumps({k: v for k, v in document().items() if k != "ttfb_seconds"}),
-            "ttfb_seconds is not an object",
+            "ttfb_seconds is not a histogram",
         ),
+        (json.dumps(document(duration_seconds={"count": 0})), "duration_seconds is not a histogram"),
         (
             json.dumps(document(ttfb_seconds={"bounds": [1, 2], "counts": [1, 2], "sum": 1, "count": 3})),
             "ttfb_seconds: 2 counts for 2 bounds; want one more count",

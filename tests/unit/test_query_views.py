@@ -137,14 +137,20 @@ def test_the_documented_columns_are_the_ones_in_docs() -> None:
         assert documented == columns, view
 
 
-def test_a_database_from_before_the_views_is_migrated_and_queried(tmp_path: Path) -> None:
-    path = database_path(tmp_path, "old")
+def database_at_step(log_dir: Path, step: int) -> sqlite3.Connection:
+    """Host ``old``'s database as the code of schema ``step`` made it, open for writing rows."""
+    path = database_path(log_dir, "old")
     path.parent.mkdir(parents=True)
     conn = sqlite3.connect(path, isolation_level=None)
     conn.execute("PRAGMA journal_mode=WAL")
-    for migration in load_migrations()[:3]:
+    for migration in load_migrations()[:step]:
         conn.executescript(migration.path.read_text())
-    conn.execute("PRAGMA user_version = 3")
+    conn.execute(f"PRAGMA user_version = {step}")
+    return conn
+
+
+def test_a_database_from_before_the_views_is_migrated_and_queried(tmp_path: Path) -> None:
+    conn = database_at_step(tmp_path, 3)
     conn.execute(
         "INSERT INTO runs (run_id, host, owner_pid, started_at, ended_at, outcome) "
         "VALUES ('r1', 'old', 7, 1764597600.25, 1764597660.75, 'ended')"
@@ -170,12 +176,7 @@ STEP5_TRAFFIC = [
 
 def test_a_database_of_step_5_keeps_every_traffic_figure_and_its_records_import_on(tmp_path: Path) -> None:
     path = database_path(tmp_path, "old")
-    path.parent.mkdir(parents=True)
-    conn = sqlite3.connect(path, isolation_level=None)
-    conn.execute("PRAGMA journal_mode=WAL")
-    for migration in load_migrations()[:5]:
-        conn.executescript(migration.path.read_text())
-    conn.execute("PRAGMA user_version = 5")
+    conn = database_at_step(tmp_path, 5)
     conn.execute("INSERT INTO runs (run_id, host, owner_pid, started_at) VALUES ('r1', 'old', 7, 1764597600)")
     conn.execute(
         "INSERT INTO instances (run_id, name, listen, upstream, state, state_since) "

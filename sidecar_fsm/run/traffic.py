@@ -40,7 +40,7 @@ if TYPE_CHECKING:
     from sidecar_fsm.run.children import Child, SidecarRun
     from sidecar_fsm.state.store import InstanceRecord, Store
 
-# Version 2 is version 1 plus the NVCF counters (nvcf_followed, nvcf_polls, nvcf_budget_exceeded).
+# Version 2 is version 1 and the NVCF counters (go/traffic.go; traffic_summary names them).
 FORMAT_VERSIONS = (1, 2)
 # The supervise loop and Gym's check() run every fraction of a second to every few seconds; the
 # proxy writes every 30 s by default. A minute keeps `query` at most about a minute behind (the

@@ -79,81 +79,62 @@ FROM traffic_step5;
 DROP TABLE traffic_step5;
 
 -- As step 5's, column for column, read from the documents, with the NVCF counters of version 2
--- at the end (a version-1 record has none: 0). One sum per figure: every reader of the figures
--- (history, status --all, query) reads this view.
+-- at the end. One line per figure, one sum each: every reader of the figures (history,
+-- status --all, query) reads this view. Grouped by the instance's run as well as its id, so a
+-- reader's `WHERE run_id = ?` reaches the rows before they are summed (SQLite pushes a term on a
+-- grouping column down): `history` parses its run's documents only, not every one in the file.
 CREATE VIEW traffic_summary AS
 SELECT
     r.host,
     i.run_id,
     i.name,
     i.upstream,
-    p.requests,
-    p.responses_2xx,
-    p.responses_4xx,
-    p.responses_5xx,
-    p.responses_502,
-    p.client_disconnects,
-    p.upstream_errors,
-    p.pings_sent,
-    p.ping_acks,
-    p.goaways,
-    p.retries,
-    CASE WHEN p.ttfb_count > 0 THEN coalesce(q.ttfb_p50_s, p.duration_max_s) END AS ttfb_p50_s,
-    CASE WHEN p.ttfb_count > 0 THEN coalesce(q.ttfb_p90_s, p.duration_max_s) END AS ttfb_p90_s,
-    CASE WHEN p.ttfb_count > 0 THEN coalesce(q.ttfb_p99_s, p.duration_max_s) END AS ttfb_p99_s,
-    CASE WHEN p.duration_count > 0 THEN coalesce(q.duration_p50_s, p.duration_max_s) END AS duration_p50_s,
-    CASE WHEN p.duration_count > 0 THEN coalesce(q.duration_p90_s, p.duration_max_s) END AS duration_p90_s,
-    CASE WHEN p.duration_count > 0 THEN coalesce(q.duration_p99_s, p.duration_max_s) END AS duration_p99_s,
-    p.duration_max_s,
-    strftime('%Y-%m-%dT%H:%M:%fZ', p.as_of, 'unixepoch') AS as_of,
-    p.upstream_errors_dial,
-    p.upstream_errors_tls,
-    p.upstream_errors_alpn,
-    p.upstream_errors_ping_timeout,
-    p.upstream_errors_reset,
-    p.upstream_errors_other,
-    p.responses_other,
-    p.rotations,
-    p.final,
-    p.processes,
-    p.nvcf_followed,
-    p.nvcf_polls,
-    p.nvcf_budget_exceeded
+    sum(json_extract(t.record, '$.requests')) AS requests,
+    sum(json_extract(t.record, '$.responses_2xx')) AS responses_2xx,
+    sum(json_extract(t.record, '$.responses_4xx')) AS responses_4xx,
+    sum(json_extract(t.record, '$.responses_5xx')) AS responses_5xx,
+    sum(json_extract(t.record, '$.responses_502')) AS responses_502,
+    sum(json_extract(t.record, '$.client_disconnects')) AS client_disconnects,
+    -- Every kind the record has, so a kind added to the proxy is counted here unnamed.
+    sum((SELECT sum(e.value) FROM json_each(t.record, '$.upstream_errors') AS e)) AS upstream_errors,
+    sum(json_extract(t.record, '$.pings_sent')) AS pings_sent,
+    sum(json_extract(t.record, '$.ping_acks')) AS ping_acks,
+    sum(json_extract(t.record, '$.goaways')) AS goaways,
+    sum(json_extract(t.record, '$.retries')) AS retries,
+    -- A percentile past the last bound (NULL in traffic_quantiles) reads the exact maximum.
+    CASE WHEN sum(json_extract(t.record, '$.ttfb_seconds.count')) > 0
+        THEN coalesce(q.ttfb_p50_s, max(json_extract(t.record, '$.duration_max_s') + 0.0)) END AS ttfb_p50_s,
+    CASE WHEN sum(json_extract(t.record, '$.ttfb_seconds.count')) > 0
+        THEN coalesce(q.ttfb_p90_s, max(json_extract(t.record, '$.duration_max_s') + 0.0)) END AS ttfb_p90_s,
+    CASE WHEN sum(json_extract(t.record, '$.ttfb_seconds.count')) > 0
+        THEN coalesce(q.ttfb_p99_s, max(json_extract(t.record, '$.duration_max_s') + 0.0)) END AS ttfb_p99_s,
+    CASE WHEN sum(json_extract(t.record, '$.duration_seconds.count')) > 0
+        THEN coalesce(q.duration_p50_s, max(json_extract(t.record, '$.duration_max_s') + 0.0)) END AS duration_p50_s,
+    CASE WHEN sum(json_extract(t.record, '$.duration_seconds.count')) > 0
+        THEN coalesce(q.duration_p90_s, max(json_extract(t.record, '$.duration_max_s') + 0.0)) END AS duration_p90_s,
+    CASE WHEN sum(json_extract(t.record, '$.duration_seconds.count')) > 0
+        THEN coalesce(q.duration_p99_s, max(json_extract(t.record, '$.duration_max_s') + 0.0)) END AS duration_p99_s,
+    max(json_extract(t.record, '$.duration_max_s') + 0.0) AS duration_max_s,
+    strftime('%Y-%m-%dT%H:%M:%fZ', max(t.as_of), 'unixepoch') AS as_of,
+    sum(json_extract(t.record, '$.upstream_errors.dial')) AS upstream_errors_dial,
+    sum(json_extract(t.record, '$.upstream_errors.tls')) AS upstream_errors_tls,
+    sum(json_extract(t.record, '$.upstream_errors.alpn')) AS upstream_errors_alpn,
+    sum(json_extract(t.record, '$.upstream_errors.ping_timeout')) AS upstream_errors_ping_timeout,
+    sum(json_extract(t.record, '$.upstream_errors.reset')) AS upstream_errors_reset,
+    sum(json_extract(t.record, '$.upstream_errors.other')) AS upstream_errors_other,
+    sum(json_extract(t.record, '$.responses_other')) AS responses_other,
+    sum(json_extract(t.record, '$.rotations')) AS rotations,
+    min(json_extract(t.record, '$.final')) AS final,
+    nullif(count(t.pid), 0) AS processes,
+    -- Not in a version-1 record: 0 there (NULL only where the instance has no record at all).
+    sum(CASE WHEN t.pid IS NOT NULL THEN coalesce(json_extract(t.record, '$.nvcf_followed'), 0) END)
+        AS nvcf_followed,
+    sum(CASE WHEN t.pid IS NOT NULL THEN coalesce(json_extract(t.record, '$.nvcf_polls'), 0) END)
+        AS nvcf_polls,
+    sum(CASE WHEN t.pid IS NOT NULL THEN coalesce(json_extract(t.record, '$.nvcf_budget_exceeded'), 0) END)
+        AS nvcf_budget_exceeded
 FROM instances AS i
 JOIN runs AS r ON r.run_id = i.run_id
+LEFT JOIN traffic AS t ON t.instance_id = i.id
 LEFT JOIN traffic_quantiles AS q ON q.instance_id = i.id
-LEFT JOIN (
-    SELECT
-        instance_id,
-        sum(json_extract(record, '$.requests')) AS requests,
-        sum(json_extract(record, '$.responses_2xx')) AS responses_2xx,
-        sum(json_extract(record, '$.responses_4xx')) AS responses_4xx,
-        sum(json_extract(record, '$.responses_5xx')) AS responses_5xx,
-        sum(json_extract(record, '$.responses_502')) AS responses_502,
-        sum(json_extract(record, '$.responses_other')) AS responses_other,
-        sum(json_extract(record, '$.client_disconnects')) AS client_disconnects,
-        -- Every kind the record has, so a kind added to the proxy is counted here unnamed.
-        sum((SELECT sum(e.value) FROM json_each(record, '$.upstream_errors') AS e)) AS upstream_errors,
-        sum(json_extract(record, '$.upstream_errors.dial')) AS upstream_errors_dial,
-        sum(json_extract(record, '$.upstream_errors.tls')) AS upstream_errors_tls,
-        sum(json_extract(record, '$.upstream_errors.alpn')) AS upstream_errors_alpn,
-        sum(json_extract(record, '$.upstream_errors.ping_timeout')) AS upstream_errors_ping_timeout,
-        sum(json_extract(record, '$.upstream_errors.reset')) AS upstream_errors_reset,
-        sum(json_extract(record, '$.upstream_errors.other')) AS upstream_errors_other,
-        sum(json_extract(record, '$.pings_sent')) AS pings_sent,
-        sum(json_extract(record, '$.ping_acks')) AS ping_acks,
-        sum(json_extract(record, '$.goaways')) AS goaways,
-        sum(json_extract(record, '$.retries')) AS retries,
-        sum(json_extract(record, '$.rotations')) AS rotations,
-        sum(coalesce(json_extract(record, '$.nvcf_followed'), 0)) AS nvcf_followed,
-        sum(coalesce(json_extract(record, '$.nvcf_polls'), 0)) AS nvcf_polls,
-        sum(coalesce(json_extract(record, '$.nvcf_budget_exceeded'), 0)) AS nvcf_budget_exceeded,
-        sum(json_extract(record, '$.ttfb_seconds.count')) AS ttfb_count,
-        sum(json_extract(record, '$.duration_seconds.count')) AS duration_count,
-        max(json_extract(record, '$.duration_max_s') + 0.0) AS duration_max_s,
-        max(as_of) AS as_of,
-        min(json_extract(record, '$.final')) AS final,
-        count(*) AS processes
-    FROM traffic
-    GROUP BY instance_id
-) AS p ON p.instance_id = i.id;
+GROUP BY i.id, i.run_id;

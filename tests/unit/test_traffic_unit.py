@@ -187,12 +187,15 @@ def test_a_version_2_records_nvcf_counters_add_up_and_version_1_reads_0(store: S
     restarted = store.get_instance(inst.id)
     write(inst.log_path, document(pid=200, version=2, nvcf_followed=2, nvcf_polls=4, nvcf_budget_exceeded=0))
     traffic.import_instances(store, [restarted])
+    instance(store, tmp_path, name="silent", pid=300)  # wrote no record: NULL, as every figure
     columns = "name, requests, processes, nvcf_followed, nvcf_polls, nvcf_budget_exceeded"
     assert summary(tmp_path, columns) == [
         {"name": "judge", "requests": 10, "processes": 1, "nvcf_followed": 0, "nvcf_polls": 0,
          "nvcf_budget_exceeded": 0},
         {"name": "policy", "requests": 20, "processes": 2, "nvcf_followed": 5, "nvcf_polls": 13,
          "nvcf_budget_exceeded": 1},
+        {"name": "silent", "requests": None, "processes": None, "nvcf_followed": None, "nvcf_polls": None,
+         "nvcf_budget_exceeded": None},
     ]  # fmt: skip
 
 

@@ -70,6 +70,8 @@ class BinaryFlags:
     accepted: frozenset[str]
     takes_value: frozenset[str]
     reports_listen: bool
+    # It answered -describe, so its exit codes are ours (a taken address: 3 or 4).
+    described: bool = False
 
 
 def from_description(path: str, text: str) -> BinaryFlags | None:
@@ -85,6 +87,7 @@ def from_description(path: str, text: str) -> BinaryFlags | None:
         frozenset(flags),
         frozenset(name for name, kind in flags.items() if kind != "bool"),
         reports_listen="listen" in ready_keys,
+        described=True,
     )
 
 

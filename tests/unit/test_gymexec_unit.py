@@ -39,7 +39,7 @@ def test_a_description_gives_the_flags_their_arity_and_the_ready_files_keys() ->
     )
     flags = from_description("/b", text)
     assert flags == BinaryFlags(
-        "/b", frozenset({"listen", "insecure-skip-verify"}), frozenset({"listen"}), True
+        "/b", frozenset({"listen", "insecure-skip-verify"}), frozenset({"listen"}), True, described=True
     )
     assert from_description("/b", json.dumps({"flags": [], "ready_file": ["pid"]})).reports_listen is False  # type: ignore[union-attr]
     for not_one in ("", "flag provided but not defined: -describe", "[]", '{"flags": 1}'):

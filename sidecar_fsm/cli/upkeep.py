@@ -27,6 +27,7 @@ from sidecar_fsm.cli.common import (
     log_dir_of,
     out,
     require_log_dir,
+    seconds_option,
 )
 from sidecar_fsm.errors import UnusableStateError
 from sidecar_fsm.view.cells import short_run_id
@@ -86,16 +87,6 @@ def _reap_ray(args: argparse.Namespace, log_dir: str) -> int:
     return 1 if result.failed else 0
 
 
-def _seconds(text: str, where: str) -> float:
-    try:
-        seconds = float(text)
-    except ValueError:
-        seconds = -1.0
-    if not (0 < seconds < float("inf")):
-        raise UsageError(f"{PROG} {where}: '{text}' must be a number of seconds above 0; try 90")
-    return seconds
-
-
 def cmd_stop(args: argparse.Namespace) -> int:
     from sidecar_fsm.run import remotestop
     from sidecar_fsm.state.hostname import host_name
@@ -103,7 +94,7 @@ def cmd_stop(args: argparse.Namespace) -> int:
 
     log_dir, _ = log_dir_of(args)
     here = host_name()
-    timeout = _seconds(args.timeout, "stop --timeout") if args.timeout is not None else None
+    timeout = seconds_option("stop", "--timeout", args.timeout, "90") if args.timeout is not None else None
     with all_stores(log_dir, "stop") as stores:
         runs = every_run(stores)
         if args.run:

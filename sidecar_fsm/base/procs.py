@@ -1,18 +1,13 @@
 """Process identity and signals: the only code in sidecar-fsm that starts or signals a process.
 
-Owns spawning a sidecar in its own session, starting a helper tied to this process (``go build``
-under :func:`start_tied`, ended with its compilers by :func:`kill_session`), reading a process's
-identity (pid, start time, executable) with psutil, deciding whether a recorded identity is still that process
-(:func:`is_ours`), finding the processes of an instance whose pid never reached the record
-(:func:`find_ours`: a launcher killed between a spawn and its commit), and every signal sent to
-a sidecar, always through a pidfd; and whether a process itself listens on an address
-(:func:`listens_on`, read from ``/proc`` by ``sockets``), so an address a file names is taken
-only when the kernel says it is that process's.
+Owns spawning a sidecar (:func:`spawn`) and a helper tied to this thread (:func:`start_tied`,
+ended with its compilers by :func:`kill_session`), a process's identity (pid, start time,
+executable) and whether a record still names it (:func:`is_ours`, :func:`find_ours`), every
+signal, always through a pidfd, and whether a process itself listens on an address
+(:func:`listens_on`, from ``sockets``).
 
-Must not open the database, change any state or trust a pid alone: a crashed run leaves pids in
-the database for days, long enough for the kernel to hand the number to an unrelated process.
-Waiting is done by polling a pidfd (readable once the process has exited), never by sleep loops.
-Linux only (``os.pidfd_open`` needs Linux 5.3, ``signal.pidfd_send_signal`` 5.1).
+Must not open the database, change any state or trust a pid alone (pids are reused). Waits poll
+a pidfd, never sleep. Linux only (``pidfd_open`` needs 5.3, ``pidfd_send_signal`` 5.1).
 """
 
 from __future__ import annotations
@@ -86,12 +81,9 @@ class Claim:
 
 
 def identity_of(pid: int) -> ProcessIdentity | None:
-    """The identity of the live process at ``pid``; None when there is none or it is a zombie.
-
-    Read-only. A zombie has exited (only its exit status is left to collect), so it has no
-    identity worth matching: it can neither be drained nor be harmed. ``exe`` is None when the
-    process belongs to another user and its executable cannot be read.
-    """
+    """The identity of the live process at ``pid``; None when there is none or it is a zombie
+    (it has exited: nothing to drain or harm). ``exe`` is None when it cannot be read (another
+    user's process). Read-only."""
     try:
         process = psutil.Process(pid)
         with process.oneshot():
@@ -119,15 +111,12 @@ def _same_exe(recorded: str, current: str | None) -> bool:
 def is_ours(record: ProcessIdentity) -> bool:
     """True if the process at ``record.pid`` is the one ``record`` describes (start time, exe).
 
-    This is the one function that decides identity. A crashed run leaves pids in the database
-    for days, long enough for the number to be reused; a different start time (or a different
-    executable, when one was recorded) means another process now holds the pid. A vanished or
-    zombie process is not an error: the answer is False. Callers that act on the answer open a
-    pidfd first, call this, then signal through the pidfd (see :func:`signal_if_ours`), so a
-    pid reused between the check and the signal is never hit. The limit: two processes with
-    one pid, one executable and one 10 ms start tick cannot be told apart, which needs the
-    whole pid space to wrap within those 10 ms. An identity with ``ready_path`` (found by
-    :func:`find_ours` before its pid was on record) must also carry that path in its argv.
+    The one function that decides identity. A crashed run leaves pids on record for days, long
+    enough for reuse: another start time (or executable, when recorded) is another process. A
+    vanished or zombie process answers False. Callers open a pidfd, call this, then signal
+    through the pidfd (:func:`signal_if_ours`), so a pid reused in between is never hit. The
+    limit: one pid, one executable and one 10 ms start tick cannot be told apart. An identity
+    with ``ready_path`` (from :func:`find_ours`) must also carry that path in its argv.
     """
     current = identity_of(record.pid)
     if current is None:
@@ -142,11 +131,8 @@ def is_ours(record: ProcessIdentity) -> bool:
 def pid_status(pid: int, start_time: float | None, exe: str | None = None) -> PidStatus:
     """What became of a recorded process: ``alive`` (still it), ``dead``, ``reused`` or ``unproven``.
 
-    Read-only. A run can stay open in the database for days after its launcher was SIGKILLed,
-    long enough for the kernel to give the pid to an unrelated process; the recorded start time
-    (and executable, when given) tells them apart. Without a recorded start time a live process
-    at the pid is ``unproven``: neither ours (it must never be signalled) nor another's (what
-    it belongs to must not be treated as gone either).
+    Read-only. Without a recorded start time a live process at the pid is ``unproven``: neither
+    ours (never signalled) nor another's (what it belongs to is not taken for gone either).
     """
     if identity_of(pid) is None:
         return "dead"
@@ -176,12 +162,10 @@ def _carries_ready_path(pid: int, ready_path: str) -> bool:
 def find_ours(claims: list[Claim]) -> dict[str, list[ProcessIdentity]]:
     """Every live process each claim proves ours, keyed by the claim's ready path. Read-only.
 
-    Closes the window between a spawn and the commit of its pid (and a restart's): a launcher
-    killed there leaves a sidecar no record names. Such a process is still ours when its
-    executable is the claim's, its argv carries the claim's ready path after ``-ready-file`` (a
-    path only this run's launcher ever passed: it holds the run id) and it started after the
-    run was recorded; the identities returned carry ``ready_path`` so that :func:`is_ours`
-    checks all of that again at signal time. One scan of the process table for all claims.
+    Closes the window between a spawn and the commit of its pid: a launcher killed there leaves
+    a sidecar no record names. It is ours when its executable is the claim's, its argv carries
+    the claim's ready path (it holds the run id) and it started after the run was recorded; the
+    identities carry ``ready_path``, so :func:`is_ours` checks it all again at signal time.
     """
     wanted = {claim.ready_path: claim for claim in claims}
     found: dict[str, list[ProcessIdentity]] = {path: [] for path in wanted}

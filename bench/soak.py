@@ -490,7 +490,7 @@ def report(result: dict[str, Any], command: str, svg_name: str) -> str:
         f"{result['quiet']['reference']['threads']} and {result['quiet']['end']['threads']}."
         if "reference" in result["quiet"]
         else "",
-        f"Over time: [results/{svg_name}](results/{svg_name}); every sample: results/soak.md.",
+        f"Over time: [results/{svg_name}](results/{svg_name}); every sample: `--json FILE.json`.",
     ]
     return "\n".join(lines)
 
@@ -511,7 +511,12 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if args.profiles is not None:
         args.profiles.mkdir(parents=True, exist_ok=True)
-    command = "python bench/soak.py " + " ".join(argv if argv is not None else sys.argv[1:])
+    given = list(argv if argv is not None else sys.argv[1:])
+    # Paths are this machine's: the committed report names their role, never a path.
+    for index, word in enumerate(given[:-1]):
+        if word in ("--profiles", "--json"):
+            given[index + 1] = "DIR" if word == "--profiles" else "FILE.json"
+    command = "python bench/soak.py " + " ".join(given)
     with tempfile.TemporaryDirectory(prefix="soak-") as tmp:
         work = Path(tmp)
         lab = start_lab(work, args.binary, pprof=args.profiles is not None)
@@ -537,9 +542,8 @@ def main(argv: list[str] | None = None) -> int:
         results.write_text(
             "# Soak\n\n"
             + summary
-            + "\n\n![samples over time](soak.svg)\n\n## Every sample\n\n```json\n"
-            + json.dumps({k: result[k] for k in ("samples", "quiet", "faults")}, indent=1)
-            + "\n```\n"
+            + "\n\n![samples over time](soak.svg)\n\n"
+            + "Every sample: the run's `--json FILE.json`, not committed.\n"
         )
         update_readme("soak", summary)
     return 0 if all(ok for _, _, ok in rows) else 1

@@ -18,7 +18,7 @@ import (
 // application data for this long is dropped, so PINGs must come strictly more often.
 // sidecar_fsm/config.py holds the same limit and duration rules (the launcher refuses a
 // config before any process exists); tests/integration/test_config_agrees_with_proxy.py
-// reads this binary's -h and limits and fails when the two differ.
+// reads this binary's flags and limits and fails when the two differ.
 const maxPingInterval = 340 * time.Second
 
 // Config is the validated command line. Nothing is bound or dialled before parseConfig
@@ -94,19 +94,16 @@ func parseConfig(args []string, getenv func(string) string, usage io.Writer) (*C
 	fs := flag.NewFlagSet("h2-ping-sidecar", flag.ContinueOnError)
 	fs.SetOutput(io.Discard)
 	listen := fs.String("listen", "127.0.0.1:1250", "`host:port` to serve HTTP/1.1 on (port 0 = any free port)")
-	upstream := fs.String("upstream", "", "upstream origin `https://host[:port]` (required; no path or query)")
-	pingInterval := fs.String("ping-interval", "60s", "send a PING after this read-idle `duration` (> 0, < 340s)")
-	pingTimeout := fs.String("ping-timeout", "15s", "close a connection whose PING is unanswered for this `duration` (> 0)")
+	up := defineUpstreamFlags(fs)
 	shutdownGrace := fs.String("shutdown-grace", "15m", "drain in-flight requests for up to this `duration` on SIGTERM (>= 0)")
 	retryBodyLimit := fs.String("retry-body-limit", "16777216", "buffer request bodies up to this many `bytes` for GOAWAY re-send (>= 0; 0 = never)")
 	maxConnAge := fs.String("max-conn-age", "50m", "move new requests to a fresh connection after 90-100% of this `duration` (0 = off)")
-	readyFile := fs.String("ready-file", "", "write {\"pid\",\"listen\"} JSON to this `path` once bound")
-	insecure := fs.Bool("insecure-skip-verify", false, "skip upstream certificate verification (tests only)")
-	caFile := fs.String("ca-file", "", "extra PEM root certificates for the upstream (`path`)")
+	readyFile := fs.String("ready-file", "", "write the ready file (JSON: -describe's ready_file fields) to this `path` once bound")
 	exitWithPID := fs.String("exit-with-pid", "0", "drain and exit when the process with this `pid` is gone (0 = off)")
 	metricsListen := fs.String("metrics-listen", "", "serve GET /metrics (Prometheus text) on this loopback `host:port` (port 0 = any free port; default off)")
 	profiling := fs.Bool("pprof", false, "also serve Go's profiles at /debug/pprof/NAME on -metrics-listen (for leak hunts; default off)")
 	outputs := defineOutputFlags(fs)
+	describeFlag := fs.Bool("describe", false, "print what this binary is (version, flags, ready file, exit codes) as JSON and exit")
 	if err := fs.Parse(args); err != nil {
 		if errors.Is(err, flag.ErrHelp) {
 			fs.SetOutput(usage)
@@ -118,6 +115,10 @@ func parseConfig(args []string, getenv func(string) string, usage io.Writer) (*C
 		}
 		return nil, &usageError{err.Error()}
 	}
+	if *describeFlag {
+		describe(fs, usage)
+		return nil, flag.ErrHelp
+	}
 	if fs.NArg() > 0 {
 		return nil, &usageError{fmt.Sprintf("argument %q: unexpected; all options are flags", fs.Arg(0))}
 	}
@@ -125,28 +126,28 @@ func parseConfig(args []string, getenv func(string) string, usage io.Writer) (*C
 		return nil, err
 	}
 
-	cfg := &Config{ReadyFile: *readyFile, InsecureSkipVerify: *insecure, CAFile: *caFile}
+	cfg := &Config{ReadyFile: *readyFile, InsecureSkipVerify: *up.insecure, CAFile: *up.caFile}
 	var err error
 	if cfg.Listen, err = validateListen(*listen); err != nil {
 		return nil, err
 	}
-	if cfg.Upstream, cfg.UpstreamAddr, cfg.ServerName, err = validateUpstream(*upstream); err != nil {
+	if cfg.Upstream, cfg.UpstreamAddr, cfg.ServerName, err = validateUpstream(*up.upstream); err != nil {
 		return nil, err
 	}
 	if cfg.Egress, err = egressFromEnvironment(cfg.Upstream, getenv); err != nil {
 		return nil, err
 	}
-	if cfg.PingInterval, err = parseDuration("ping-interval", *pingInterval); err != nil {
+	if cfg.PingInterval, err = parseDuration("ping-interval", *up.pingInterval); err != nil {
 		return nil, err
 	}
 	if cfg.PingInterval <= 0 || cfg.PingInterval >= maxPingInterval {
-		return nil, badFlag("ping-interval", *pingInterval, "must be above 0 and below 340s; try 60s")
+		return nil, badFlag("ping-interval", *up.pingInterval, "must be above 0 and below 340s; try 60s")
 	}
-	if cfg.PingTimeout, err = parseDuration("ping-timeout", *pingTimeout); err != nil {
+	if cfg.PingTimeout, err = parseDuration("ping-timeout", *up.pingTimeout); err != nil {
 		return nil, err
 	}
 	if cfg.PingTimeout <= 0 {
-		return nil, badFlag("ping-timeout", *pingTimeout, "must be above 0; try 15s")
+		return nil, badFlag("ping-timeout", *up.pingTimeout, "must be above 0; try 15s")
 	}
 	if cfg.ShutdownGrace, err = parseDuration("shutdown-grace", *shutdownGrace); err != nil {
 		return nil, err
@@ -186,6 +187,35 @@ func parseConfig(args []string, getenv func(string) string, usage io.Writer) (*C
 		}
 	}
 	return cfg, nil
+}
+
+// upstreamFlags are the flags the proxy and -probe share, defined once so that their
+// names, defaults and words cannot drift apart.
+type upstreamFlags struct {
+	upstream, pingInterval, pingTimeout, caFile *string
+	insecure                                    *bool
+}
+
+func defineUpstreamFlags(fs *flag.FlagSet) upstreamFlags {
+	return upstreamFlags{
+		upstream:     fs.String("upstream", "", "upstream origin `https://host[:port]` (required; no path or query)"),
+		pingInterval: fs.String("ping-interval", "60s", "send a PING after this read-idle `duration` (> 0, < 340s)"),
+		pingTimeout:  fs.String("ping-timeout", "15s", "close a connection whose PING is unanswered for this `duration` (> 0)"),
+		caFile:       fs.String("ca-file", "", "extra PEM root certificates for the upstream (`path`)"),
+		insecure:     fs.Bool("insecure-skip-verify", false, "skip upstream certificate verification (tests only)"),
+	}
+}
+
+// args is the flags as parseConfig reads them, for -probe to validate them the proxy's way.
+func (u upstreamFlags) args() []string {
+	args := []string{"-upstream", *u.upstream, "-ping-interval", *u.pingInterval, "-ping-timeout", *u.pingTimeout}
+	if *u.caFile != "" {
+		args = append(args, "-ca-file", *u.caFile)
+	}
+	if *u.insecure {
+		args = append(args, "-insecure-skip-verify")
+	}
+	return args
 }
 
 // checkGODEBUG refuses http2debug in any form: net/http then logs every HTTP/2 frame,

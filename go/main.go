@@ -26,8 +26,31 @@ func main() {
 	os.Exit(run(os.Args[1:], os.Getenv, os.Stdout, os.Stderr))
 }
 
-// run returns the exit code: 0 after a drain, 2 for bad flags or an unbindable address
-// (nothing bound, no ready file), 1 for a runtime failure.
+// The exit codes, the launcher's way to tell start failures apart (never stderr's words);
+// -describe lists them. Any code but 0 and 1 means nothing was bound and no ready file written.
+const (
+	exitOK           = 0 // drained after a signal or -exit-with-pid's end; or -h, -describe
+	exitFailed       = 1 // a failure after binding (serving stopped, the ready file unwritable)
+	exitUsage        = 2 // a bad flag or environment (Go's flag convention; NeMo Gym's proxy too)
+	exitListenInUse  = 3 // -listen's address is taken (EADDRINUSE)
+	exitMetricsInUse = 4 // -metrics-listen's address is taken (EADDRINUSE)
+)
+
+var exitCodes = map[string]int{
+	"ok": exitOK, "failed": exitFailed, "usage": exitUsage,
+	"listen_in_use": exitListenInUse, "metrics_in_use": exitMetricsInUse,
+}
+
+// bindFailed is the exit code for a listener that could not be bound: inUse when the address
+// is taken, else exitUsage (no such address, a privileged port).
+func bindFailed(err error, inUse int) int {
+	if errors.Is(err, syscall.EADDRINUSE) {
+		return inUse
+	}
+	return exitUsage
+}
+
+// run returns the exit code (exitCodes above).
 func run(args []string, getenv func(string) string, stdout, stderr io.Writer) int {
 	limitProcs(getenv)
 	// Signals are caught before the ready file exists, so a launcher that stops us right
@@ -36,23 +59,23 @@ func run(args []string, getenv func(string) string, stdout, stderr io.Writer) in
 	signal.Notify(sigs, syscall.SIGTERM, syscall.SIGINT)
 
 	cfg, err := parseConfig(args, getenv, stdout)
-	if errors.Is(err, flag.ErrHelp) {
-		return 0
+	if errors.Is(err, flag.ErrHelp) { // -h or -describe, answered
+		return exitOK
 	}
 	if err != nil {
 		fmt.Fprintln(stderr, err)
-		return 2
+		return exitUsage
 	}
 	ln, err := net.Listen("tcp", cfg.Listen)
 	if err != nil {
 		fmt.Fprintf(stderr, "-listen %q: %v; choose a free address or port 0\n", cfg.Listen, unwrapOpError(err))
-		return 2
+		return bindFailed(err, exitListenInUse)
 	}
 	outs, err := openOutputs(cfg.Outputs)
 	if err != nil {
 		ln.Close()
 		fmt.Fprintln(stderr, err)
-		return 2
+		return exitUsage
 	}
 	var metricsAddr string
 	if cfg.MetricsListen != "" {
@@ -60,7 +83,7 @@ func run(args []string, getenv func(string) string, stdout, stderr io.Writer) in
 		if err != nil {
 			ln.Close()
 			fmt.Fprintf(stderr, "-metrics-listen %q: %v; choose a free address or port 0\n", cfg.MetricsListen, unwrapOpError(err))
-			return 2
+			return bindFailed(err, exitMetricsInUse)
 		}
 		defer serveMetrics(mln, cfg.Pprof).Close()
 		metricsAddr = mln.Addr().String()
@@ -88,7 +111,7 @@ func run(args []string, getenv func(string) string, stdout, stderr io.Writer) in
 			fmt.Fprintln(stderr, err)
 			ln.Close()
 			outs.finish()
-			return 1
+			return exitFailed
 		}
 		defer removeReadyFile(cfg.ReadyFile, info)
 	}
@@ -109,7 +132,7 @@ func run(args []string, getenv func(string) string, stdout, stderr io.Writer) in
 		logger.Printf("serve: %v", err)
 		up.pool.close()
 		outs.finish()
-		return 1
+		return exitFailed
 	case sig := <-sigs:
 		logger.Printf("%v: draining for up to %s", sig, cfg.ShutdownGrace)
 	case <-ownerGone:
@@ -117,7 +140,7 @@ func run(args []string, getenv func(string) string, stdout, stderr io.Writer) in
 	}
 	drain(srv, up, cfg, sigs, logger)
 	outs.finish()
-	return 0
+	return exitOK
 }
 
 // drain stops accepting, lets in-flight requests finish for up to ShutdownGrace, then

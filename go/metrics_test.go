@@ -546,9 +546,13 @@ func TestMetricsListenFlagIsCheckedBeforeBinding(t *testing.T) {
 			var stderr strings.Builder
 			cmd.Stderr = &stderr
 			err := cmd.Run()
+			want := exitUsage
+			if tc.want == "in use" {
+				want = exitMetricsInUse
+			}
 			var ee *exec.ExitError
-			if !errors.As(err, &ee) || ee.ExitCode() != 2 {
-				t.Fatalf("exit: got %v; want exit status 2; stderr %q", err, stderr.String())
+			if !errors.As(err, &ee) || ee.ExitCode() != want {
+				t.Fatalf("exit: got %v; want exit status %d; stderr %q", err, want, stderr.String())
 			}
 			line := stderr.String()
 			if strings.Count(line, "\n") != 1 || !strings.Contains(line, `-metrics-listen "`+tc.value+`"`) || !strings.Contains(line, tc.want) {

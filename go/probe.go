@@ -56,12 +56,8 @@ type probeConfig struct {
 func parseProbeConfig(args []string, getenv func(string) string, usage io.Writer) (*probeConfig, error) {
 	fs := flag.NewFlagSet("h2-ping-sidecar -probe", flag.ContinueOnError)
 	fs.SetOutput(io.Discard)
-	upstream := fs.String("upstream", "", "upstream origin `https://host[:port]` (required)")
+	up := defineUpstreamFlags(fs) // the second connection is PINGed as the proxy would
 	forFlag := fs.String("for", "400s", "how long to watch the two connections (`duration`, above -ping-interval)")
-	pingInterval := fs.String("ping-interval", "60s", "PING the second connection after this read-idle `duration` (> 0, < 340s)")
-	pingTimeout := fs.String("ping-timeout", "15s", "a PING unanswered this long closes the connection, as the proxy does (`duration`)")
-	caFile := fs.String("ca-file", "", "extra PEM root certificates for the upstream (`path`)")
-	insecure := fs.Bool("insecure-skip-verify", false, "skip upstream certificate verification (tests only)")
 	request := fs.String("request", "", "also GET this `path` on the PINGed connection (an endpoint known to be slow)")
 	useStdin := fs.Bool("probe-stdin", false, "read {\"headers\": [[name, value]]} from stdin first; end when stdin closes")
 	if err := fs.Parse(args); err != nil {
@@ -77,23 +73,16 @@ func parseProbeConfig(args []string, getenv func(string) string, usage io.Writer
 		return nil, &usageError{fmt.Sprintf("argument %q: unexpected; all options are flags", fs.Arg(0))}
 	}
 	// The proxy's own parsing for what the two share: one set of rules and words.
-	shared := []string{"-upstream", *upstream, "-ping-interval", *pingInterval, "-ping-timeout", *pingTimeout}
-	if *caFile != "" {
-		shared = append(shared, "-ca-file", *caFile)
-	}
-	if *insecure {
-		shared = append(shared, "-insecure-skip-verify")
-	}
-	cfg, err := parseConfig(shared, getenv, io.Discard)
+	cfg, err := parseConfig(up.args(), getenv, io.Discard)
 	if err != nil {
 		return nil, err
 	}
-	p := &probeConfig{cfg: cfg, request: *request, useStdin: *useStdin, forText: *forFlag, intervalText: *pingInterval}
+	p := &probeConfig{cfg: cfg, request: *request, useStdin: *useStdin, forText: *forFlag, intervalText: *up.pingInterval}
 	if p.forDur, err = parseDuration("for", *forFlag); err != nil {
 		return nil, err
 	}
 	if p.forDur <= cfg.PingInterval {
-		return nil, badFlag("for", *forFlag, "must be longer than -ping-interval %s, so that a PING is sent", *pingInterval)
+		return nil, badFlag("for", *forFlag, "must be longer than -ping-interval %s, so that a PING is sent", *up.pingInterval)
 	}
 	if p.request != "" && !strings.HasPrefix(p.request, "/") {
 		return nil, badFlag("request", p.request, "must be a path starting with /, e.g. /v1/slow")

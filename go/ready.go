@@ -1,16 +1,14 @@
 package main
 
 // ready.go owns the ready file: {"pid": N, "listen": "host:port", "route": "direct"} written
-// once the listener is bound, atomically, and removed at exit if it is still ours.
-// sidecar_fsm/base/ready.py reads it; the launcher removes leftover ".<ready name>.tmp-*" files of a proxy that died between
-// CreateTemp and rename, so the temp name keeps exactly that pattern.
+// once the listener is bound, atomically (writeFileAtomic), and removed at exit if it is still
+// ours. sidecar_fsm/base/ready.py reads it.
 
 import (
 	"bytes"
 	"encoding/json"
 	"fmt"
 	"os"
-	"path/filepath"
 )
 
 // readyInfo is the ready file's content. Optional keys use omitempty, so a reader of the
@@ -30,33 +28,11 @@ func (r readyInfo) marshal() []byte {
 	return append(b, '\n')
 }
 
-// writeReadyFile writes path atomically: a reader polling for the file either finds
-// nothing or the complete JSON, never a half-written one, because the content goes to a
-// new temporary file in the same directory (same filesystem, created with O_EXCL so
-// nothing planted there is written through) that is then renamed over path. It is called
-// only after the listener is bound, so the address is connectable.
+// writeReadyFile writes path atomically (writeFileAtomic): a reader polling for the file
+// either finds nothing or the complete JSON. It is called only after the listener is bound,
+// so the address is connectable; 0644, as a launcher of another user may read it.
 func writeReadyFile(path string, info readyInfo) error {
-	dir, base := filepath.Split(path)
-	if dir == "" {
-		dir = "."
-	}
-	tmp, err := os.CreateTemp(dir, "."+base+".tmp-*")
-	if err != nil {
-		return fmt.Errorf("-ready-file %q: %v", path, unwrapPathError(err))
-	}
-	_, err = tmp.Write(info.marshal())
-	if cerr := tmp.Close(); err == nil {
-		err = cerr
-	}
-	if err == nil {
-		// CreateTemp makes 0600; a launcher of another user may read the file.
-		err = os.Chmod(tmp.Name(), 0o644)
-	}
-	if err == nil {
-		err = os.Rename(tmp.Name(), path)
-	}
-	if err != nil {
-		os.Remove(tmp.Name())
+	if err := writeFileAtomic(path, info.marshal(), 0o644, false); err != nil {
 		return fmt.Errorf("-ready-file %q: %v", path, unwrapPathError(err))
 	}
 	return nil

@@ -1,7 +1,7 @@
 package main
 
 // traffic.go owns the traffic record (-traffic-file): the proxy's own figures as one JSON
-// object (version 1, see /work/shared/SPEC.md "Traffic figures" and the launcher's reader),
+// object (version 1, see SPEC.md "Traffic figures" and the launcher's reader),
 // written atomically every -traffic-interval and once more, "final": true, after the drain.
 // The launcher imports it into its state database, so the figures outlive the process even
 // when nothing scraped /metrics.
@@ -123,12 +123,15 @@ func (m *meters) trafficRecord(now time.Time, final bool) trafficRecord {
 	return r
 }
 
-// writeFileAtomic replaces path with data: a temp file in the same folder (so the rename
-// never crosses file systems), fsync'd before the rename, so a reader (or a crash at any
-// point) sees the old file or the new one, never a part. The folder is fsync'd after the
-// rename so the new name survives a power loss too; its error is ignored (not every file
-// system supports it, and the file itself is complete either way).
-func writeFileAtomic(path string, data []byte) error {
+// writeFileAtomic replaces path with data, mode perm: a temp file ".<name>.tmp-*" in the same
+// folder (so the rename never crosses file systems; created with O_EXCL, so nothing planted
+// there is written through) renamed over path, so a reader (or a crash at any point) sees the
+// old file or the new one, never a part. The launcher removes the temps of a process that died
+// between create and rename, so the temp name keeps exactly that pattern. durable fsyncs the
+// file before the rename and the folder after it, so the new name survives a power loss too
+// (the folder's error is ignored: not every file system supports it, and the file itself is
+// complete either way); the ready file does without, as it is removed at exit anyway.
+func writeFileAtomic(path string, data []byte, perm os.FileMode, durable bool) error {
 	dir, base := filepath.Split(path)
 	if dir == "" {
 		dir = "."
@@ -138,11 +141,14 @@ func writeFileAtomic(path string, data []byte) error {
 		return err
 	}
 	_, err = tmp.Write(data)
-	if err == nil {
+	if err == nil && durable {
 		err = tmp.Sync()
 	}
 	if cerr := tmp.Close(); err == nil {
 		err = cerr
+	}
+	if err == nil && perm != 0o600 { // CreateTemp makes 0600
+		err = os.Chmod(tmp.Name(), perm)
 	}
 	if err == nil {
 		err = os.Rename(tmp.Name(), path)
@@ -150,6 +156,9 @@ func writeFileAtomic(path string, data []byte) error {
 	if err != nil {
 		os.Remove(tmp.Name())
 		return err
+	}
+	if !durable {
+		return nil
 	}
 	if d, err := os.Open(dir); err == nil {
 		d.Sync()
@@ -240,7 +249,7 @@ func (w *trafficWriter) write(final bool) {
 	}
 	data, err := json.Marshal(w.m.trafficRecord(time.Now(), final))
 	if err == nil {
-		err = writeFileAtomic(w.path, append(data, '\n'))
+		err = writeFileAtomic(w.path, append(data, '\n'), 0o600, true)
 	}
 	switch {
 	case err != nil && !w.failing:

@@ -16,11 +16,11 @@ package main
 // client's read loop or any request exists. The frame sits between whole frames, in a
 // write no other goroutine can interleave with, so the stream stays exactly what the
 // client would have sent, plus one PING. (Writing it on the TLS connection from outside
-// the client, as an earlier idea had it, could land inside one of the client's frames:
-// the corruption coalesce.go's comment records, by another route.) The client ignores the ack (its payload is not
-// one of its own); the watcher matches it and tells the check (connEvents). The first
-// connection that completes its handshake carries the PING, whoever dialled it: the
-// check's own dial, or a request's that came first.
+// the client, as an earlier idea had it, could land inside one of the client's frames and
+// corrupt the stream.) The client ignores the ack (its payload is not one of its own);
+// the watcher matches it and tells the check (connEvents). The first connection that
+// completes its handshake carries the PING, whoever dialled it: the check's own dial, or a
+// request's that came first.
 //
 // The connection goes into the pool, so the first request finds it ready instead of
 // paying for a dial of its own; unused, it closes after the idle timeout like any other.

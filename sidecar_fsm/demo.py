@@ -28,7 +28,7 @@ from urllib.parse import urlsplit
 from omegaconf import DictConfig, OmegaConf
 
 from sidecar_fsm.base.buildcache import choose_binary, user_cache_dir
-from sidecar_fsm.errors import SidecarError
+from sidecar_fsm.errors import SidecarError, SidecarsStopped
 from sidecar_fsm.lab.h2client import H2ClientError, h2_request
 from sidecar_fsm.lab.origin import TlsH2Origin
 from sidecar_fsm.lab.relay import IdleRelay
@@ -139,10 +139,10 @@ def _direct_request(say: _Narrator, relay_port: int, ca_file: str, path: str) ->
 
 
 def _first_reason(error: BaseException) -> str:
-    """The first line of an error that says something (``check()`` opens with a heading line)."""
-    lines = [line.strip() for line in str(error).splitlines() if line.strip()]
-    telling = [line for line in lines if not line.endswith(":")]
-    return (telling or lines or [type(error).__name__])[0]
+    """The first line of an error that says why (``check()``'s: its first instance's reason)."""
+    text = error.reasons[0] if isinstance(error, SidecarsStopped) and error.reasons else str(error)
+    lines = [line.strip() for line in text.splitlines() if line.strip()]
+    return (lines or [type(error).__name__])[0]
 
 
 def _why_the_sidecar_failed(manager: H2PingSidecarManager) -> str:

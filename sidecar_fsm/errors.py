@@ -12,6 +12,14 @@ class SidecarError(RuntimeError):
     """The sidecar could not be configured, started or kept running."""
 
 
+class SidecarsStopped(SidecarError):
+    """``check()``: instances stopped; ``reasons`` holds one message each (first line: why)."""
+
+    def __init__(self, reasons: list[str]) -> None:
+        super().__init__("h2-ping-sidecar stopped unexpectedly:\n" + "\n".join(reasons))
+        self.reasons = reasons
+
+
 class ConfigError(SidecarError, ValueError):
     """A config value, flag or argument is invalid; nothing was started or changed."""
 

@@ -8,6 +8,7 @@ The fixtures built on these (``lab_config``, ``node_run``, ``deaf_sidecar``) liv
 from __future__ import annotations
 
 import contextlib
+import json
 import socket
 import sys
 import threading
@@ -118,31 +119,37 @@ def cmdline(process: psutil.Process) -> list[str]:
         return []
 
 
-# What sidecar-fsm's proxy prints for -h (Go's flag usage), trimmed: a user-named binary is asked
-# for its flags before anything starts (binaryflags), so a stand-in answers as the real one does.
-OUR_USAGE = "\n".join(
-    f"  -{flag}\n    \t{usage}"
-    for flag, usage in (
-        ("ca-file path", "extra PEM root certificates for the upstream (path)"),
-        ("exit-with-pid pid", "drain and exit when the process with this pid is gone"),
-        ("insecure-skip-verify", "skip upstream certificate verification (tests only)"),
-        ("listen host:port", "host:port to serve HTTP/1.1 on"),
-        ("max-conn-age duration", "move new requests to a fresh connection"),
-        ("metrics-listen host:port", "serve GET /metrics on this loopback host:port"),
-        ("ping-interval duration", "send a PING after this read-idle duration"),
-        ("ping-timeout duration", "close a connection whose PING is unanswered"),
-        ("ready-file path", 'write {"pid","listen"} JSON to this path once bound'),
-        ("retry-body-limit bytes", "buffer request bodies up to this many bytes"),
-        ("shutdown-grace duration", "drain in-flight requests for up to this duration"),
-        ("upstream https://host[:port]", "upstream origin https://host[:port]"),
-    )
+# What sidecar-fsm's proxy answers to -describe, trimmed to its flags: a user-named binary is asked
+# before anything starts (binaryflags), so a stand-in answers as the real one does.
+OUR_DESCRIPTION = json.dumps(
+    {
+        "flags": [
+            {"name": name, "type": kind}
+            for name, kind in (
+                ("ca-file", "path"),
+                ("exit-with-pid", "pid"),
+                ("insecure-skip-verify", "bool"),
+                ("listen", "host:port"),
+                ("max-conn-age", "duration"),
+                ("metrics-listen", "host:port"),
+                ("nvcf-follow", "bool"),
+                ("ping-interval", "duration"),
+                ("ping-timeout", "duration"),
+                ("ready-file", "path"),
+                ("retry-body-limit", "bytes"),
+                ("shutdown-grace", "duration"),
+                ("upstream", "https://host[:port]"),
+            )
+        ],
+        "ready_file": ["pid", "listen", "metrics", "route"],
+    }
 )
 
 
 def fake_binary(path: Path, body: str) -> Path:
-    """A shell stand-in for the proxy running ``body``; ``-h`` answers with our proxy's flags."""
-    answer_help = f"if [ \"$1\" = -h ]; then cat >&2 <<'EOF'\n{OUR_USAGE}\nEOF\nexit 0; fi\n"
-    path.write_text("#!/bin/sh\n" + answer_help + body + "\n")
+    """A shell stand-in for the proxy running ``body``; ``-describe`` answers as our proxy does."""
+    answer = f"if [ \"$1\" = -describe ]; then cat <<'EOF'\n{OUR_DESCRIPTION}\nEOF\nexit 0; fi\n"
+    path.write_text("#!/bin/sh\n" + answer + body + "\n")
     path.chmod(0o755)
     return path
 

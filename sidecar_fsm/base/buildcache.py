@@ -7,16 +7,13 @@ part of the path, so a toolchain upgrade builds afresh instead of running an old
 Locks and temp files live in ``<cache_dir>/h2-ping-sidecar/.build/``, never beside a binary:
 the folder of a built binary holds only the binary.
 
-Owns choosing the binary a start runs (``choose_binary``: the wheel's packaged binary while
-the installed sources hash as it was built from, else the cache's), the cache's layout,
-hashing the sources, and building under a file lock into a private temp file that is renamed
-into place (the toolchain itself, and remembering its version, are ``gotool``'s; the build's
-command line and environment ``gobuild``'s, shared with the wheel's build hook): N concurrent
-runs sharing a cache build once, no process ever executes a half-written binary, and a build
-interrupted (Ctrl-C, SIGTERM, SIGKILL of the launcher) leaves no go process, work folder or
-temp binary. Every binary is judged by ``trust`` before it is used, and its folders before
-any build. Must not start or signal sidecars (go runs through ``procs``), nor touch the state
-database.
+Owns choosing the binary a start runs (``choose_binary``: the wheel's packaged one while the
+sources hash as it was built from, else the cache's), the layout, hashing the sources, and
+building under a file lock into a temp file renamed into place (the toolchain is ``gotool``'s,
+the build's command line ``gobuild``'s): concurrent runs build once, nothing executes a
+half-written binary, and an interrupted build leaves no go process, work folder or temp file.
+``trust`` judges every binary before use. Must not start or signal sidecars, nor touch the
+state database.
 """
 
 from __future__ import annotations

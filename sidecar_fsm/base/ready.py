@@ -1,29 +1,21 @@
 """The ready-file protocol, launcher side: mirrors ``go/ready.go``.
 
-Two forms are accepted. sidecar-fsm's proxy binds its listener, then writes
-``{"pid": <pid>, "listen": "<host:port>"[, "metrics": "<host:port>"], "route": "direct"}`` (the
-route its upstream takes, as the proxy decided it: ``direct`` or ``via egress proxy URL``, never
-with credentials) to a temp file it makes
-beside the ready file (``.<ready name>.tmp-<random>``) and renames it in, so a reader sees
-either no file or the whole file. NeMo Gym's binary writes its bare pid in place (no rename);
-it binds the configured address, so that is the listen reported for it. A JSON file counts
-only when its pid is the child's own pid, so a stale file left by another run never does. A
-bare pid counts when it is the child's pid or a whole line: NeMo Gym's launcher treats the
-file's existence as readiness and its test doubles write ``1``, and a ready path is unique to
-its run and removed before a restart, so the line can only come from this child; a partial
-read of a pid being written in place (no newline yet, fewer digits) never counts.
+Two forms are accepted. sidecar-fsm's proxy binds, then renames in a JSON file (the keys its
+``-describe`` lists as ``ready_file``: ``pid``, ``listen``, ``metrics``, ``route``, the last never
+with credentials), so a reader sees no file or the whole file. NeMo Gym's writes its bare pid in
+place; it binds the configured address, so that is the listen reported for it. A JSON file counts
+only when its pid is the child's, so a stale file of another run never does. A bare pid counts
+when it is the child's pid or a whole line (Gym's test doubles write ``1``; a ready path is
+unique to its run and removed before a restart); a partial read of a pid never counts.
 
-Words in a file are not enough: whoever can write the log dir, or got there first, could name
-the child's pid (any user can read it from ``/proc``) and a port of their own. So a JSON ready
-file is accepted only when every address it names (``listen``, ``metrics``) is a socket the
-child itself listens on (``procs.listens_on``); otherwise the child is refused, in one line,
-and nothing it names is used. The proxy binds before it writes the file, so a true file always
-passes. A bare pid names no address (the configured one is used, never one from the file), so
-there is nothing to check: NeMo Gym's test doubles write ``1`` and listen on nothing.
+Words in a file are not enough: whoever can write the log dir could name the child's pid and a
+port of their own. So a JSON file is accepted only when every address it names is a socket the
+child itself listens on (``procs.listens_on``); otherwise the child is refused, in one line. The
+proxy binds before it writes, so a true file always passes. A bare pid names no address.
 
-Owns reading that file and waiting for many children at once. Must not spawn, signal or
-remove anything: the caller owns the processes and the files (see ``temp_files`` for what a
-proxy that died mid-write leaves behind).
+Owns reading that file and waiting for many children at once. Must not spawn, signal or remove
+anything: the caller owns the processes and the files (``temp_files``: what a proxy that died
+mid-write leaves).
 """
 
 from __future__ import annotations

@@ -15,12 +15,14 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import math
 import os
 import sys
 from collections.abc import Callable, Iterator, Sequence
 from typing import TYPE_CHECKING, Any, Literal, NoReturn
 
 from sidecar_fsm.base import trust
+from sidecar_fsm.base.gosyntax import duration_seconds
 from sidecar_fsm.base.resources import command_hint, default_log_dir
 from sidecar_fsm.view import cells
 
@@ -256,3 +258,21 @@ def only_instance(
             f"its instances: {known}"
         )
     return chosen
+
+
+def seconds_option(command: str, option: str, text: str, example: str, go_duration: bool = False) -> float:
+    """``option``'s value in seconds: a number above 0, or with ``go_duration`` a Go duration
+    (``400s``, as the proxy takes it); a usage error naming the option and the value otherwise."""
+    where = f"{PROG} {command}: {option} '{text}'"
+    if go_duration:
+        try:
+            return duration_seconds(text, example)
+        except ValueError as error:
+            raise UsageError(f"{where} {error}") from None
+    try:
+        seconds = float(text)
+    except ValueError:
+        seconds = math.nan
+    if not (math.isfinite(seconds) and seconds > 0):
+        raise UsageError(f"{where}: must be a number of seconds above 0; try {example}")
+    return seconds

@@ -19,9 +19,8 @@ import sys
 from typing import Any
 
 from sidecar_fsm.base.buildcache import ensure_binary, user_cache_dir
-from sidecar_fsm.base.gosyntax import duration_seconds
 from sidecar_fsm.base.urls import normalize_upstream, without_userinfo
-from sidecar_fsm.cli.common import PROG, UsageError, add_command, err, out
+from sidecar_fsm.cli.common import PROG, UsageError, add_command, err, out, seconds_option
 from sidecar_fsm.run.probe import ProbeEnded, ProbeRequest, probe_events
 from sidecar_fsm.view import probe_report
 
@@ -30,13 +29,6 @@ DEFAULT_PING_INTERVAL = "60s"  # the sidecar's own default
 _MAX_PING_INTERVAL = 340.0
 # An HTTP field name (RFC 9110 token).
 _HEADER_NAME = re.compile(r"[!#$%&'*+.^_`|~0-9A-Za-z-]+")
-
-
-def _duration(option: str, value: str, example: str) -> float:
-    try:
-        return duration_seconds(value, example)
-    except ValueError as error:
-        raise UsageError(f"{PROG} probe: {option} '{value}' {error}") from None
 
 
 def _headers(values: list[str]) -> list[tuple[str, str]]:
@@ -57,8 +49,10 @@ def request_of(args: argparse.Namespace) -> ProbeRequest:
         upstream = normalize_upstream(args.upstream)
     except ValueError as error:
         raise UsageError(f"{PROG} probe: UPSTREAM '{without_userinfo(args.upstream)}' {error}") from None
-    for_s = _duration("--for", args.for_, DEFAULT_FOR)
-    interval = _duration("--ping-interval", args.ping_interval, DEFAULT_PING_INTERVAL)
+    for_s = seconds_option("probe", "--for", args.for_, DEFAULT_FOR, go_duration=True)
+    interval = seconds_option(
+        "probe", "--ping-interval", args.ping_interval, DEFAULT_PING_INTERVAL, go_duration=True
+    )
     if not 0 < interval < _MAX_PING_INTERVAL:
         raise UsageError(
             f"{PROG} probe: --ping-interval '{args.ping_interval}' must be above 0 and below 340s; try 60s"

@@ -10,7 +10,6 @@ from __future__ import annotations
 import argparse
 import contextlib
 import io
-import math
 import os
 import signal
 import threading
@@ -24,6 +23,7 @@ from sidecar_fsm.cli.common import (
     add_command,
     log_dir_of,
     out,
+    seconds_option,
     warn_if_untrusted,
 )
 from sidecar_fsm.view import cells
@@ -40,7 +40,7 @@ def cmd_query(args: argparse.Namespace) -> int:
     from sidecar_fsm.state import query
 
     log_dir, _ = log_dir_of(args)
-    timeout = _timeout(args.timeout)
+    timeout = seconds_option("query", "--timeout", args.timeout, "10")
     if args.json and args.csv:
         raise UsageError(f"{PROG} query: --json and --csv both given; choose one")
     if os.path.exists(log_dir) and not os.path.isdir(log_dir):
@@ -93,16 +93,6 @@ def _ctrl_c_cancels() -> Iterator[threading.Event]:
         yield cancel
     finally:
         signal.signal(signal.SIGINT, previous)
-
-
-def _timeout(text: str) -> float:
-    try:
-        seconds = float(text)
-    except ValueError:
-        seconds = math.nan
-    if not (math.isfinite(seconds) and seconds > 0):
-        raise UsageError(f"{PROG} query: --timeout '{text}': must be a number of seconds above 0; try 10")
-    return seconds
 
 
 def _cell(value: Any) -> str:

@@ -9,7 +9,6 @@ writes a row or signals a process.
 from __future__ import annotations
 
 import argparse
-import math
 import time
 from typing import Any
 
@@ -26,6 +25,7 @@ from sidecar_fsm.cli.common import (
     log_dir_of,
     only_instance,
     out,
+    seconds_option,
 )
 
 TOP_INTERVAL_SECONDS = 2.0
@@ -87,23 +87,12 @@ def _status_ray(args: argparse.Namespace, log_dir: str) -> int:
     return NEEDS_ATTENTION if any(status.needs_attention(s) for s in runs) else 0
 
 
-def _top_interval(text: str) -> float:
-    """``--interval``: seconds between frames, a finite number above 0."""
-    try:
-        seconds = float(text)
-    except ValueError:
-        seconds = math.nan
-    if not (math.isfinite(seconds) and seconds > 0):
-        raise UsageError(f"{PROG} top: --interval '{text}': must be a number of seconds above 0; try 2")
-    return seconds
-
-
 def cmd_top(args: argparse.Namespace) -> int:
     """Live runs (or ``--run``) with their proxies' figures, redrawn every interval until Ctrl-C."""
     from sidecar_fsm.view import render, status, top
 
     log_dir, _ = log_dir_of(args)
-    interval = _top_interval(args.interval)
+    interval = seconds_option("top", "--interval", args.interval, "2")
     use_color = color()
 
     def frame() -> str:

@@ -27,6 +27,7 @@ from sidecar_fsm.cli.common import (
     log_dir_of,
     out,
     require_log_dir,
+    seconds_option,
 )
 from sidecar_fsm.errors import UnusableStateError
 from sidecar_fsm.view.cells import short_run_id
@@ -86,25 +87,14 @@ def _reap_ray(args: argparse.Namespace, log_dir: str) -> int:
     return 1 if result.failed else 0
 
 
-def _seconds(text: str, where: str) -> float:
-    try:
-        seconds = float(text)
-    except ValueError:
-        seconds = -1.0
-    if not (0 < seconds < float("inf")):
-        raise UsageError(f"{PROG} {where}: '{text}' must be a number of seconds above 0; try 90")
-    return seconds
-
-
 def cmd_stop(args: argparse.Namespace) -> int:
     from sidecar_fsm.run import remotestop
-    from sidecar_fsm.run.reap import recorded_grace_seconds
     from sidecar_fsm.state.hostname import host_name
     from sidecar_fsm.view import status, upkeep_report
 
     log_dir, _ = log_dir_of(args)
     here = host_name()
-    timeout = _seconds(args.timeout, "stop --timeout") if args.timeout is not None else None
+    timeout = seconds_option("stop", "--timeout", args.timeout, "90") if args.timeout is not None else None
     with all_stores(log_dir, "stop") as stores:
         runs = every_run(stores)
         if args.run:
@@ -128,24 +118,32 @@ def cmd_stop(args: argparse.Namespace) -> int:
                 return 2
             store, run = live[0]
         short = short_run_id(run.run_id)
-        observed = status.observe(store, run)
-        if observed.owner != "alive" or not remotestop.ask_owner_to_stop(run):
-            err(f"{PROG} stop: run {short}: {status.owner_refusal(observed)}")
+
+        waits: list[float] = []
+
+        def asked(wait: float) -> None:
+            waits.append(wait)
+            err(
+                f"stopping run {short}: SIGTERM sent to its owner (pid {run.owner_pid}); "
+                f"waiting up to {wait:g}s"
+            )
+
+        result = remotestop.stop_run(store, run, timeout, asked)
+        assert result.observed is not None
+        if result.outcome == "refused":
+            err(f"{PROG} stop: run {short}: {status.owner_refusal(result.observed)}")
             return 1
-        wait = timeout if timeout is not None else recorded_grace_seconds(run) + remotestop.WAIT_SLACK_SECONDS
-        err(f"stopping run {short}: SIGTERM sent to its owner (pid {run.owner_pid}); waiting up to {wait:g}s")
-        result = remotestop.wait_closed(store, run, wait)
         instances = store.instances_of(run.run_id)
         if result.outcome == "timeout":
             err(
-                f"{PROG} stop: run {short} is still stopping after {wait:g}s; "
+                f"{PROG} stop: run {short} is still stopping after {waits[0]:g}s; "
                 f"see {command_hint('status --run ' + short, log_dir)}"
             )
             return 1
         if result.outcome == "owner-gone":
             err(
                 f"{PROG} stop: run {short}: its owner exited without closing the run; "
-                f"{status.reap_hint(observed)}"
+                f"{status.reap_hint(result.observed)}"
             )
             return 1
     out(upkeep_report.stopped_lines(result.run, instances, result.waited_seconds, color=color()))

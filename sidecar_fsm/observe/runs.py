@@ -14,12 +14,13 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
 from sidecar_fsm.base import procs
+from sidecar_fsm.base.addresses import listens_clash, split_listen
 from sidecar_fsm.observe.verdicts import OWNER_GONE, Owner, Process, instance_identity, owner_of, process_of
-from sidecar_fsm.state.fsm import TERMINAL
+from sidecar_fsm.state.fsm import NON_TERMINAL, TERMINAL
 from sidecar_fsm.state.records import InstanceRecord, RunRecord
 from sidecar_fsm.state.store import Store
 
-__all__ = ["RunObservation", "ended_with_owner", "found_ours", "observe"]
+__all__ = ["RunObservation", "ended_with_owner", "found_ours", "listen_holder", "observe"]
 
 
 @dataclass(frozen=True)
@@ -123,3 +124,20 @@ def observe(store: Store, run: RunRecord) -> RunObservation:
     return RunObservation(
         run, owner, instances, processes, unrecorded, claimed, str(store.path.parent.parent)
     )
+
+
+def listen_holder(store: Store, listen: str, run_id: str) -> InstanceRecord | None:
+    """The instance of another open run that holds ``listen`` on record, newest first: one whose
+    process is proven running, else one that may be (no process recorded yet, or one that lives
+    but cannot be proven ours). Read-only."""
+    maybe = None
+    for inst in reversed(store.instances_in_states(NON_TERMINAL)):
+        if inst.run_id == run_id or not listens_clash(split_listen(inst.listen), split_listen(listen)):
+            continue
+        run = store.get_run(inst.run_id)
+        verdict = None if run is None else process_of(run.host, inst)
+        if verdict == Process.RUNNING:
+            return inst
+        if maybe is None and verdict in (None, Process.UNPROVEN):
+            maybe = inst
+    return maybe

@@ -1,27 +1,26 @@
 """Which flags a proxy binary accepts, and what follows for the argv and the config.
 
-A ``sidecar.binary`` built from NeMo Gym's sources knows only Gym's flags (no ``-exit-with-pid``,
-``-ca-file``, ``-metrics-listen``) and writes a bare PID into its ready file, which never says
-which port a ``:0`` listen bound. Passing it one of our flags makes it exit 2 before it binds;
-this module lets the launcher pass only what the binary knows and refuse, before anything
-starts, the settings it cannot honour.
+A ``sidecar.binary`` built from NeMo Gym's sources knows only Gym's flags (``GYM_FLAGS``: no
+``-exit-with-pid``, ``-ca-file``, ``-metrics-listen``, ``-nvcf-*``) and writes a bare PID into its
+ready file, which never says which port a ``:0`` listen bound. Passing it one of our flags makes
+it exit 2 before it binds; this module lets the launcher pass only what the binary knows and
+refuse, before anything starts, the settings it cannot honour.
 
-Our own proxy is never asked: a binary that carries the stamp the build cache gives every
-build of these sources (``-X main.version=<sources hash>``, ``buildcache``) has every flag
-``sidecar_command`` passes, wherever the user put it. Only a foreign binary (Gym's, an older
-sidecar-fsm's) is asked (``<binary> -h``, Go's flag usage, under a timeout) and its answer
-remembered in memory per file identity (path, device, inode, size, mtime). The pure functions
-the launcher calls with the answer: :func:`filter_command`, :func:`refusals`, :func:`warnings`.
-Must not start a sidecar, signal a process (the only child is the short-lived ``-h`` run, ended
-by ``subprocess`` on timeout, as ``buildcache`` does for ``go env``), change state or read the
-config file.
+Our own proxy is never asked: a binary that carries the stamp the build cache gives every build
+of these sources (``-X main.version=<sources hash>``, ``buildcache``) has every flag
+``sidecar_command`` passes, wherever the user put it. Any other binary is asked ``-describe``
+(go/describe.go: its flags, their types and the ready file's keys, as JSON) under a timeout, and
+the answer remembered per file identity (path, device, inode, size, mtime). A binary with no
+``-describe`` (Gym's exits 2 on it) is taken to accept Gym's flags, which is all Gym's launcher
+ever passed it. Must not start a sidecar, signal a process (the only child is the short-lived
+``-describe`` run, ended by ``subprocess`` on timeout), change state or read the config file.
 """
 
 from __future__ import annotations
 
+import json
 import mmap
 import os
-import re
 import subprocess
 import threading
 from collections.abc import Sequence
@@ -32,40 +31,30 @@ from sidecar_fsm.config import H2PingSidecarConfig, SidecarInstanceConfig, parse
 from sidecar_fsm.errors import ConfigError, SidecarError
 
 __all__ = [
+    "GYM_FLAGS",
     "BinaryFlags",
     "binary_flags",
     "check",
     "filter_command",
     "forget",
-    "parse_usage",
+    "from_description",
     "refusals",
     "warnings",
 ]
 
-# A Go binary prints its usage in milliseconds; a slow disk or a loaded node can take seconds.
-# Longer than this and the "binary" is not a flag-parsing proxy (or it is hung): say so.
-HELP_TIMEOUT_SECONDS = 10.0
+# A Go binary answers in milliseconds; a slow disk or a loaded node can take seconds. Longer than
+# this and the "binary" is not a flag-parsing proxy (or it is hung): say so.
+DESCRIBE_TIMEOUT_SECONDS = 10.0
 
-# Flags of our proxy (go/config.go) that take no value. Needed to drop an unknown flag together
-# with its value: the binary that lacks a flag cannot tell us its arity.
+# Flags of our proxy that take no value, so that dropping one never takes the next token along.
 _NO_VALUE_FLAGS = frozenset({"insecure-skip-verify"})
 
 # Without these the binary cannot be started, supervised or awaited at all.
 _REQUIRED_FLAGS = ("listen", "upstream", "ready-file")
 
-# Go's flag.PrintDefaults: "  -name" or "  -name type", then usage lines indented by a tab
-# (a one-letter name keeps its usage on the same line, after a tab). A flag's block runs to the
-# next line that is not a usage line.
-_FLAG_BLOCK = re.compile(
-    r"^  -(?P<name>[A-Za-z0-9][A-Za-z0-9_.-]*)(?P<type> [^\t\n]*)?(?P<usage>(?:\t.*)?(?:\n\s*\t.*)*)$",
-    re.MULTILINE,
-)
-
 _USE_OURS = "or leave sidecar.binary unset to use sidecar-fsm's proxy"
 
-# NeMo Gym's proxy's flags: what a binary that prints no flag list (a wrapper script, a test
-# double) is assumed to accept, since Gym's launcher passes exactly these and nothing else.
-# Passing it one of ours could make it exit 2; giving it fewer only costs the warnings below.
+# NeMo Gym's proxy's flags: what a binary without -describe is given.
 GYM_FLAGS = frozenset(
     ("listen", "upstream", "ping-interval", "ping-timeout", "shutdown-grace", "retry-body-limit")
     + ("max-conn-age", "ready-file", "insecure-skip-verify")
@@ -74,30 +63,31 @@ GYM_FLAGS = frozenset(
 
 @dataclass(frozen=True)
 class BinaryFlags:
-    """What ``<binary> -h`` said: the flags it accepts and whether its ready file names its port.
-
-    ``accepted`` holds flag names without the dash; ``takes_value`` the subset that is not
-    boolean. ``reports_listen`` is true when ``-ready-file``'s usage promises the bound address
-    (sidecar-fsm's JSON ``{"pid", "listen"}``); Gym's proxy writes only its PID there.
-    """
+    """The flags a binary accepts (names without the dash), the subset that takes a value, and
+    whether its ready file names the bound address (a ``listen`` key; Gym's holds a bare PID)."""
 
     path: str
     accepted: frozenset[str]
     takes_value: frozenset[str]
     reports_listen: bool
-    # False when -h printed no flag list and Gym's flags were assumed (GYM_FLAGS).
-    learned: bool = True
+    # It answered -describe, so its exit codes are ours (a taken address: 3 or 4).
+    described: bool = False
 
 
-def parse_usage(path: str, text: str) -> BinaryFlags:
-    """The flags named in Go's ``PrintDefaults`` output ``text``. Pure; unknown lines are skipped."""
-    blocks = {match["name"]: match for match in _FLAG_BLOCK.finditer(text)}
-    ready_usage = blocks["ready-file"]["usage"].lower() if "ready-file" in blocks else ""
+def from_description(path: str, text: str) -> BinaryFlags | None:
+    """The flags ``-describe``'s JSON ``text`` lists; None when it is not such a document. Pure."""
+    try:
+        described = json.loads(text)
+        flags = {entry["name"]: entry["type"] for entry in described["flags"]}
+        ready_keys = set(described["ready_file"])
+    except (ValueError, TypeError, KeyError):
+        return None
     return BinaryFlags(
-        path=path,
-        accepted=frozenset(blocks),
-        takes_value=frozenset(name for name, match in blocks.items() if match["type"]),
-        reports_listen="listen" in ready_usage and "json" in ready_usage,
+        path,
+        frozenset(flags),
+        frozenset(name for name, kind in flags.items() if kind != "bool"),
+        reports_listen="listen" in ready_keys,
+        described=True,
     )
 
 
@@ -106,31 +96,22 @@ _lock = threading.Lock()
 _cache: dict[tuple[str, int, int, int, int], BinaryFlags | None] = {}
 
 
-def _identity(path: str) -> tuple[str, int, int, int, int]:
-    st = os.stat(path)
-    return (path, st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns)
-
-
 def binary_flags(binary: str | os.PathLike[str]) -> BinaryFlags | None:
     """The flags ``binary`` accepts, None for our own proxy; remembered while the file is unchanged.
 
-    Ours is told by its stamp (``_is_ours``) and not run. A foreign binary is asked once with
-    ``-h``. The cache key is the path plus the file's device, inode, size and mtime, so a binary
-    rebuilt or replaced in place (a rename gives a new inode) is judged again, never by its
-    predecessor's answer. Failures are not remembered: a timeout on a loaded node may pass.
-    Thread-safe; two threads asking at once may both run ``-h`` (harmless, same answer).
-    A binary that runs but prints no Go flag usage (a wrapper script, Gym's test doubles) is
-    taken to accept NeMo Gym's flags (``GYM_FLAGS``), which is all Gym's launcher ever passed it.
-    Raises ``SidecarError`` (one line naming the path) when the binary cannot be run or does not
-    answer within ``HELP_TIMEOUT_SECONDS``.
+    The key includes the file's device, inode, size and mtime, so a binary rebuilt or replaced in
+    place is judged again. Failures are not remembered: a timeout on a loaded node may pass.
+    Thread-safe (two threads asking at once may both ask: same answer). Raises ``SidecarError``
+    (one line naming the path) when the binary cannot be run or does not answer in time.
     """
     path = os.path.abspath(os.fspath(binary))
     try:
-        key = _identity(path)
+        st = os.stat(path)
     except OSError as error:
         raise SidecarError(
             f"'{path}': cannot read it ({error.strerror}); point sidecar.binary at a built h2-ping-sidecar"
         ) from None
+    key = (path, st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns)
     with _lock:
         if key in _cache:
             return _cache[key]
@@ -141,9 +122,8 @@ def binary_flags(binary: str | os.PathLike[str]) -> BinaryFlags | None:
 
 
 def _is_ours(path: str) -> bool:
-    """Whether ``path`` holds the build cache's stamp for these sources (their hash, the value
-    of the proxy's ``main.version``). Reads the file (mapped, a few ms for 11 MB); runs nothing.
-    A file that cannot be read is not ours: asking it with ``-h`` then says why."""
+    """Whether ``path`` holds the build cache's stamp for these sources (mapped: a few ms for
+    11 MB; runs nothing). A file that cannot be read is not ours: asking it then says why."""
     try:
         stamp = sources_hash().encode()
         with open(path, "rb") as file, mmap.mmap(file.fileno(), 0, access=mmap.ACCESS_READ) as data:
@@ -162,35 +142,36 @@ def _ask(path: str) -> BinaryFlags:
     try:
         # Own session: a terminal's Ctrl-C during the ask goes to the launcher, which decides.
         result = subprocess.run(
-            [path, "-h"],
+            [path, "-describe"],
             stdin=subprocess.DEVNULL,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT,
-            timeout=HELP_TIMEOUT_SECONDS,
+            capture_output=True,
+            timeout=DESCRIBE_TIMEOUT_SECONDS,
             start_new_session=True,
             check=False,
         )
     except subprocess.TimeoutExpired:
         raise SidecarError(
-            f"'{path}': no answer to -h within {HELP_TIMEOUT_SECONDS:g}s, so its flags are unknown; "
-            "point sidecar.binary at a built h2-ping-sidecar"
+            f"'{path}': no answer to -describe within {DESCRIBE_TIMEOUT_SECONDS:g}s, so its flags are "
+            "unknown; point sidecar.binary at a built h2-ping-sidecar"
         ) from None
     except OSError as error:
         raise SidecarError(
             f"'{path}': cannot be run ({error.strerror}); point sidecar.binary at a built h2-ping-sidecar"
         ) from None
-    text = result.stdout.decode("utf-8", errors="replace")
-    flags = parse_usage(path, text)
-    if not flags.accepted:
-        return BinaryFlags(path, GYM_FLAGS, GYM_FLAGS - _NO_VALUE_FLAGS, reports_listen=False, learned=False)
-    return flags
+    described = (
+        from_description(path, result.stdout.decode("utf-8", errors="replace"))
+        if result.returncode == 0
+        else None
+    )
+    return described or BinaryFlags(path, GYM_FLAGS, GYM_FLAGS - _NO_VALUE_FLAGS, reports_listen=False)
 
 
 def filter_command(command: Sequence[str], flags: BinaryFlags) -> list[str]:
     """``command`` (``sidecar_command``'s argv) without the flags ``flags`` does not accept.
 
     Pure. ``command[0]`` is the binary and is kept; a dropped flag takes its value with it
-    (``-flag value`` or ``-flag=value``). Which settings may be dropped silently is decided by
+    (``-flag value`` or ``-flag=value``); a dropped flag followed by another flag (a boolean such
+    as ``-nvcf-follow``) takes nothing. Which settings may be dropped silently is decided by
     :func:`refusals` and :func:`warnings`, which the caller checks first.
     """
     kept = [command[0]]
@@ -204,7 +185,11 @@ def filter_command(command: Sequence[str], flags: BinaryFlags) -> list[str]:
         name, has_inline_value = token.lstrip("-").split("=", 1)[0], "=" in token
         value: list[str] = []
         known = name in flags.accepted
-        takes_value = name not in _NO_VALUE_FLAGS and (not known or name in flags.takes_value)
+        if known:
+            takes_value = name in flags.takes_value
+        else:  # arity unknown: a value, unless a boolean of ours or followed by another flag
+            follows = command[index] if index < len(command) else ""
+            takes_value = name not in _NO_VALUE_FLAGS and not follows.startswith("-")
         if takes_value and not has_inline_value and index < len(command):
             value = [command[index]]
             index += 1
@@ -269,10 +254,10 @@ def refusals(
 def warnings(config: H2PingSidecarConfig, flags: BinaryFlags) -> list[str]:
     """One line per setting that will be dropped with a visible cost; pure, print them and go on."""
     lines = []
-    if not flags.learned:
+    if "nvcf-follow" not in flags.accepted:
         lines.append(
-            f"WARNING: sidecar.binary '{flags.path}' printed no flag list for -h, so it is given "
-            "NeMo Gym's flags only (no -exit-with-pid, -ca-file or -metrics-listen)"
+            f"WARNING: sidecar.binary '{flags.path}' has no -nvcf-follow (a NeMo Gym build): "
+            "NVCF 202s pass through to the client"
         )
     if config.exit_with_owner and "exit-with-pid" not in flags.accepted:
         lines.append(
@@ -297,7 +282,7 @@ def check(
     None: our own proxy (stamped, or the build cache's, which is not asked at all) has every
     flag ``sidecar_command`` passes, so it has nothing to refuse or warn about. Raises
     ``ConfigError`` with every refusal, one per line, the first being the one-line message;
-    ``SidecarError`` when the binary cannot be asked. Read-only apart from the short ``-h`` run.
+    ``SidecarError`` when the binary cannot be asked. Read-only apart from the ``-describe`` run.
     """
     flags = binary_flags(binary)
     if flags is None:

@@ -22,7 +22,13 @@ from sidecar_fsm.config import H2PingSidecarConfig, SidecarInstanceConfig
 from sidecar_fsm.errors import SidecarError
 from sidecar_fsm.run import crashpoints
 from sidecar_fsm.run.binaryflags import BinaryFlags
-from sidecar_fsm.run.messages import exit_message, metrics_clash_message, port_clash_message, where
+from sidecar_fsm.run.messages import (
+    address_taken,
+    exit_message,
+    metrics_clash_message,
+    port_clash_message,
+    where,
+)
 from sidecar_fsm.run.runfiles import run_file
 from sidecar_fsm.state import storagefault
 from sidecar_fsm.state.fsm import TERMINAL, InstanceMachine
@@ -138,12 +144,14 @@ class SidecarRun:
         return where(child.name, self.run_id, self.host)
 
     def exit_message(self, child: Child, exit_code: int, before_ready: bool) -> str:
-        clash = port_clash_message(child.index, child.listen, self.store, self.run_id)
-        fixed = child.instance.metrics_listen
-        metrics = (
-            (fixed, metrics_clash_message(child.index, fixed)) if fixed and not fixed.endswith(":0") else None
-        )
-        return exit_message(self.where(child), exit_code, before_ready, child.log_path, clash, metrics)
+        codes_known = self.flags is None or self.flags.described
+        taken = address_taken(exit_code, before_ready, child.listen, codes_known)
+        clash = None
+        if taken == "listen":
+            clash = port_clash_message(child.index, child.listen, self.store, self.run_id)
+        elif taken == "metrics":
+            clash = metrics_clash_message(child.index, child.instance.metrics_listen or "")
+        return exit_message(self.where(child), exit_code, before_ready, child.log_path, clash)
 
     def fail(
         self,

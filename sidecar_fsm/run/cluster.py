@@ -22,10 +22,13 @@ import os
 import socket
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from pathlib import Path
+from typing import Any, TypeVar
 
 from sidecar_fsm.errors import SidecarError
 from sidecar_fsm.run.reap import ReapReport
+
+T = TypeVar("T")
 
 DEFAULT_ADDRESS = "auto"
 
@@ -123,30 +126,39 @@ def _probe(address: str, shown: str, command: str) -> None:
         raise _no_cluster(command, shown) from error
 
 
-def _reap_on_this_node(log_dir: str, dry_run: bool) -> tuple[str, str, str, ReapReport | None, str | None]:
-    """The Ray task body: reap this host's database in ``log_dir``, on whichever node runs it.
-
-    Returns (node id, host, database path, report, error). A missing database is not created:
-    there is nothing to reap and nothing to write. Runs in a Ray worker, so it is a module-level
-    function (workers import ``sidecar_fsm.run.cluster`` by name) and imports ray lazily too.
+def on_this_node(
+    log_dir: str, work: Callable[[str, Path], T], missing: T
+) -> tuple[str, str, str, T | None, str | None]:
+    """What every Ray task body does around its ``work``: (node id, this host, its database path
+    in ``log_dir``, ``work(host, path)`` or ``missing`` when there is no database (none is
+    created), one-line error). Only this host's database: another host's pids mean nothing here.
     """
     import ray
 
-    from sidecar_fsm.run.reap import reap
     from sidecar_fsm.state.hostname import HOST_ENV, host_name
-    from sidecar_fsm.state.store import Store, database_path
+    from sidecar_fsm.state.store import database_path
 
     node_id = str(ray.get_runtime_context().get_node_id())
     try:
         host = host_name()
         path = database_path(log_dir, host)
-        if not path.exists():
-            return node_id, host, str(path), ReapReport(dry_run=dry_run, runs=[]), None
-        with Store.open(log_dir, host=host) as store:
-            return node_id, host, str(path), reap(store, dry_run=dry_run), None
+        return node_id, host, str(path), work(host, path) if path.exists() else missing, None
     except (SidecarError, OSError, ValueError) as error:
         # The raw name, even one host_name() refused: the error says what is wrong with it.
         return node_id, os.environ.get(HOST_ENV) or socket.gethostname(), "", None, _line(error)
+
+
+def _reap_on_this_node(log_dir: str, dry_run: bool) -> tuple[str, str, str, ReapReport | None, str | None]:
+    """The Ray task body: reap this host's database in ``log_dir`` (``on_this_node``). Runs in a
+    Ray worker, so it is a module-level function (workers import this module by name)."""
+    from sidecar_fsm.run.reap import reap
+    from sidecar_fsm.state.store import Store
+
+    def work(host: str, _: Path) -> ReapReport:
+        with Store.open(log_dir, host=host) as store:
+            return reap(store, dry_run=dry_run)
+
+    return on_this_node(log_dir, work, ReapReport(dry_run=dry_run, runs=[]))
 
 
 def _line(error: BaseException) -> str:

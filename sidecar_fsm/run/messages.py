@@ -2,20 +2,21 @@
 
 Owns the messages ``supervise`` raises and records (exit before ready, unexpected exit, a port
 already in use and by whom, a log that cannot be created) and reading the end of a log for them.
-Must not change state or signal anything; the one database read (who holds a port) is a
-diagnosis and never fails the caller.
+Must not change state or signal anything; who holds a port is ``observe``'s judgement, asked as
+a diagnosis that never fails the caller.
 """
 
 from __future__ import annotations
 
+import errno
 import os
+import socket
 
-from sidecar_fsm.base import procs
+from sidecar_fsm.base.addresses import split_listen
 from sidecar_fsm.base.exitstatus import signal_name
 from sidecar_fsm.base.resources import command_hint
-from sidecar_fsm.config import is_loopback_host
-from sidecar_fsm.state.fsm import NON_TERMINAL
-from sidecar_fsm.state.store import InstanceRecord, Store
+from sidecar_fsm.observe.runs import listen_holder
+from sidecar_fsm.state.store import Store
 
 LOG_TAIL_LINES = 20
 _LOG_TAIL_BYTES = 16384
@@ -41,12 +42,8 @@ def log_tail(log_path: str, lines: int = LOG_TAIL_LINES) -> str:
 
 
 def with_log_tail(first_line: str, log_path: str) -> str:
-    """``first_line`` (our diagnosis: which port, taken by whom) then the log's tail (the proxy's
-    own words, "cannot bind ...: address already in use" among them).
-
-    The tail is kept whole, even where it repeats that a port is taken: it is the evidence the
-    first line rests on, and NeMo Gym's callers and tests read it there.
-    """
+    """``first_line`` (our diagnosis) then the log's tail, kept whole: the proxy's own words,
+    which NeMo Gym's callers and tests read there."""
     tail = log_tail(log_path)
     return f"{first_line}\n{tail}" if tail else first_line
 
@@ -56,24 +53,40 @@ def where(name: str, run_id: str, host: str) -> str:
     return f"h2-ping-sidecar '{name}' (run {run_id} on {host})"
 
 
-def exit_message(
-    place: str,
-    exit_code: int,
-    before_ready: bool,
-    log_path: str,
-    port_clash: str | None,
-    metrics_clash: tuple[str, str] | None = None,
-) -> str:
-    """The first line for a process that exited; a port clash replaces it when the log says so.
+# go/main.go's exit codes for a start refused because an address is taken (nothing was bound).
+EXIT_LISTEN_IN_USE, EXIT_METRICS_IN_USE = 3, 4
 
-    ``metrics_clash`` is (the fixed metrics address, its message): when the proxy's own "address
-    already in use" line names that address, the metrics port is the one taken, not the listen.
+
+def address_taken(exit_code: int, before_ready: bool, listen: str, codes_known: bool) -> str | None:
+    """Which address a proxy that exited found taken: ``"listen"``, ``"metrics"`` or None.
+
+    Our proxy says so by its exit code (``codes_known``: ours, or one that describes itself).
+    A binary without those codes (NeMo Gym's exits 1 on any failure) is judged by the kernel:
+    its listen address still refuses a bind (errno ``EADDRINUSE``), never by its log's words.
     """
-    clash_lines = [line for line in log_tail(log_path).splitlines() if "address already in use" in line]
-    if metrics_clash is not None and any(metrics_clash[0] in line for line in clash_lines):
-        return metrics_clash[1]
-    if port_clash is not None and clash_lines:
-        return port_clash
+    if codes_known:
+        return {EXIT_LISTEN_IN_USE: "listen", EXIT_METRICS_IN_USE: "metrics"}.get(exit_code)
+    return "listen" if before_ready and exit_code != 0 and _bind_refused(listen) else None
+
+
+def _bind_refused(listen: str) -> bool:
+    try:
+        host, port = split_listen(listen)
+        family, kind, _, _, address = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)[0]
+        with socket.socket(family, kind) as probe:
+            probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as Go binds: TIME_WAIT is no holder
+            probe.bind(address)
+    except OSError as error:
+        return error.errno == errno.EADDRINUSE
+    except ValueError:
+        return False
+    return False
+
+
+def exit_message(place: str, exit_code: int, before_ready: bool, log_path: str, clash: str | None) -> str:
+    """The first line for a process that exited; ``clash`` (the taken address's message) replaces it."""
+    if clash is not None:
+        return clash
     when = "before it was ready" if before_ready else "unexpectedly"
     return f"{place}: {exit_words(exit_code)} {when}; see {log_path}"
 
@@ -94,7 +107,10 @@ def exit_words(exit_code: int) -> str:
 def port_clash_message(index: int, listen: str, store: Store | None, run_id: str) -> str:
     """``sidecar.instances[i].listen`` is taken: by which run and instance if the database knows."""
     place = f"sidecar.instances[{index}].listen: '{listen}'"
-    holder = _listen_holder(listen, store, run_id)
+    try:
+        holder = None if store is None else listen_holder(store, listen, run_id)
+    except Exception:
+        holder = None  # a diagnosis; never let it hide the failure it explains
     if holder is None:
         return f"{place} is already in use by another process; stop it or choose another port (or port 0)"
     pid = f"pid {holder.pid}" if holder.pid else "no pid yet"
@@ -118,37 +134,3 @@ def log_failure_message(path: str, error: OSError) -> str:
     """A log (or the log dir) that cannot be created: the path, the reason, what to do."""
     reason = (error.strerror or str(error)).lower()
     return f"sidecar.log_dir: cannot create '{path}' ({reason}); set sidecar.log_dir to a writable folder"
-
-
-def _listen_holder(listen: str, store: Store | None, run_id: str) -> InstanceRecord | None:
-    """The live instance of another run on ``listen`` according to the database, if any."""
-    if store is None:
-        return None
-    try:
-        candidates = store.instances_in_states(NON_TERMINAL)
-    except Exception:
-        return None  # a diagnosis; never let it hide the failure it explains
-    # Newest first; a record left non-terminal by a crashed run names the holder only when
-    # its process is provably still that sidecar (pid and start time), else it is skipped.
-    fallback: InstanceRecord | None = None
-    for record in reversed(candidates):
-        if record.run_id == run_id or not same_address(record.listen, listen):
-            continue
-        if record.pid is not None and record.pid_start_time is not None:
-            if procs.is_ours(procs.ProcessIdentity(record.pid, record.pid_start_time, None)):
-                return record
-        elif fallback is None:
-            fallback = record
-    return fallback
-
-
-def same_address(a: str, b: str) -> bool:
-    """Whether two ``host:port`` listens name the same socket, loopback spellings included."""
-    if a == b:
-        return True
-    host_a, _, port_a = a.rpartition(":")
-    host_b, _, port_b = b.rpartition(":")
-    if port_a != port_b or port_a == "0":
-        return False
-    unbracket = str.maketrans("", "", "[]")
-    return is_loopback_host(host_a.translate(unbracket)) and is_loopback_host(host_b.translate(unbracket))

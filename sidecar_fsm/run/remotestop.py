@@ -1,7 +1,8 @@
 """Stopping a run from another process: ``sidecar-fsm stop``.
 
-Owns asking a run's owner (the launcher that started it: ``sidecar-fsm start``, or Gym) to stop
-as a Ctrl-C would, and waiting until the run is closed on record. The signal goes through
+Owns the stop use-case (``stop_run``): asking a run's owner (the launcher that started it:
+``sidecar-fsm start``, or Gym) to stop as a Ctrl-C would, and waiting until the run is closed on
+record; the CLI picks the run and prints the outcome. The signal goes through
 ``procs`` after the owner's identity (pid and start time, ``observe.verdicts.owner_identity``)
 is proven, so a pid reused since the run started is never hit. The owner does the drain itself
 (it owns the children); this module never signals a sidecar, never writes a row and never
@@ -10,13 +11,16 @@ decides what a stopped run looks like.
 
 from __future__ import annotations
 
+import dataclasses
 import signal
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Literal
 
 from sidecar_fsm.base import procs
-from sidecar_fsm.observe.verdicts import owner_identity
+from sidecar_fsm.observe.runs import RunObservation, observe
+from sidecar_fsm.observe.verdicts import Owner, owner_identity, owner_of
 from sidecar_fsm.run import crashpoints
 from sidecar_fsm.state.store import RunRecord, Store
 
@@ -27,17 +31,36 @@ POLL_SECONDS = 0.1
 # the grace after its own slack (5 s), then records the end.
 WAIT_SLACK_SECONDS = 15.0
 
-Outcome = Literal["closed", "owner-gone", "timeout"]
+Outcome = Literal["closed", "owner-gone", "timeout", "refused"]
 
 
 @dataclass(frozen=True)
 class StopResult:
     """How the wait ended: the run closed (``run`` has its end), its owner exited without
-    closing it (``reap`` must), or the timeout passed with the owner still draining."""
+    closing it (``reap`` must), or the timeout passed with the owner still draining; or the
+    owner was not asked (``refused``: gone, or not proven the run's; ``observed`` says which)."""
 
     outcome: Outcome
     run: RunRecord
     waited_seconds: float
+    observed: RunObservation | None = None
+
+
+def stop_run(
+    store: Store, run: RunRecord, timeout: float | None, asked: Callable[[float], None]
+) -> StopResult:
+    """``sidecar-fsm stop``: SIGTERM ``run``'s owner if ``observe`` finds it alive, then wait
+    (``timeout``, default the run's recorded grace plus ``WAIT_SLACK_SECONDS``) until the run
+    is closed. ``asked(wait)`` is called once the signal is sent, before the wait."""
+    from sidecar_fsm.run.reap import recorded_grace_seconds
+
+    observed = observe(store, run)
+    if observed.owner != Owner.ALIVE or not ask_owner_to_stop(run):
+        return StopResult("refused", run, 0.0, observed)
+    wait = timeout if timeout is not None else recorded_grace_seconds(run) + WAIT_SLACK_SECONDS
+    asked(wait)
+    result = wait_closed(store, run, wait)
+    return dataclasses.replace(result, observed=observed)
 
 
 def ask_owner_to_stop(run: RunRecord) -> bool:
@@ -63,12 +86,11 @@ def wait_closed(store: Store, run: RunRecord, timeout: float) -> StopResult:
     """
     started = time.monotonic()
     deadline = started + timeout
-    identity = owner_identity(run)
     while True:
         current = store.get_run(run.run_id) or run
         if current.ended_at is not None:
             return StopResult("closed", current, time.monotonic() - started)
-        if identity is None or not procs.is_ours(identity):
+        if owner_of(run) != Owner.ALIVE:
             current = store.get_run(run.run_id) or run
             outcome: Outcome = "closed" if current.ended_at is not None else "owner-gone"
             return StopResult(outcome, current, time.monotonic() - started)

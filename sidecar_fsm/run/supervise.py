@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from sidecar_fsm.errors import SidecarError
+from sidecar_fsm.errors import SidecarsStopped
 from sidecar_fsm.run import start as starting
 from sidecar_fsm.run import stop as stopping
 from sidecar_fsm.run import traffic
@@ -77,7 +77,7 @@ class NodeSidecars(SidecarRun):
         """Raise ``SidecarError`` naming every instance that stopped (see ``failures()``)."""
         messages = self.failures()
         if messages:
-            raise SidecarError("h2-ping-sidecar stopped unexpectedly:\n" + "\n".join(messages))
+            raise SidecarsStopped(messages)
 
     def stop(self, hurry: Callable[[], bool] | None = None) -> None:
         """Drain and end every child, remove ready files and end the run row. Idempotent.

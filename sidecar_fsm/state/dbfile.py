@@ -126,7 +126,7 @@ def open_for_reading(path: Path) -> sqlite3.Connection:
         if os.path.lexists(path):
             raise UnusableStateError(f"{path}: not a regular file; move it away or use another --log-dir")
         raise UnusableStateError(f"{path}: no such state database; check --log-dir")
-    if _not_writable_reason(path) == "read-only filesystem":
+    if _on_read_only_fs(path):
         return _connect(path, immutable=True)
     return _connect(path)
 
@@ -405,7 +405,7 @@ def storage_error(
         )
     elif primary in (SQLITE_READONLY, SQLITE_CANTOPEN, SQLITE_PERM):
         reason = _not_writable_reason(path)
-        if primary == SQLITE_CANTOPEN and reason == "permission denied" and os.access(path.parent, os.W_OK):
+        if primary == SQLITE_CANTOPEN and not _on_read_only_fs(path) and os.access(path.parent, os.W_OK):
             reason = "cannot open the database file"
     elif primary in (SQLITE_CORRUPT, SQLITE_NOTADB):
         reason = "database file is corrupt" if primary == SQLITE_CORRUPT else "not a SQLite database"
@@ -424,16 +424,19 @@ def storage_error(
     return kind(f"{path}: {doing + ': ' if doing else ''}{reason}; {advice}")
 
 
-def _not_writable_reason(target: Path) -> str:
-    """Why ``target`` (or its directory) cannot be written: a read-only filesystem or permissions."""
+def _on_read_only_fs(target: Path) -> bool:
+    """Whether ``target`` (or its nearest existing parent) is on a read-only filesystem."""
     for candidate in (target, *target.parents):
         try:
-            if os.statvfs(candidate).f_flag & os.ST_RDONLY:
-                return "read-only filesystem"
-            break
+            return bool(os.statvfs(candidate).f_flag & os.ST_RDONLY)
         except OSError:
             continue
-    return "permission denied"
+    return False
+
+
+def _not_writable_reason(target: Path) -> str:
+    """Why ``target`` (or its directory) cannot be written: a read-only filesystem or permissions."""
+    return "read-only filesystem" if _on_read_only_fs(target) else "permission denied"
 
 
 def _os_reason(target: Path, exc: OSError) -> str:

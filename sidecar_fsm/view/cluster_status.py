@@ -11,11 +11,10 @@ database for writing, changes no state, signals nothing.
 from __future__ import annotations
 
 import os
-import socket
 from dataclasses import dataclass, field
+from pathlib import Path
 
-from sidecar_fsm.errors import SidecarError
-from sidecar_fsm.run.cluster import DEFAULT_ADDRESS, on_every_node
+from sidecar_fsm.run.cluster import DEFAULT_ADDRESS, on_every_node, on_this_node
 from sidecar_fsm.view.status import RunStatus
 
 # status is an interactive command: a node that has not answered by then is shown as silent
@@ -47,38 +46,23 @@ class ClusterStatus:
         return any(node.error is not None for node in self.nodes)
 
 
-def _status_on_this_node(log_dir: str, everything: bool) -> tuple[str, str, list[RunStatus], str | None]:
-    """The Ray task body: (node id, host, this host's runs judged now, error).
-
-    Only this host's database: another host's pids mean nothing here. A missing database is not
-    created. Runs in a Ray worker, so it is a module-level function and imports ray lazily.
-    """
-    import ray
-
-    from sidecar_fsm.state.hostname import HOST_ENV, host_name
-    from sidecar_fsm.state.store import Store, database_path
+def _status_on_this_node(
+    log_dir: str, everything: bool
+) -> tuple[str, str, str, list[RunStatus] | None, str | None]:
+    """The Ray task body: this host's runs judged now (``run.cluster.on_this_node``). Runs in a
+    Ray worker, so it is a module-level function."""
+    from sidecar_fsm.state.store import Store
     from sidecar_fsm.view import status
 
-    node_id = str(ray.get_runtime_context().get_node_id())
-    try:
-        host = host_name()
-        path = database_path(log_dir, host)
-        if not path.exists():
-            return node_id, host, [], None
+    def work(_: str, path: Path) -> list[RunStatus]:
         with Store.open_existing(path) as store:
             runs = status.runs_to_show(
                 [(store, run) for run in store.list_runs("all")], everything=everything
             )
             observed = [status.observe(store, run) for store, run in runs]
-        return node_id, host, status.with_live(observed), None
-    except (SidecarError, OSError, ValueError) as error:
-        text = str(error).strip()
-        return (
-            node_id,
-            os.environ.get(HOST_ENV) or socket.gethostname(),
-            [],
-            text.splitlines()[0] if text else type(error).__name__,
-        )
+        return status.with_live(observed)
+
+    return on_this_node(log_dir, work, [])
 
 
 def status_cluster(
@@ -99,8 +83,8 @@ def status_cluster(
     )
     nodes = []
     for answer in answers:
-        host, runs, error = None, [], answer.error
+        host, runs, error = None, None, answer.error
         if answer.error is None:
-            _, host, runs, error = answer.value
-        nodes.append(NodeStatus(answer.node_id, answer.address, answer.ray_hostname, host, runs, error))
+            _, host, _, runs, error = answer.value
+        nodes.append(NodeStatus(answer.node_id, answer.address, answer.ray_hostname, host, runs or [], error))
     return ClusterStatus(address=bootstrap, nodes=nodes)

@@ -1,7 +1,7 @@
 """The launcher's duration rules (``config.py``) against the proxy's own (``go/config.go``).
 
 Python validates before any process exists, so both sides hold the rules; this test is what
-keeps them one rule. It reads the defaults from the built proxy's ``-h`` and asks the proxy
+keeps them one rule. It reads the defaults from the built proxy's ``-describe`` and asks the proxy
 itself whether each boundary value is accepted: with ``-exit-with-pid -1`` (validated after
 every duration) a value the proxy accepts ends in the exit-with-pid error, one it refuses in
 its own flag's, and the proxy exits 2 without binding anything either way.
@@ -9,7 +9,7 @@ its own flag's, and the proxy exits 2 without binding anything either way.
 
 from __future__ import annotations
 
-import re
+import json
 import subprocess
 from pathlib import Path
 
@@ -40,23 +40,11 @@ BOUNDARIES = {
 # launcher-side guard on a Gym config; the proxy takes any age, as SPEC has it.
 LAUNCHER_ONLY_REFUSALS = {("max_conn_age", "3600s")}
 
-_FLAG_LINE = re.compile(r"^  -(?P<name>[a-z-]+)")
-_DEFAULT = re.compile(r'\(default "?(?P<value>[^")]*)"?\)')
-
 
 def _proxy_defaults(binary: Path) -> dict[str, str]:
-    """Each flag's default as ``-h`` prints it (Go's PrintDefaults: ``(default "60s")``)."""
-    help_text = subprocess.run([str(binary), "-h"], capture_output=True, text=True, timeout=30)
-    defaults: dict[str, str] = {}
-    name = None
-    for line in (help_text.stdout + help_text.stderr).splitlines():
-        flag = _FLAG_LINE.match(line)
-        name = flag["name"] if flag else name
-        found = _DEFAULT.search(line)
-        if name is not None and found is not None:
-            defaults[name] = found["value"]
-    assert defaults, help_text
-    return defaults
+    """Each flag's default as ``-describe`` lists it."""
+    done = subprocess.run([str(binary), "-describe"], capture_output=True, text=True, timeout=30, check=True)
+    return {flag["name"]: flag["default"] for flag in json.loads(done.stdout)["flags"]}
 
 
 def _proxy_accepts(binary: Path, flag: str, value: str) -> bool:
@@ -76,7 +64,7 @@ def _launcher_accepts(field: str, value: str) -> bool:
     return True
 
 
-def test_defaults_agree_with_the_proxys_help(sidecar_binary: Path) -> None:
+def test_defaults_agree_with_the_proxys_description(sidecar_binary: Path) -> None:
     proxy = _proxy_defaults(sidecar_binary)
     launcher = H2PingSidecarConfig()
     differ = {}

@@ -1,7 +1,7 @@
 """A ``sidecar.binary`` built from NeMo Gym's sources: flags learned once, filtered, refused.
 
 Gym's proxy is stood in for by tests/gymproxy (Go, built here once per session): Gym's flags
-only, ``-h`` usage on stderr, a bare PID written in place into ``-ready-file``. Our own proxy is
+only (``-describe`` unknown: exit 2), a bare PID written in place into ``-ready-file``. Our own proxy is
 the real one from the build cache. Everything ``binaryflags`` learns it learns by running them.
 """
 
@@ -45,6 +45,7 @@ GYM_FLAGS = frozenset(
     }
 )
 ORPHAN_WARNING = "only `sidecar-fsm reap` ends an orphan"
+NVCF_WARNING = "has no -nvcf-follow (a NeMo Gym build): NVCF 202s pass through to the client"
 
 
 @pytest.fixture(scope="session")
@@ -90,7 +91,7 @@ def _asked(binary: Path) -> BinaryFlags:
 # --- learning the flags -----------------------------------------------------------------------
 
 
-def test_gyms_flags_are_learned_from_its_help(gym_binary: Path) -> None:
+def test_a_binary_without_describe_is_given_gyms_flags(gym_binary: Path) -> None:
     flags = _asked(gym_binary)
     assert flags.accepted == GYM_FLAGS
     assert flags.takes_value == GYM_FLAGS - {"insecure-skip-verify"}
@@ -98,9 +99,11 @@ def test_gyms_flags_are_learned_from_its_help(gym_binary: Path) -> None:
 
 
 def _our_flags(sidecar_binary: Path) -> BinaryFlags:
-    """What the scraper would read from our proxy's -h (it never asks ours: see below)."""
-    done = subprocess.run([str(sidecar_binary), "-h"], capture_output=True, text=True, timeout=30)
-    return binaryflags.parse_usage(str(sidecar_binary), done.stdout + done.stderr)
+    """What our proxy's -describe says (ours is never asked: see below)."""
+    done = subprocess.run([str(sidecar_binary), "-describe"], capture_output=True, text=True, timeout=30)
+    flags = binaryflags.from_description(str(sidecar_binary), done.stdout)
+    assert flags is not None, done
+    return flags
 
 
 def test_our_binary_is_known_by_its_stamp_and_never_asked(
@@ -120,8 +123,8 @@ def test_our_binary_is_known_by_its_stamp_and_never_asked(
         assert binaryflags.check(binary, _config(ca_file="/ca.pem"), _config().instances) == (None, [])
 
 
-def test_our_help_reads_as_every_flag_to_the_scraper(sidecar_binary: Path) -> None:
-    """An older sidecar-fsm's binary (another stamp) is scraped: our -h is what it reads."""
+def test_our_description_names_every_flag(sidecar_binary: Path) -> None:
+    """A sidecar-fsm binary of other sources (another stamp) is asked: -describe is its answer."""
     flags = _our_flags(sidecar_binary)
     assert flags.accepted >= GYM_FLAGS | {"exit-with-pid", "ca-file"}
     assert "insecure-skip-verify" not in flags.takes_value
@@ -154,22 +157,22 @@ def test_a_binary_that_cannot_be_asked_is_one_line(tmp_path: Path, monkeypatch: 
     with pytest.raises(SidecarError, match=r"cannot be run \(Permission denied\)"):
         binary_flags(not_executable)
 
-    # A binary that runs but lists no flags (a wrapper script, Gym's test doubles) gets Gym's
-    # flags only, with a warning, and no port 0: what Gym's launcher always gave it.
+    # A binary that runs but does not describe itself (a wrapper script, Gym's test doubles)
+    # gets Gym's flags only, with a warning, and no port 0: what Gym's launcher always gave it.
     silent = tmp_path / "silent"
     silent.write_text("#!/bin/sh\necho 'not a flag parser'\nexit 1\n")
     silent.chmod(0o755)
     assumed = _asked(silent)
-    assert assumed.accepted == binaryflags.GYM_FLAGS and not assumed.learned
+    assert assumed.accepted == binaryflags.GYM_FLAGS
     assert not assumed.reports_listen
     config = H2PingSidecarConfig.model_validate({"exit_with_owner": True})
-    assert any("printed no flag list" in line for line in binaryflags.warnings(config, assumed))
+    assert any(NVCF_WARNING in line for line in binaryflags.warnings(config, assumed))
 
     hung = tmp_path / "hung"
     hung.write_text("#!/bin/sh\nexec sleep 60\n")
     hung.chmod(0o755)
-    monkeypatch.setattr(binaryflags, "HELP_TIMEOUT_SECONDS", 0.5)
-    with pytest.raises(SidecarError, match=r"no answer to -h within 0.5s"):
+    monkeypatch.setattr(binaryflags, "DESCRIBE_TIMEOUT_SECONDS", 0.5)
+    with pytest.raises(SidecarError, match=r"no answer to -describe within 0.5s"):
         binary_flags(hung)
     for error_text in (str(_raised(binary_flags, path)) for path in (missing, not_executable, hung)):
         assert "\n" not in error_text and error_text.endswith(
@@ -238,20 +241,24 @@ def test_refusals_name_the_field_and_the_value(gym_binary: Path, sidecar_binary:
 
 def test_warnings_say_what_is_lost(gym_binary: Path, sidecar_binary: Path) -> None:
     gym, ours = _asked(gym_binary), _our_flags(sidecar_binary)
-    (line,) = warnings(_config(), gym)
-    assert line.startswith("WARNING: ") and line.endswith(ORPHAN_WARNING)
-    assert warnings(_config(exit_with_owner=False), gym) == []
-    assert warnings(_config(), ours) == []
+    nvcf, orphan = warnings(_config(), gym)
+    assert nvcf == f"WARNING: sidecar.binary '{gym_binary}' {NVCF_WARNING}"
+    assert orphan.startswith("WARNING: ") and orphan.endswith(ORPHAN_WARNING)
+    assert warnings(_config(exit_with_owner=False), gym) == [nvcf]
+    # Ours says nothing but, until its -nvcf-* flags exist, that NVCF 202s pass through.
+    assert warnings(_config(), ours) == (
+        [] if "nvcf-follow" in ours.accepted else [nvcf.replace(str(gym_binary), str(sidecar_binary))]
+    )
     old_gym = BinaryFlags("/old", GYM_FLAGS - {"max-conn-age"}, GYM_FLAGS, False)
-    (line,) = warnings(_config(exit_with_owner=False), old_gym)
+    (_, line) = warnings(_config(exit_with_owner=False), old_gym)
     assert line.startswith("WARNING: sidecar.max_conn_age '50m' is ignored: ")
-    assert warnings(_config(exit_with_owner=False, max_conn_age="0s"), old_gym) == []
+    assert len(warnings(_config(exit_with_owner=False, max_conn_age="0s"), old_gym)) == 1
 
 
 def test_check_refuses_with_every_line_or_returns_the_warnings(gym_binary: Path) -> None:
     flags, notes = binaryflags.check(gym_binary, _config(), _config().instances)
     assert flags is not None and flags.accepted == GYM_FLAGS
-    assert len(notes) == 1 and notes[0].endswith(ORPHAN_WARNING)
+    assert len(notes) == 2 and notes[0].endswith(NVCF_WARNING) and notes[1].endswith(ORPHAN_WARNING)
     config = _config(
         instances=[{"upstream": "https://a.example.com", "listen": "127.0.0.1:0"}], ca_file="/ca.pem"
     )
@@ -370,7 +377,7 @@ def test_the_launcher_starts_gyms_binary(
     assert manager is not None and manager.run_id is not None
     try:
         out = capsys.readouterr().out
-        assert out.count(ORPHAN_WARNING) == 1, out
+        assert out.count(ORPHAN_WARNING) == 1 and out.count(NVCF_WARNING) == 1, out
         assert "lab upstream not checked (its binary serves no metrics)" in out, out
         assert gcd.policy_model.responses_api_models.m.base_url == f"http://127.0.0.1:{port}/v1"
         assert http11_request("127.0.0.1", port, "/echo", timeout=20).status == 200
@@ -412,3 +419,28 @@ def test_the_launcher_refuses_port_0_for_gyms_binary_before_starting(
     assert OmegaConf.to_yaml(gcd) == before
     # Refused before any warning: nothing is printed about a run that never starts.
     assert capsys.readouterr().out == ""
+
+
+def test_a_taken_port_is_named_for_gyms_binary_too(gym_binary: Path, tmp_path: Path) -> None:
+    """Gym's binary exits 1 on any failure (no exit code says "in use"): the kernel, refusing a
+    bind of the same address, tells the launcher the port is taken, never the log's words."""
+    from launchrun import port_in_use
+
+    with port_in_use() as port:
+        gcd = OmegaConf.create(
+            {
+                "policy_model": {"responses_api_models": {"m": {"base_url": "https://localhost:8443/v1"}}},
+                "sidecar": {
+                    "enabled": True,
+                    "binary": str(gym_binary),
+                    "instances": [{"upstream": "https://localhost:8443", "listen": f"127.0.0.1:{port}"}],
+                    "log_dir": str(tmp_path / "logs"),
+                },
+            }
+        )
+        with pytest.raises(SidecarError) as caught:
+            start_h2_ping_sidecar(gcd)
+    assert str(caught.value).splitlines()[0] == (
+        f"sidecar.instances[0].listen: '127.0.0.1:{port}' is already in use by another process; "
+        "stop it or choose another port (or port 0)"
+    )

@@ -317,3 +317,49 @@ def test_find_ours_proves_an_unrecorded_process_by_exe_ready_path_and_start(
     assert procs.signal_if_ours(found, signal.SIGKILL)
     assert procs.wait_exit(ours, 5) == -signal.SIGKILL
     assert procs.find_ours([procs.Claim(exe, ready_path, 0.0)]) == {ready_path: []}
+
+
+def test_a_tied_helper_started_from_a_threaded_parent_dies_with_its_thread(tmp_path: Path) -> None:
+    """``start_tied`` from a process with busy threads (as under Gym or a Ray actor): the helper
+    runs what it was given, in its own session, and the kernel kills it when the thread that
+    started it ends, with nothing run between fork and exec but the exec itself."""
+    import threading
+
+    stop = threading.Event()
+    lock = threading.Lock()
+
+    def busy() -> None:  # holds a lock on and off, as a logging or import lock would be
+        while not stop.is_set():
+            with lock:
+                time.sleep(0.001)
+
+    spinners = [threading.Thread(target=busy, daemon=True) for _ in range(4)]
+    for spinner in spinners:
+        spinner.start()
+    started: list[subprocess.Popen[bytes]] = []
+    try:
+
+        def start() -> None:
+            child = procs.start_tied(["/bin/sh", "-c", "echo tied; exec sleep 60"], cwd=tmp_path, env={})
+            started.append(child)
+            assert child.stdout is not None and child.stdout.readline() == b"tied\n"
+
+        starter = threading.Thread(target=start)
+        starter.start()
+        starter.join(30)
+        (child,) = started
+        assert os.getsid(child.pid) == child.pid or child.poll() is not None
+        wait_until(lambda: child.poll() is not None, 10, "the helper to die with its thread")
+        assert child.returncode == -signal.SIGKILL
+    finally:
+        stop.set()
+        for child in started:
+            procs.kill_session(child)
+
+
+def test_a_tied_helper_that_cannot_start_raises_oserror(tmp_path: Path) -> None:
+    with pytest.raises(FileNotFoundError):
+        procs.start_tied([str(tmp_path / "missing")], cwd=tmp_path, env={})
+    (tmp_path / "plain").write_text("")
+    with pytest.raises(PermissionError):
+        procs.start_tied([str(tmp_path / "plain")], cwd=tmp_path, env={})

@@ -158,18 +158,19 @@ def test_port_in_use_names_the_holder(
 def test_child_exits_before_ready(
     lab_config: Callable[..., DictConfig], log_dir: Path, tmp_path: Path
 ) -> None:
-    binary = fake_binary(tmp_path / "early-exit", 'echo "fatal: upstream refused us" >&2\nexit 3')
+    # Not 3 or 4: those are our proxy's "an address is taken" (go/main.go).
+    binary = fake_binary(tmp_path / "early-exit", 'echo "fatal: upstream refused us" >&2\nexit 5')
     config = lab_config(binary=str(binary))
     before = snapshot(config)
     with pytest.raises(SidecarError) as caught:
         start_h2_ping_sidecar(config)
     message = str(caught.value)
     assert "h2-ping-sidecar 'nvcf'" in message
-    assert "exited with code 3 before it was ready" in message.splitlines()[0]
+    assert "exited with code 5 before it was ready" in message.splitlines()[0]
     assert "fatal: upstream refused us" in message
     assert snapshot(config) == before
     ((run, (record,)),) = run_records(log_dir)
-    assert (run.outcome, record.state, record.exit_code) == ("failed", "failed", 3)
+    assert (run.outcome, record.state, record.exit_code) == ("failed", "failed", 5)
     assert states_path(log_dir, record.id) == ["configured", "building", "spawned", "failed"]
     assert_nothing_left(log_dir)
 

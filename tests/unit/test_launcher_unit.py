@@ -18,6 +18,7 @@ from pydantic import ValidationError
 
 from sidecar_fsm import launcher
 from sidecar_fsm.base import buildcache
+from sidecar_fsm.base.addresses import listens_clash, split_listen
 from sidecar_fsm.config import H2PingSidecarConfig
 from sidecar_fsm.errors import SidecarError
 from sidecar_fsm.launcher import (
@@ -256,14 +257,15 @@ def test_log_tail_reads_only_the_end(tmp_path: Path) -> None:
     [
         ("127.0.0.1:1250", "127.0.0.1:1250", True),
         ("localhost:1250", "127.0.0.1:1250", True),
-        ("[::1]:1250", "127.0.0.1:1250", True),
+        ("0.0.0.0:1250", "127.0.0.1:1250", True),  # a wildcard holds every address's port
+        ("[::1]:1250", "127.0.0.1:1250", False),  # two sockets: both bind
         ("127.0.0.1:1250", "127.0.0.1:1251", False),
         ("127.0.0.1:0", "localhost:0", False),
         ("10.0.0.1:1250", "127.0.0.1:1250", False),
     ],
 )
-def test_same_address(a: str, b: str, same: bool) -> None:
-    assert messages.same_address(a, b) is same
+def test_the_port_holder_is_on_an_address_that_clashes(a: str, b: str, same: bool) -> None:
+    assert listens_clash(split_listen(a), split_listen(b)) is same
 
 
 def test_interrupt_held_until_the_block_ends() -> None:

@@ -559,3 +559,24 @@ func TestNVCFFlags(t *testing.T) {
 		}
 	}
 }
+
+// TestNVCFPollsSurviveAnIdleDroppingRelay: behind a relay that drops connections idle for
+// 600 ms (Global Accelerator scaled down), the POST held for its 2 s window and the long
+// polls after it are kept alive by PINGs: the answer arrives, no connection is dropped.
+func TestNVCFPollsSurviveAnIdleDroppingRelay(t *testing.T) {
+	o := newNVCFOrigin(3500 * time.Millisecond)
+	srv := startNVCF(t, o)
+	relay := startIdleRelay(t, srv.Listener.Addr().String(), 600*time.Millisecond)
+	p := startProxy(t, "https://"+relay.ln.Addr().String(), caFileOf(t, srv), "-ping-interval", "150ms", "-ping-timeout", "2s")
+	resp, got, err := invoke(t, context.Background(), p.url, "g", map[string]string{"NVCF-POLL-SECONDS": "2"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if resp.StatusCode != 200 || string(got) != wantResult(o, "00000001-1111-2222-3333-444455556666", "g") {
+		t.Fatalf("through the relay: got %d %q; want 200 with the result", resp.StatusCode, got)
+	}
+	if relay.drops.Load() != 0 || o.posts.Load() != 1 || o.polls.Load() < 1 {
+		t.Fatalf("relay drops %d, POSTs %d, polls %d; want 0 drops, 1 POST, the polls over the kept connection",
+			relay.drops.Load(), o.posts.Load(), o.polls.Load())
+	}
+}

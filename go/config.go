@@ -167,6 +167,11 @@ func parseConfig(args []string, getenv func(string) string, usage io.Writer) (*C
 	if err != nil || cfg.RetryBodyLimit < 0 {
 		return nil, badFlag("retry-body-limit", *retryBodyLimit, "must be a whole number of bytes >= 0; use 0 to never buffer")
 	}
+	// Before -exit-with-pid, which the launcher's agreement test checks last to learn
+	// whether a duration before it was accepted (tests/integration/test_config_agrees_*).
+	if cfg.NVCF, err = nvcf.validate(cfg.Upstream, getenv); err != nil {
+		return nil, err
+	}
 	pid, err := strconv.Atoi(*exitWithPID)
 	if err != nil || pid < 0 {
 		return nil, badFlag("exit-with-pid", *exitWithPID, "must be a process id above 0, or 0 for off")
@@ -181,9 +186,6 @@ func parseConfig(args []string, getenv func(string) string, usage io.Writer) (*C
 		return nil, badFlag("pprof", "true", "needs -metrics-listen, the listener it is served on")
 	}
 	if cfg.Outputs, err = outputs.validate(); err != nil {
-		return nil, err
-	}
-	if cfg.NVCF, err = nvcf.validate(cfg.Upstream, getenv); err != nil {
 		return nil, err
 	}
 	if cfg.CAFile != "" {

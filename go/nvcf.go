@@ -254,11 +254,18 @@ func newTransport(cfg *Config, up *upstream, logger *log.Logger) http.RoundTripp
 		su := newUpstream(&sc)
 		su.firstPing = nil // the start-up check is the upstream's, not the status host's
 		su.logf = logger.Printf
-		su.pool = newPool(su.newClientConn, sc.MaxConnAge)
+		su.pool = newPool(su.dialStatus, sc.MaxConnAge)
 		up.statusUp = su
 		f.status = su
 	}
 	return f
+}
+
+// dialStatus is newClientConn without its record in the upstream's dial counts and
+// health (h2ping_upstream_up, GET /upstream): a status host that fails is the polls'
+// failure, retried and named in the 504, not the upstream's.
+func (u *upstream) dialStatus(ctx context.Context) (*http.ClientConn, error) {
+	return u.tr.NewClientConn(ctx, "https", u.cfg.UpstreamAddr)
 }
 
 // closeNVCF closes the status host's connections, if it has its own; after the drain.

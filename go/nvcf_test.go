@@ -12,6 +12,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
+	"net"
 	"net/http"
 	"net/http/httptest"
 	"os"
@@ -578,5 +579,36 @@ func TestNVCFPollsSurviveAnIdleDroppingRelay(t *testing.T) {
 	if relay.drops.Load() != 0 || o.posts.Load() != 1 || o.polls.Load() < 1 {
 		t.Fatalf("relay drops %d, POSTs %d, polls %d; want 0 drops, 1 POST, the polls over the kept connection",
 			relay.drops.Load(), o.posts.Load(), o.polls.Load())
+	}
+}
+
+// TestNVCFStatusHostDownUntilTheBudget: a status host that refuses every connection is
+// retried (capped backoff, no busy loop) until the budget; the 504 names the id and the
+// last failure.
+func TestNVCFStatusHostDownUntilTheBudget(t *testing.T) {
+	o := newNVCFOrigin(time.Minute)
+	srv := startNVCF(t, o)
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	down := ln.Addr().String()
+	ln.Close() // nothing listens there now: every dial is refused
+	p := startProxy(t, srv.URL, caFileOf(t, srv), "-nvcf-budget", "3s", "-nvcf-status-url", "https://"+down+"/v2/nvcf/pexec/status/{reqid}")
+	polls, dialErrs := stats.nvcfPolls.Load(), stats.dialsErr.Load()
+	resp, got, err := invoke(t, context.Background(), p.url, "d", map[string]string{"NVCF-POLL-SECONDS": "1"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	id := "00000001-1111-2222-3333-444455556666"
+	if resp.StatusCode != 504 || resp.Header.Get("NVCF-REQID") != id || !strings.Contains(string(got), id) || !strings.Contains(string(got), "refused") {
+		t.Fatalf("got %d %v %q; want 504 naming %s and the refused poll", resp.StatusCode, resp.Header, got, id)
+	}
+	if stats.dialsErr.Load() != dialErrs {
+		t.Fatalf("upstream dial errors: got %d more; want the status host's failures kept out of the upstream's health", stats.dialsErr.Load()-dialErrs)
+	}
+	// 2 s of retries at 100 ms doubling to 2 s: a handful, never a busy loop.
+	if n := stats.nvcfPolls.Load() - polls; n < 2 || n > 8 {
+		t.Fatalf("polls tried: got %d; want 2-8", n)
 	}
 }

@@ -38,6 +38,9 @@ type nvcfOrigin struct {
 	big  bool          // answer with a 302 to a zip
 	// zipOverride, when set, is served instead of the zip built from the result.
 	zipOverride []byte
+	// sse, when set, makes the result an event stream: one event, then the second once
+	// sse is closed.
+	sse chan struct{}
 	// emptyID answers every POST with a 202 whose NVCF-REQID is this (no job kept).
 	emptyID *string
 
@@ -172,6 +175,14 @@ func (o *nvcfOrigin) answer(w http.ResponseWriter, r *http.Request, id, zipBase 
 	o.mu.Lock()
 	delete(o.jobs, id)
 	o.mu.Unlock()
+	if o.sse != nil {
+		w.Header().Set("Content-Type", "text/event-stream")
+		w.Write([]byte("data: 1\n\n"))
+		w.(http.Flusher).Flush()
+		<-o.sse
+		w.Write([]byte("data: [DONE]\n\n"))
+		return
+	}
 	w.Header().Set("Content-Type", "application/json")
 	w.Write(j.result)
 }
@@ -610,5 +621,35 @@ func TestNVCFStatusHostDownUntilTheBudget(t *testing.T) {
 	// 2 s of retries at 100 ms doubling to 2 s: a handful, never a busy loop.
 	if n := stats.nvcfPolls.Load() - polls; n < 2 || n > 8 {
 		t.Fatalf("polls tried: got %d; want 2-8", n)
+	}
+}
+
+// TestNVCFStreamedAnswerStreams: an event stream that is the answer to a poll reaches the
+// client event by event, not once the stream ends (and not cut by the budget it outlives).
+func TestNVCFStreamedAnswerStreams(t *testing.T) {
+	o := newNVCFOrigin(1500 * time.Millisecond)
+	o.sse = make(chan struct{})
+	srv := startNVCF(t, o)
+	p := startProxy(t, srv.URL, caFileOf(t, srv), "-nvcf-budget", "2s")
+	req, _ := http.NewRequest(http.MethodPost, p.url+"/v2/nvcf/pexec/functions/f1", strings.NewReader("s"))
+	req.Header.Set("Accept", "text/event-stream")
+	req.Header.Set("NVCF-POLL-SECONDS", "1")
+	start := time.Now()
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	first := make([]byte, len("data: 1\n\n"))
+	if _, err := io.ReadFull(resp.Body, first); err != nil || string(first) != "data: 1\n\n" || o.polls.Load() < 1 {
+		t.Fatalf("first event: got %q, %v after %d polls; want it before the stream ends", first, err, o.polls.Load())
+	}
+	// The stream is held open past the 2 s budget on purpose (not to hope a race away):
+	// the budget bounds the wait for an answer, not the answer's own length.
+	time.Sleep(time.Until(start.Add(2500 * time.Millisecond)))
+	close(o.sse)
+	rest, err := io.ReadAll(resp.Body)
+	if err != nil || string(rest) != "data: [DONE]\n\n" {
+		t.Fatalf("rest: got %q, %v; want the second event", rest, err)
 	}
 }

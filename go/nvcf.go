@@ -228,9 +228,9 @@ func plainToken(id string) bool {
 type nvcfFollower struct {
 	next   http.RoundTripper // the upstream (retrybody.go)
 	status http.RoundTripper // the status host: next itself, or its own upstream
+	up     *upstream         // next, for its TLS roots (nvcfzip.go)
 	n      NVCF
 	window string // NVCF-POLL-SECONDS value of -nvcf-poll-window, "" when unset
-	cfg    *Config
 	logf   func(format string, args ...any)
 	zipper zipFetcher // nvcfzip.go
 }
@@ -244,7 +244,7 @@ func newTransport(cfg *Config, up *upstream, logger *log.Logger) http.RoundTripp
 	if !n.Follow && n.PollWindow == 0 {
 		return up
 	}
-	f := &nvcfFollower{next: up, status: up, n: n, cfg: cfg, logf: logger.Printf}
+	f := &nvcfFollower{next: up, status: up, up: up, n: n, logf: logger.Printf}
 	if n.PollWindow > 0 {
 		f.window = strconv.FormatInt(int64(n.PollWindow/time.Second), 10)
 	}

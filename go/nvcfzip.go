@@ -22,7 +22,6 @@ import (
 	"archive/zip"
 	"bytes"
 	"crypto/tls"
-	"crypto/x509"
 	"fmt"
 	"io"
 	"net/http"
@@ -41,20 +40,13 @@ type zipFetcher struct {
 	tr   *http.Transport
 }
 
-// transport fetches from any https host with the upstream's roots (system + -ca-file)
-// and the egress route net/http's ProxyFromEnvironment picks for that host, as for the
-// upstream. A download is an active transfer, not an idle wait: no PINGs are needed.
-func (z *zipFetcher) transport(cfg *Config) *http.Transport {
+// transport fetches from any https host with the upstream's roots (system + -ca-file,
+// the very pool transport.go built) and the egress route net/http's ProxyFromEnvironment
+// picks for that host, as for the upstream. A download is an active transfer, not an idle
+// wait: no PINGs are needed.
+func (z *zipFetcher) transport(up *upstream) *http.Transport {
 	z.once.Do(func() {
-		conf := &tls.Config{MinVersion: tls.VersionTLS12, InsecureSkipVerify: cfg.InsecureSkipVerify}
-		if len(cfg.CAPEM) > 0 {
-			roots, err := x509.SystemCertPool()
-			if err != nil || roots == nil {
-				roots = x509.NewCertPool()
-			}
-			roots.AppendCertsFromPEM(cfg.CAPEM)
-			conf.RootCAs = roots
-		}
+		conf := &tls.Config{MinVersion: tls.VersionTLS12, RootCAs: up.tlsConfig().RootCAs, InsecureSkipVerify: up.cfg.InsecureSkipVerify}
 		z.tr = &http.Transport{
 			Proxy:               proxyForUpstream,
 			TLSClientConfig:     conf,
@@ -93,7 +85,7 @@ func (f *nvcfFollower) unzip(req *http.Request, resp *http.Response, id string, 
 	if err != nil {
 		return fail("the large result's Location is not a URL")
 	}
-	zr, err := f.zipper.transport(f.cfg).RoundTrip(gr)
+	zr, err := f.zipper.transport(f.up).RoundTrip(gr)
 	if err != nil {
 		if req.Context().Err() != nil {
 			if followed {

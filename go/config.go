@@ -77,6 +77,8 @@ type Config struct {
 	// The traffic record, access log and log rotation (traffic.go, accesslog.go,
 	// logrotate.go) are the flags of outputs.go.
 	Outputs
+	// NVCF is NVIDIA Cloud Functions' 202 protocol, the flags of nvcf.go.
+	NVCF NVCF
 }
 
 // usageError is a bad flag or environment: the caller prints it as one line and exits 2.
@@ -104,6 +106,7 @@ func parseConfig(args []string, getenv func(string) string, usage io.Writer) (*C
 	profiling := fs.Bool("pprof", false, "also serve Go's profiles at /debug/pprof/NAME on -metrics-listen (for leak hunts; default off)")
 	outputs := defineOutputFlags(fs)
 	describeFlag := fs.Bool("describe", false, "print what this binary is (version, flags, ready file, exit codes) as JSON and exit")
+	nvcf := defineNVCFFlags(fs)
 	if err := fs.Parse(args); err != nil {
 		if errors.Is(err, flag.ErrHelp) {
 			fs.SetOutput(usage)
@@ -164,6 +167,11 @@ func parseConfig(args []string, getenv func(string) string, usage io.Writer) (*C
 	cfg.RetryBodyLimit, err = strconv.ParseInt(*retryBodyLimit, 10, 64)
 	if err != nil || cfg.RetryBodyLimit < 0 {
 		return nil, badFlag("retry-body-limit", *retryBodyLimit, "must be a whole number of bytes >= 0; use 0 to never buffer")
+	}
+	// Before -exit-with-pid, which the launcher's agreement test checks last to learn
+	// whether a duration before it was accepted (tests/integration/test_config_agrees_*).
+	if cfg.NVCF, err = nvcf.validate(cfg.Upstream, getenv); err != nil {
+		return nil, err
 	}
 	pid, err := strconv.Atoi(*exitWithPID)
 	if err != nil || pid < 0 {

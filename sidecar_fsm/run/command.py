@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from sidecar_fsm.base.urls import redact_url
-from sidecar_fsm.config import H2PingSidecarConfig, SidecarInstanceConfig
+from sidecar_fsm.config import H2PingSidecarConfig, NvcfConfig, SidecarInstanceConfig
 from sidecar_fsm.run.runfiles import ACCESS_LOG, LOG, TRAFFIC, sibling
 
 # Loopback only: /metrics has no authentication. Port 0: the proxy picks one and writes it into
@@ -33,7 +33,9 @@ def sidecar_command(
     ``127.0.0.1:0``: a free port each, named in its ready file, so N sidecars on a host never
     compete for one. The traffic file, the access log (with ``access_log``) and the log the
     proxy rotates itself (``-log-file``, the one the launcher also points its stdout and stderr
-    at) sit beside ``ready_path``, named as ``runfiles.sibling`` names them. A binary that lacks
+    at) sit beside ``ready_path``, named as ``runfiles.sibling`` names them. The ``-nvcf-*``
+    flags are the instance's (``nvcf_of``): follow and budget always, the poll window and the
+    status URL when set (unset leaves them to the client and the proxy). A binary that lacks
     a flag (NeMo Gym's has none of these) gets this argv through ``binaryflags.filter_command``.
     """
     command = [
@@ -72,6 +74,14 @@ def sidecar_command(
         "-log-backups",
         str(config.log_backups),
     ]
+    nvcf = config.nvcf_of(instance)
+    # A bool flag takes its value after '=' only (Go's flag package); one token also lets
+    # binaryflags drop it whole for a binary without it.
+    command += [f"-nvcf-follow={str(nvcf.follow).lower()}", "-nvcf-budget", nvcf.budget]
+    if nvcf.poll_window is not None:
+        command += ["-nvcf-poll-window", nvcf.poll_window]
+    if nvcf.status_url is not None:
+        command += ["-nvcf-status-url", nvcf.status_url]
     if config.insecure_skip_verify:
         command.append("-insecure-skip-verify")
     return command
@@ -119,6 +129,7 @@ def config_summary(
                 "upstream": redact_url(i.upstream),
                 "listen": i.listen,
                 "metrics_listen": i.metrics_listen,
+                "nvcf": _nvcf_summary(c.nvcf_of(i)),
             }
             for i in instances
         ],
@@ -142,3 +153,9 @@ def config_summary(
         "log_max_bytes": c.log_max_bytes,
         "log_backups": c.log_backups,
     }
+
+
+def _nvcf_summary(nvcf: NvcfConfig) -> dict[str, Any]:
+    """``nvcf``'s keys as the run row keeps them: the status URL redacted like the upstream."""
+    status_url = None if nvcf.status_url is None else redact_url(nvcf.status_url)
+    return {**nvcf.model_dump(), "status_url": status_url}

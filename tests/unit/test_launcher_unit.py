@@ -92,6 +92,32 @@ def test_command_optional_flags() -> None:
     assert command[command.index("-ca-file") + 1] == str(Path("~/ca.pem").expanduser())
 
 
+def test_command_nvcf_flags_are_the_instances() -> None:
+    status = "https://api.nvcf.nvidia.com/v2/nvcf/pexec/status/{reqid}"
+    config = _config(
+        nvcf={"budget": "31m40s", "poll_window": 3600},
+        instances=[
+            {"name": "policy", "upstream": "https://api.example.com", "listen": "127.0.0.1:0"},
+            {
+                "name": "judge",
+                "upstream": "https://api.example.com",
+                "listen": "127.0.0.1:0",
+                "nvcf": {"follow": False, "status_url": status},
+            },
+        ],
+    )
+    policy, judge = (sidecar_command("/bin/h2", config, i, "/r") for i in config.instances)
+    assert "-nvcf-follow=true" in policy and "-nvcf-status-url" not in policy
+    assert policy[policy.index("-nvcf-budget") + 1] == "31m40s"
+    assert policy[policy.index("-nvcf-poll-window") + 1] == "1h"
+    assert "-nvcf-follow=false" in judge
+    assert judge[judge.index("-nvcf-status-url") + 1] == status
+    default = _config()
+    command = sidecar_command("/bin/h2", default, default.instances[0], "/r")
+    assert "-nvcf-poll-window" not in command and "-nvcf-status-url" not in command
+    assert command[command.index("-nvcf-budget") + 1] == "60m"
+
+
 @pytest.mark.parametrize(
     ("godebug", "expected"),
     [

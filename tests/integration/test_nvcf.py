@@ -9,17 +9,28 @@ and the lab origin behind an idle-dropping relay.
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 import io
 import json
+import ssl
+import urllib.request
 import uuid
 import zipfile
 from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
 from urllib.parse import urlsplit
 
+import aiohttp
+import httpx
+import openai
 import pytest
+from omegaconf import DictConfig
 
-from sidecar_fsm.lab import H2Client, NvcfLab, TlsH2Origin
+from sidecar_fsm.lab import H2Client, IdleRelay, NvcfLab, TlsH2Origin
+from sidecar_fsm.launcher import H2PingSidecarManager
 
 TOKEN = "nvapi-lab-secret-token"
 AUTH = ("authorization", f"Bearer {TOKEN}")
@@ -119,3 +130,166 @@ def test_lab_client_gone_before_any_answer_cancels_the_job(
         wait_until(lambda: lab.pending == 1, 5, "the job never started")
         client.reset(stream)
         wait_until(lambda: lab.pending == 0, 5, "the job outlived its client before any answer")
+
+
+# --- as Gym calls it: through the real proxy the launcher starts ------------------------------
+
+WINDOW = 2.0  # the lab's window when a request has no NVCF-POLL-SECONDS (NVCF's 60 s, scaled)
+WORK = 2.5  # longer than both the lab's window and the sidecar's poll_window of 1 s
+
+
+def _messages(label: str) -> list[Any]:
+    """A chat whose body differs per request, so the lab's counts are per request."""
+    return [{"role": "user", "content": f"judge rollout {label}"}]
+
+
+@dataclass
+class Nvcf:
+    """The lab NVCF origin behind an idle-dropping relay, and the started sidecars in front."""
+
+    origin: TlsH2Origin
+    relay: IdleRelay
+    manager: H2PingSidecarManager
+    config: DictConfig
+    log_dir: Path
+
+    @property
+    def lab(self) -> NvcfLab:
+        return _lab(self.origin)
+
+    def base_url(self, model: str) -> str:
+        """The rewritten base URL of a model server (``follow``: the following sidecar,
+        ``passthrough``: the one with ``nvcf.follow: false``, today's behaviour)."""
+        return str(self.config.policy_model.responses_api_models[model].base_url)
+
+    @property
+    def direct_url(self) -> str:
+        return f"https://localhost:{self.relay.port}/v1"
+
+
+@pytest.fixture
+def nvcf(
+    make_tls_origin: Callable[..., TlsH2Origin],
+    idle_relay: Callable[..., IdleRelay],
+    instances_config: Callable[..., DictConfig],
+    start_manager: Callable[[DictConfig], H2PingSidecarManager],
+    log_dir: Path,
+) -> Nvcf:
+    """Two sidecars on the lab NVCF origin behind a relay that drops connections idle for 3 s:
+    ``follow`` (``poll_window: 1s``) and ``passthrough`` (``nvcf.follow: false``)."""
+    origin = make_tls_origin(nvcf=NvcfLab(window=WINDOW, token=TOKEN))
+    relay = idle_relay(origin, idle=3.0)
+    upstream = f"https://localhost:{relay.port}"
+    config = instances_config(
+        [
+            {"name": "follow", "upstream": upstream},
+            {"name": "passthrough", "upstream": origin.url, "nvcf": {"follow": False}},
+        ],
+        ping_interval="500ms",
+        upstream_check="off",
+        access_log=True,
+        nvcf={"poll_window": "1s", "budget": "1m"},
+    )
+    models = config.policy_model.responses_api_models
+    models["follow"] = models.pop("m")
+    models["passthrough"] = {"base_url": origin.url + "/v1"}
+    manager = start_manager(config)
+    return Nvcf(origin, relay, manager, config, log_dir)
+
+
+def _done_sha(content: str) -> str:
+    """The request body's sha256 the lab's completion names (``done; request body sha256 X``)."""
+    prefix = "done; request body sha256 "
+    assert content.startswith(prefix), content
+    return content[len(prefix) :]
+
+
+def test_openai_client_gets_the_completion_through_the_sidecar_and_the_metadata_directly(
+    nvcf: Nvcf,
+) -> None:
+    work = {"lab-work-seconds": str(WORK)}
+    trust = ssl.create_default_context(cafile=str(nvcf.origin.ca_file))
+    with httpx.Client(http2=True, verify=trust) as http2:
+        direct = openai.OpenAI(base_url=nvcf.direct_url, api_key=TOKEN, max_retries=0, http_client=http2)
+        metadata = direct.chat.completions.create(
+            model="lab", messages=_messages("direct"), extra_headers=work
+        )
+    # What issue 36 found: no error, a "completion" without choices, the 202's request id.
+    assert metadata.choices is None
+    assert (metadata.model_extra or {}).get("status") == "in-progress"
+    assert str(uuid.UUID((metadata.model_extra or {})["reqId"]))
+
+    for model in ("passthrough", "follow"):
+        client = openai.OpenAI(base_url=nvcf.base_url(model), api_key=TOKEN, max_retries=0, timeout=30)
+        completion = client.chat.completions.create(
+            model="lab", messages=_messages(model), extra_headers=work
+        )
+        if model == "passthrough":  # a proxy that passes the 202 through, as any proxy does
+            assert completion.choices is None
+            continue
+        assert completion.choices is not None and completion.choices[0].finish_reason == "stop"
+        sha = _done_sha(completion.choices[0].message.content or "")
+        # Sent once; polled twice at the sidecar's 1 s window (202 at 1 s and 2 s, the answer at 2.5 s).
+        assert (nvcf.lab.posts[sha], nvcf.lab.polls[sha]) == (1, 2)
+    assert sum(nvcf.lab.posts.values()) == 3 and max(nvcf.lab.posts.values()) == 1
+
+
+async def _gym_post(base_url: str, body: dict[str, Any], headers: dict[str, str]) -> Any:
+    """A chat completion as NeMo Gym's ``NeMoGymAsyncOpenAI`` asks for one: aiohttp, raise only
+    when ``not response.ok``, then ``.json()``."""
+    async with (
+        aiohttp.ClientSession() as session,
+        session.post(f"{base_url}/chat/completions", json=body, headers=headers) as response,
+    ):
+        if not response.ok:
+            response.raise_for_status()
+        return await response.json()
+
+
+def test_gym_shaped_aiohttp_client_gets_the_completion_through_the_sidecar(nvcf: Nvcf) -> None:
+    # aiohttp speaks HTTP/1.1 only and the lab origin HTTP/2 only (as the proxy's upstream
+    # must), so "directly" for this client is through a proxy that passes the 202 through.
+    headers = {"Authorization": f"Bearer {TOKEN}", "lab-work-seconds": str(WORK)}
+    metadata = asyncio.run(_gym_post(nvcf.base_url("passthrough"), {"messages": _messages("p")}, headers))
+    assert set(metadata) == {"reqId", "status"}
+    body = {"model": "lab", "messages": _messages("follow")}
+    answer = asyncio.run(_gym_post(nvcf.base_url("follow"), body, headers))
+    sha = _done_sha(answer["choices"][0]["message"]["content"])
+    assert sha == hashlib.sha256(json.dumps(body).encode()).hexdigest()  # aiohttp's json= body
+    assert (nvcf.lab.posts[sha], nvcf.lab.polls[sha]) == (1, 2)
+    assert sum(nvcf.lab.posts.values()) == 2 and nvcf.lab.answered == 1
+
+
+def test_followed_202s_are_counted_and_no_header_value_is_kept(nvcf: Nvcf) -> None:
+    headers = {"Authorization": f"Bearer {TOKEN}", "lab-work-seconds": str(WORK)}
+    answer = asyncio.run(_gym_post(nvcf.base_url("follow"), {"messages": _messages("counted")}, headers))
+    assert answer["object"] == "chat.completion"
+    ready = next(nvcf.log_dir.glob("h2ping-follow-*.ready"))
+    metrics = _scrape(json.loads(ready.read_text())["metrics"])
+    assert metrics["h2ping_nvcf_pending_total"] == 1
+    assert metrics["h2ping_nvcf_polls_total"] == 2
+    assert metrics['h2ping_nvcf_outcomes_total{outcome="answered"}'] == 1
+    assert metrics["h2ping_requests_total"] == 1  # the client's request, not the polls
+    nvcf.manager.stop()
+
+    # The traffic record (what traffic_summary reads) and the access log say it too.
+    record = json.loads(next(nvcf.log_dir.glob("h2ping-follow-*.traffic.json")).read_text())
+    assert (record["nvcf_followed"], record["nvcf_polls"], record["nvcf_budget_exceeded"]) == (1, 2, 0)
+    lines = next(nvcf.log_dir.glob("h2ping-follow-*.access.log")).read_text().splitlines()
+    [line] = [json.loads(text) for text in lines]
+    assert (line["status"], line["nvcf_polls"]) == (200, 2)
+    assert str(uuid.UUID(line["nvcf_reqid"])) == line["nvcf_reqid"]
+    assert line["duration_s"] >= WORK and line["ttfb_s"] >= WORK  # a 202 is not a first byte
+
+    # Authorization reached the origin on the POST and every poll, and nowhere else.
+    files = [path for path in nvcf.log_dir.rglob("*") if path.is_file()]
+    assert any(path.suffix == ".db" for path in files)
+    assert [str(path) for path in files if TOKEN.encode() in path.read_bytes()] == []
+
+
+def _scrape(address: str) -> dict[str, float]:
+    """``GET /metrics``: each sample's value by its name with labels, as the text shows it."""
+    with urllib.request.urlopen(f"http://{address}/metrics", timeout=5) as response:
+        text = response.read().decode()
+    samples = (line.rsplit(" ", 1) for line in text.splitlines() if line and not line.startswith("#"))
+    return {name: float(value) for name, value in samples}

@@ -262,7 +262,9 @@ def test_enabled_with_instances() -> None:
 SIZE = "is not a size; use bytes or a KiB, MiB, GiB or TiB count like '100MiB', or 0 to never rotate"
 BACKUPS = "try 5, or 0 to cut the log in place when it is full"
 
-NVCF_WINDOW = "must be whole seconds from 1s to 3600s (NVCF-POLL-SECONDS); try '60s', or null to leave it to each client"
+NVCF_WINDOW = "must be whole seconds from 1s to 3600s (NVCF-POLL-SECONDS); try '60s', " + (
+    "or null to leave it to each client"
+)
 NVCF_URL = f"must be an https:// URL template; try '{STATUS}'"
 
 BAD = [
@@ -419,9 +421,9 @@ BAD = [
         {"zzz": 1},
         "sidecar.zzz: unknown key; known keys are access_log, allow_non_loopback, binary, build_if_missing, "
         "ca_file, enabled, exit_with_owner, gomaxprocs, gomemlimit, insecure_skip_verify, instances, "
-        "log_backups, log_dir, log_max_bytes, max_conn_age, metrics, nvcf, ping_interval, ping_timeout, restart, "
-        "retry_body_limit, rewrite_base_urls, shutdown_grace, startup_timeout_seconds, upstream_check, "
-        "upstream_check_seconds",
+        "log_backups, log_dir, log_max_bytes, max_conn_age, metrics, nvcf, ping_interval, ping_timeout, "
+        "restart, retry_body_limit, rewrite_base_urls, shutdown_grace, startup_timeout_seconds, "
+        "upstream_check, upstream_check_seconds",
     ),
     (
         {"restart": {"max_restart": 1}},

@@ -293,3 +293,43 @@ def _scrape(address: str) -> dict[str, float]:
         text = response.read().decode()
     samples = (line.rsplit(" ", 1) for line in text.splitlines() if line and not line.startswith("#"))
     return {name: float(value) for name, value in samples}
+
+
+def test_a_large_result_comes_out_of_its_zip_fetched_without_authorization(nvcf: Nvcf) -> None:
+    size = 6 << 20  # over NVCF's 5 MiB: a 302 to a zip; the lab refuses a fetch with Authorization
+    headers = {"Authorization": f"Bearer {TOKEN}", "lab-result-bytes": str(size)}
+    answer = asyncio.run(_gym_post(nvcf.base_url("follow"), {"messages": _messages("large")}, headers))
+    assert _done_sha(answer["choices"][0]["message"]["content"])
+    assert nvcf.lab.zip_downloads == 1
+
+
+def test_past_the_budget_the_client_gets_504_naming_the_request_id(
+    make_tls_origin: Callable[..., TlsH2Origin],
+    instances_config: Callable[..., DictConfig],
+    start_manager: Callable[[DictConfig], H2PingSidecarManager],
+) -> None:
+    origin = make_tls_origin(nvcf=NvcfLab(window=1.0, token=TOKEN))
+    config = instances_config(
+        [{"name": "short", "upstream": origin.url, "nvcf": {"budget": "2s"}}], upstream_check="off"
+    )
+    manager = start_manager(config)
+    headers = {"Authorization": f"Bearer {TOKEN}", "lab-work-seconds": "30"}
+    status, reqid, body = asyncio.run(
+        _post_raw(str(config.policy_model.responses_api_models.m.base_url), headers)
+    )
+    assert status == 504
+    assert str(uuid.UUID(reqid)) == reqid
+    assert body.count(b"\n") <= 1 and reqid in json.dumps(json.loads(body))
+    assert _lab(origin).posts.total() == 1
+    manager.stop()
+
+
+async def _post_raw(base_url: str, headers: dict[str, str]) -> tuple[int, str, bytes]:
+    """(status, NVCF-REQID, body) of one chat completion POST, whatever the status."""
+    async with (
+        aiohttp.ClientSession() as session,
+        session.post(
+            f"{base_url}/chat/completions", json={"messages": _messages("budget")}, headers=headers
+        ) as response,
+    ):
+        return response.status, response.headers.get("NVCF-REQID", ""), await response.read()

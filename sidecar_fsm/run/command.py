@@ -34,8 +34,8 @@ def sidecar_command(
     compete for one. The traffic file, the access log (with ``access_log``) and the log the
     proxy rotates itself (``-log-file``, the one the launcher also points its stdout and stderr
     at) sit beside ``ready_path``, named as ``runfiles.sibling`` names them. The ``-nvcf-*``
-    flags are the instance's (``nvcf_of``): follow and budget always, the poll window and the
-    status URL when set (unset leaves them to the client and the proxy). A binary that lacks
+    flags are the instance's (``nvcf_of``), each only when it differs from the proxy's default
+    (``_nvcf_flags``). A binary that lacks
     a flag (NeMo Gym's has none of these) gets this argv through ``binaryflags.filter_command``.
     """
     command = [
@@ -74,17 +74,24 @@ def sidecar_command(
         "-log-backups",
         str(config.log_backups),
     ]
-    nvcf = config.nvcf_of(instance)
-    # A bool flag takes its value after '=' only (Go's flag package); one token also lets
-    # binaryflags drop it whole for a binary without it.
-    command += [f"-nvcf-follow={str(nvcf.follow).lower()}", "-nvcf-budget", nvcf.budget]
-    if nvcf.poll_window is not None:
-        command += ["-nvcf-poll-window", nvcf.poll_window]
-    if nvcf.status_url is not None:
-        command += ["-nvcf-status-url", nvcf.status_url]
+    command += _nvcf_flags(config.nvcf_of(instance))
     if config.insecure_skip_verify:
         command.append("-insecure-skip-verify")
     return command
+
+
+def _nvcf_flags(nvcf: NvcfConfig) -> list[str]:
+    """The ``-nvcf-*`` flags for ``nvcf``: only those that differ from the proxy's defaults
+    (follow on, budget 60m, no window, the default status URL), which the proxy's own ``-h``
+    states and tests/integration/test_config_agrees_with_proxy.py holds to these."""
+    flags = [] if nvcf.follow else ["-nvcf-follow=false"]  # a Go bool takes its value after '='
+    if nvcf.budget_seconds != NvcfConfig().budget_seconds:
+        flags += ["-nvcf-budget", nvcf.budget]
+    if nvcf.poll_window is not None:
+        flags += ["-nvcf-poll-window", nvcf.poll_window]
+    if nvcf.status_url is not None:
+        flags += ["-nvcf-status-url", nvcf.status_url]
+    return flags
 
 
 def sidecar_env(config: H2PingSidecarConfig) -> dict[str, str]:

@@ -4,12 +4,14 @@ package main
 //
 //	{"time":"2026-12-01T20:00:00.123Z","method":"POST","path":"/v1/chat/completions",
 //	 "status":200,"ttfb_s":0.412000,"duration_s":3.100000,"bytes_in":812,"bytes_out":2048,
-//	 "retried":false,"error":null}
+//	 "retried":false,"error":null,"nvcf_reqid":null,"nvcf_polls":0}
 //
 // time is when the request was received (RFC 3339, UTC, ms); status the status the client
 // got (0 when it went away before any); ttfb_s the wait for the upstream's response head
 // (null when none came: a 502, or the client left first); bytes are body bytes; error the
-// 502's upstream failure kind (dial, tls, alpn, ping_timeout, reset, other), else null.
+// 502's upstream failure kind (dial, tls, alpn, ping_timeout, reset, other), else null;
+// nvcf_reqid the NVCF request id of a followed 202 (null for none) and nvcf_polls its
+// status polls (nvcf.go).
 //
 // The request path is cheap: the line is formatted into a stack buffer and appended to an
 // in-memory buffer under a mutex held for a copy; a goroutine writes the buffer out every
@@ -49,6 +51,9 @@ type accessFields struct {
 	retried  bool
 	body     countingBody
 	slot     *connSlot
+	// nvcfReqID and nvcfPolls are a followed NVCF 202's id and status polls (nvcf.go).
+	nvcfReqID string
+	nvcfPolls int
 }
 
 // proxyAnswer is the error the proxy's ErrorHandler answered instead of an upstream
@@ -235,6 +240,14 @@ func appendAccessLine(b []byte, r *http.Request, w *countingWriter, took time.Du
 	} else {
 		b = append(b, "null"...)
 	}
+	b = append(b, `,"nvcf_reqid":`...)
+	if w.access.nvcfReqID != "" {
+		b = appendJSONString(b, w.access.nvcfReqID)
+	} else {
+		b = append(b, "null"...)
+	}
+	b = append(b, `,"nvcf_polls":`...)
+	b = strconv.AppendInt(b, int64(w.access.nvcfPolls), 10)
 	return append(b, "}\n"...)
 }
 

@@ -77,6 +77,8 @@ type Config struct {
 	// The traffic record, access log and log rotation (traffic.go, accesslog.go,
 	// logrotate.go) are the flags of outputs.go.
 	Outputs
+	// NVCF is NVIDIA Cloud Functions' 202 protocol, the flags of nvcf.go.
+	NVCF NVCF
 }
 
 // usageError is a bad flag or environment: the caller prints it as one line and exits 2.
@@ -107,6 +109,7 @@ func parseConfig(args []string, getenv func(string) string, usage io.Writer) (*C
 	metricsListen := fs.String("metrics-listen", "", "serve GET /metrics (Prometheus text) on this loopback `host:port` (port 0 = any free port; default off)")
 	profiling := fs.Bool("pprof", false, "also serve Go's profiles at /debug/pprof/NAME on -metrics-listen (for leak hunts; default off)")
 	outputs := defineOutputFlags(fs)
+	nvcf := defineNVCFFlags(fs)
 	if err := fs.Parse(args); err != nil {
 		if errors.Is(err, flag.ErrHelp) {
 			fs.SetOutput(usage)
@@ -178,6 +181,9 @@ func parseConfig(args []string, getenv func(string) string, usage io.Writer) (*C
 		return nil, badFlag("pprof", "true", "needs -metrics-listen, the listener it is served on")
 	}
 	if cfg.Outputs, err = outputs.validate(); err != nil {
+		return nil, err
+	}
+	if cfg.NVCF, err = nvcf.validate(cfg.Upstream, getenv); err != nil {
 		return nil, err
 	}
 	if cfg.CAFile != "" {

@@ -105,6 +105,7 @@ func startProxyWith(t *testing.T, edit func(*Config), originURL, caFile string, 
 			srv.Close()
 		}
 		up.pool.close()
+		up.closeNVCF()
 	})
 	return &inProcessProxy{url: "http://" + ln.Addr().String(), addr: ln.Addr().String(), up: up, srv: srv, logs: logs, open: open}
 }

@@ -108,6 +108,7 @@ func run(args []string, getenv func(string) string, stdout, stderr io.Writer) in
 	case err := <-served:
 		logger.Printf("serve: %v", err)
 		up.pool.close()
+		up.closeNVCF()
 		outs.finish()
 		return 1
 	case sig := <-sigs:
@@ -145,6 +146,7 @@ func drain(srv *http.Server, up *upstream, cfg *Config, sigs <-chan os.Signal, l
 		logger.Printf("drained")
 	}
 	up.pool.close()
+	up.closeNVCF()
 }
 
 func unwrapOpError(err error) error {

@@ -82,6 +82,11 @@ type meters struct {
 	retries   atomic.Uint64
 	rotations atomic.Uint64
 
+	// NVCF's 202s (nvcf.go): followed, status polls sent, how each followed one ended.
+	nvcfPending  atomic.Uint64
+	nvcfPolls    atomic.Uint64
+	nvcfOutcomes [numNVCFOutcomes]atomic.Uint64
+
 	flight   inflight
 	duration histogram // request to end of response, answered requests only
 	// ttfb is request to the upstream's response head (requests the upstream answered,
@@ -397,6 +402,12 @@ func (m *meters) appendText(b []byte, now time.Time) []byte {
 	b = counter(b, "h2ping_goaways_total", "GOAWAY frames received from the upstream.", m.goaways.Load())
 	b = counter(b, "h2ping_retries_total", "Requests re-sent on another connection after a GOAWAY or REFUSED_STREAM refusal.", m.retries.Load())
 	b = counter(b, "h2ping_rotations_total", "Upstream connections retired by -max-conn-age.", m.rotations.Load())
+	b = counter(b, "h2ping_nvcf_pending_total", "NVCF 202s with NVCF-REQID followed with status polls.", m.nvcfPending.Load())
+	b = counter(b, "h2ping_nvcf_polls_total", "NVCF status polls sent (not counted in h2ping_requests_total).", m.nvcfPolls.Load())
+	b = head(b, "h2ping_nvcf_outcomes_total", "How followed NVCF requests ended (answered, budget, client_gone, error).", "counter")
+	for o := range numNVCFOutcomes {
+		b = sample(b, "h2ping_nvcf_outcomes_total", "outcome", nvcfOutcomeNames[o], m.nvcfOutcomes[o].Load())
+	}
 	b = m.duration.appendText(b, "h2ping_request_duration_seconds",
 		"Time from a client request to the end of its response (answered requests; waits of an hour are the point).")
 	b = m.ttfb.appendText(b, "h2ping_time_to_first_byte_seconds",

@@ -80,7 +80,7 @@ func newProxy(cfg *Config, up *upstream, logger *log.Logger) http.Handler {
 			}
 			return nil
 		},
-		Transport:  up,
+		Transport:  newTransport(cfg, up, logger), // nvcf.go: up itself unless NVCF's 202s are followed
 		BufferPool: &bufferPool{},
 		ErrorLog:   log.New(&dropClientGone{logger: logger}, "", 0),
 		ErrorHandler: func(w http.ResponseWriter, r *http.Request, err error) {

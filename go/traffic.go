@@ -28,7 +28,8 @@ import (
 var processStart = time.Now()
 
 // trafficVersion is the record's "version"; a reader refuses versions it does not know.
-const trafficVersion = 1
+// Version 2 added nvcf_followed, nvcf_polls and nvcf_budget_exceeded.
+const trafficVersion = 2
 
 // trafficRecord is the file's shape (version 1). Field names are the contract with the
 // launcher's reader: never rename one, add fields and bump the version instead.
@@ -54,6 +55,10 @@ type trafficRecord struct {
 	TTFB            histogramRecord   `json:"ttfb_seconds"`
 	Duration        histogramRecord   `json:"duration_seconds"`
 	DurationMaxSecs float64           `json:"duration_max_s"`
+	// Version 2: NVCF's followed 202s, their status polls, those past -nvcf-budget.
+	NVCFFollowed       uint64 `json:"nvcf_followed"`
+	NVCFPolls          uint64 `json:"nvcf_polls"`
+	NVCFBudgetExceeded uint64 `json:"nvcf_budget_exceeded"`
 }
 
 // histogramRecord is a histogram with per-bucket (not cumulative) counts; the last count
@@ -83,21 +88,24 @@ func (h *histogram) record() histogramRecord {
 // in a scrape; the next record has it everywhere.
 func (m *meters) trafficRecord(now time.Time, final bool) trafficRecord {
 	r := trafficRecord{
-		Version:        trafficVersion,
-		PID:            os.Getpid(),
-		StartedAt:      processStart.UTC().Format(rfc3339Milli),
-		AsOf:           now.UTC().Format(rfc3339Milli),
-		Final:          final,
-		Requests:       m.requests.Load(),
-		ClientGone:     m.clientGone.Load(),
-		UpstreamErrors: make(map[string]uint64, numKinds),
-		PingsSent:      m.pingsSent.Load(),
-		PingAcks:       m.pingAcks.Load(),
-		GoAways:        m.goaways.Load(),
-		Retries:        m.retries.Load(),
-		Rotations:      m.rotations.Load(),
-		TTFB:           m.ttfb.record(),
-		Duration:       m.duration.record(),
+		Version:            trafficVersion,
+		PID:                os.Getpid(),
+		StartedAt:          processStart.UTC().Format(rfc3339Milli),
+		AsOf:               now.UTC().Format(rfc3339Milli),
+		Final:              final,
+		Requests:           m.requests.Load(),
+		ClientGone:         m.clientGone.Load(),
+		UpstreamErrors:     make(map[string]uint64, numKinds),
+		PingsSent:          m.pingsSent.Load(),
+		PingAcks:           m.pingAcks.Load(),
+		GoAways:            m.goaways.Load(),
+		Retries:            m.retries.Load(),
+		Rotations:          m.rotations.Load(),
+		NVCFFollowed:       m.nvcfPending.Load(),
+		NVCFPolls:          m.nvcfPolls.Load(),
+		NVCFBudgetExceeded: m.nvcfOutcomes[nvcfBudget].Load(),
+		TTFB:               m.ttfb.record(),
+		Duration:           m.duration.record(),
 	}
 	for code := range m.responses {
 		v := m.responses[code].Load()

@@ -81,8 +81,8 @@ func TestE2ETrafficFileIsTheMetricsAndFinalAfterSIGTERM(t *testing.T) {
 	p := runSidecar(t, "-upstream", url, "-ca-file", ca, "-metrics-listen", "127.0.0.1:0",
 		"-traffic-file", path, "-traffic-interval", "100ms")
 	first := waitTraffic(t, path, "the first record", func(r trafficRecord) bool { return true })
-	if first.Version != 1 || first.PID != p.cmd.Process.Pid || first.Final || first.Requests != 0 {
-		t.Fatalf("first record: got %+v; want version 1, our pid, not final, 0 requests", first)
+	if first.Version != trafficVersion || first.PID != p.cmd.Process.Pid || first.Final || first.Requests != 0 {
+		t.Fatalf("first record: got %+v; want version %d, our pid, not final, 0 requests", first, trafficVersion)
 	}
 	for _, q := range []string{"?ms=300", "?code=404", "?code=503", "", "?code=302"} {
 		if code, _ := get(t, p.url()+"/x"+q); code == 0 {

@@ -44,6 +44,8 @@ type upstream struct {
 	resent atomic.Int64
 
 	pool *pool
+	// statusUp is the NVCF status host's own upstream when it is not this one (nvcf.go).
+	statusUp *upstream
 	// logf, when set, logs one line per connection closed for a lost PING.
 	logf func(format string, args ...any)
 	// firstPing is the start-up check's PING (upcheck.go), carried by the first connection

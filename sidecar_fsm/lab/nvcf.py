@@ -64,10 +64,9 @@ class Responder(Protocol):
 
 @dataclass
 class _Job:
-    """One invocation: when its result is ready, and the answer it will be."""
+    """One invocation: its id, the request it answers and the answer it will be."""
 
     reqid: str
-    ready_at: float
     body_sha256: str
     result_bytes: int
     accepted: bool = False  # a 202 was sent: the job outlives its client from then on
@@ -164,7 +163,7 @@ class NvcfLab:
         work = _number(headers, "lab-work-seconds", self.work, _MAX_WORK_SECONDS)
         size = int(_number(headers, "lab-result-bytes", 0, _MAX_RESULT_BYTES))
         self.posts[body_sha256] += 1
-        job = _Job(str(uuid.uuid4()), time.monotonic() + work, body_sha256, size)
+        job = _Job(str(uuid.uuid4()), body_sha256, size)
         self._jobs[job.reqid] = job
         asyncio.get_running_loop().call_later(work, self._finish, job)
         return job

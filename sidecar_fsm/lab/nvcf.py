@@ -4,8 +4,9 @@ Owns ``NvcfLab``, the jobs behind the lab origin's NVCF endpoints and their coun
 NVIDIA's invocation service answers them (NVIDIA/nvcf, ``http-invocation``'s ``post_pexec.rs``
 and ``get_pexec.rs``, the worker's ``large.go``):
 
-- ``POST /v1/chat/completions`` and ``POST /v2/nvcf/pexec/functions/{id}[/versions/{v}]``: a job
-  that takes ``work`` seconds (``lab-work-seconds`` header, else the lab's default). Held for
+- ``POST /v1/chat/completions`` and ``POST /v2/nvcf/pexec/functions/{id}[/versions/{v}]`` (any
+  method, as on a function's own host): a job that takes ``work`` seconds (``lab-work-seconds``
+  header, else the lab's default). Held for
   the poll window: ``NVCF-POLL-SECONDS`` (whole seconds, 0 read as 1, over 3600 or not a number
   a 400), else the lab's ``window`` (NVCF's is 60 s; tests and the demo scale it to about 1 s).
   Done within it: ``200`` with a chat completion naming the request body's sha256 (so a client
@@ -107,9 +108,10 @@ class NvcfLab:
 
     @staticmethod
     def serves(method: str | None, path: str) -> bool:
-        """Whether ``method path`` is one of this lab's endpoints."""
-        if method == "POST":
-            return _INVOKE.fullmatch(path) is not None
+        """Whether ``method path`` is one of this lab's endpoints (an invocation path takes any
+        method, as a function's own host passes every request to the function)."""
+        if _INVOKE.fullmatch(path) is not None:
+            return True
         return method == "GET" and path.startswith((_STATUS_PREFIX, _LARGE_PREFIX))
 
     @property
@@ -126,17 +128,17 @@ class NvcfLab:
         ``Location`` points back at the origin by the ``:authority`` it was reached at).
         """
         headers = {name.lower(): value for name, value in request_headers}
-        method, path = headers.get(":method", ""), urlsplit(headers.get(":path", "/")).path
+        path = urlsplit(headers.get(":path", "/")).path
         try:
             if path.startswith(_LARGE_PREFIX):
                 await self._download(conn, stream_id, path, headers)
                 return
             self._check_auth(headers)
             window = self._window(headers)
-            if method == "POST":
-                job = self._start(headers, body_sha256)
-            else:
+            if path.startswith(_STATUS_PREFIX):
                 job = self._find(path[len(_STATUS_PREFIX) :])
+            else:
+                job = self._start(headers, body_sha256)
             await self._hold(conn, stream_id, job, window, headers.get(":authority", "localhost"))
         except _Refused as refused:
             await _problem(conn, stream_id, refused.status, str(refused))

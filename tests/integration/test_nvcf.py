@@ -13,6 +13,7 @@ import asyncio
 import hashlib
 import io
 import json
+import re
 import ssl
 import urllib.request
 import uuid
@@ -27,6 +28,7 @@ import aiohttp
 import httpx
 import openai
 import pytest
+from helpers import sidecar_cli
 from omegaconf import DictConfig
 
 from sidecar_fsm.lab import H2Client, IdleRelay, NvcfLab, TlsH2Origin
@@ -333,3 +335,34 @@ async def _post_raw(base_url: str, headers: dict[str, str]) -> tuple[int, str, b
         ) as response,
     ):
         return response.status, response.headers.get("NVCF-REQID", ""), await response.read()
+
+
+def test_probe_names_a_202_with_nvcf_reqid_for_what_it_is(
+    nvcf_origin: TlsH2Origin, log_dir: Path, probe_env: dict[str, str]
+) -> None:
+    done = sidecar_cli(
+        log_dir,
+        "probe",
+        nvcf_origin.url,
+        "--ca-file",
+        str(nvcf_origin.ca_file),
+        "--for",
+        "2s",
+        "--ping-interval",
+        "0.5s",
+        "--request",
+        "/v1/chat/completions",
+        "--header",
+        f"Authorization: Bearer {TOKEN}",
+        "--header",
+        "lab-work-seconds: 5",
+        env=probe_env,
+        timeout=60,
+    )
+    line = next(line for line in done.stdout.splitlines() if line.startswith("request "))
+    assert re.fullmatch(
+        r"request GET /v1/chat/completions: status 202 after 1\.\ds with NVCF-REQID [0-9a-f-]{36}: "
+        r"NVCF's poll window passed \(the sidecar follows it\)",
+        line,
+    ), done.stdout + done.stderr
+    assert TOKEN not in done.stdout + done.stderr

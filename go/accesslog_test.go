@@ -28,6 +28,8 @@ type accessLine struct {
 	BytesOut  int64    `json:"bytes_out"`
 	Retried   bool     `json:"retried"`
 	Error     *string  `json:"error"`
+	NVCFReqID *string  `json:"nvcf_reqid"`
+	NVCFPolls int      `json:"nvcf_polls"`
 	seenInRaw string
 }
 
@@ -53,11 +55,14 @@ func readAccessLog(t *testing.T, path string) []accessLine {
 		}
 		var fields map[string]any
 		json.Unmarshal(sc.Bytes(), &fields)
-		if len(fields) != 10 {
-			t.Fatalf("access log line %q: got %d fields; want the 10 of the contract", sc.Text(), len(fields))
+		if len(fields) != 12 {
+			t.Fatalf("access log line %q: got %d fields; want the 12 of the contract", sc.Text(), len(fields))
 		}
 		if _, err := time.Parse(rfc3339Milli, l.Time); err != nil {
 			t.Fatalf("time %q: got %v; want RFC 3339 UTC with ms", l.Time, err)
+		}
+		if l.NVCFReqID == nil && l.NVCFPolls != 0 {
+			t.Fatalf("access log line %q: got nvcf_polls without nvcf_reqid; want both or neither", sc.Text())
 		}
 		l.seenInRaw = sc.Text()
 		lines = append(lines, l)

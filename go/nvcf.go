@@ -129,7 +129,12 @@ func (f *nvcfFlags) validate(upstream *url.URL, getenv func(string) string) (NVC
 		tmpl = defaultStatusURL(upstream)
 	}
 	u, err := url.Parse(strings.ReplaceAll(tmpl, "{reqid}", "x"))
-	shown := redactURL(tmpl)
+	shown := tmpl // as given (braces unescaped), but never with userinfo
+	if err == nil && u.User != nil {
+		shown = strings.Replace(tmpl, u.User.String()+"@", "", 1)
+	} else if err != nil {
+		shown = redactURL(tmpl)
+	}
 	switch {
 	case err != nil:
 		return n, badFlag("nvcf-status-url", shown, "not a URL; give https://host/v2/nvcf/pexec/status/{reqid}")

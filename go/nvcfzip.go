@@ -178,27 +178,15 @@ func (f *nvcfFollower) unzip(req *http.Request, resp *http.Response, id string, 
 	}, nil
 }
 
-// findResponseEntry returns `<id>.response`, else the zip's only `*.response` entry, and
-// how many other entries (artifacts) there are.
+// findResponseEntry returns the `<id>.response` entry (the worker's name for the body)
+// and how many other entries (artifacts) there are. Another request's entry is not it.
 func findResponseEntry(zf *zip.Reader, id string) (*zip.File, int) {
-	var found, only *zip.File
-	count := 0
 	for _, e := range zf.File {
 		if e.Name == id+".response" {
-			found = e
-		}
-		if strings.HasSuffix(e.Name, ".response") && !strings.Contains(e.Name, "/") {
-			only = e
-			count++
+			return e, len(zf.File) - 1
 		}
 	}
-	if found == nil && count == 1 {
-		found = only
-	}
-	if found == nil {
-		return nil, 0
-	}
-	return found, len(zf.File) - 1
+	return nil, 0
 }
 
 func checkEntry(e *zip.File) error {

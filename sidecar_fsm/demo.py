@@ -249,22 +249,13 @@ def _nvcf_leg(say: _Narrator, relay_port: int, ca_file: str, base_url: str) -> N
     say.line("          not the completion, but an OpenAI client takes it for one and raises nothing")
     say.line(f"  POST {base_url}{NVCF_PATH}   (through the sidecar)")
     begin = time.monotonic()
-    try:
-        status, answer = _plain_request(base_url, "POST", NVCF_PATH, body, dict([work]))
-    except (OSError, http.client.HTTPException) as error:
-        raise DemoFailed(
-            f"the request through the sidecar failed: {error or type(error).__name__}"
-        ) from error
-    elapsed = time.monotonic() - begin
-    try:
-        content = json.loads(answer)["choices"][0]["message"]["content"]
-    except (ValueError, KeyError, IndexError, TypeError):
-        content = None
-    if status != 200 or not isinstance(content, str):
-        text = answer[:200].decode(errors="replace").strip()
-        say.failed(f"status {status} after {elapsed:.1f}s: {text}")
+    # A failure in transit is worded by run_demo, as every step's is.
+    status, answer = _plain_request(base_url, "POST", NVCF_PATH, body, dict([work]))
+    text = answer[:90].decode(errors="replace").strip()
+    if status != 200 or b'"choices"' not in answer:
+        say.failed(f"status {status} after {time.monotonic() - begin:.1f}s: {text}")
         raise DemoFailed(f"through the sidecar the answer was {status}, not the completion: {text or '-'}")
-    say.ok(f"status 200 after {elapsed:.1f}s: the completion ({content[:40]}...)")
+    say.ok(f"status 200 after {time.monotonic() - begin:.1f}s: the completion ({text}...)")
     say.line("          the sidecar followed the 202 and polled NVCF's status URL; the client saw one answer")
 
 

@@ -182,7 +182,8 @@ type probeRequest struct {
 	status   int
 	took     float64
 	err      string
-	acksThen int // PINGs answered on the connection while it waited
+	nvcfID   string // NVCF-REQID of a 202: NVCF's poll window passed, the answer is elsewhere
+	acksThen int    // PINGs answered on the connection while it waited
 }
 
 type probeRequestReport struct {
@@ -192,6 +193,8 @@ type probeRequestReport struct {
 	AfterS   *float64 `json:"after_s"`
 	Error    *string  `json:"error"`
 	TimedOut bool     `json:"timed_out"`
+	// A 202 carrying NVCF-REQID: not the answer but NVCF's "still working" past its poll window.
+	NVCFReqID string `json:"nvcf_reqid,omitempty"`
 }
 
 func (r *probeRequest) report() *probeRequestReport {
@@ -200,7 +203,7 @@ func (r *probeRequest) report() *probeRequestReport {
 	}
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	out := &probeRequestReport{Path: r.path, Done: r.done}
+	out := &probeRequestReport{Path: r.path, Done: r.done, NVCFReqID: r.nvcfID}
 	if r.done {
 		took := r.took
 		out.AfterS = &took
@@ -385,9 +388,9 @@ func runProbe(args []string, getenv func(string) string, stdin io.Reader, stdout
 		req = &probeRequest{path: p.request, started: time.Now()}
 		go func() {
 			defer close(reqDone)
-			status, errText := probeGet(pingedCC, p, headers)
+			status, nvcfID, errText := probeGet(pingedCC, p, headers)
 			req.mu.Lock()
-			req.done, req.status, req.err = true, status, errText
+			req.done, req.status, req.nvcfID, req.err = true, status, nvcfID, errText
 			req.took = roundSeconds(time.Since(req.started))
 			req.mu.Unlock()
 		}()
@@ -438,22 +441,26 @@ func finishProbe(out *json.Encoder, r *probeResult, p *probeConfig) int {
 type probeConnKey struct{}
 
 // probeGet sends the one GET of -request on cc and reads its body to the end (discarded);
-// its status, or the error in one line. Header values go on the request only.
-func probeGet(cc *http.ClientConn, p *probeConfig, headers [][2]string) (int, string) {
+// its status, a 202's NVCF-REQID, or the error in one line. Header values go on the request only.
+func probeGet(cc *http.ClientConn, p *probeConfig, headers [][2]string) (int, string, string) {
 	req, err := http.NewRequest("GET", p.cfg.Upstream.String()+p.request, nil)
 	if err != nil {
-		return 0, oneLine(err.Error())
+		return 0, "", oneLine(err.Error())
 	}
 	for _, h := range headers {
 		req.Header.Add(h[0], h[1])
 	}
 	resp, err := cc.RoundTrip(req)
 	if err != nil {
-		return 0, oneLine(err.Error())
+		return 0, "", oneLine(err.Error())
 	}
 	defer resp.Body.Close()
-	if _, err := io.Copy(io.Discard, resp.Body); err != nil {
-		return resp.StatusCode, "the response broke off: " + oneLine(err.Error())
+	nvcfID := ""
+	if resp.StatusCode == http.StatusAccepted && plainToken(resp.Header.Get("NVCF-REQID")) {
+		nvcfID = resp.Header.Get("NVCF-REQID")
 	}
-	return resp.StatusCode, ""
+	if _, err := io.Copy(io.Discard, resp.Body); err != nil {
+		return resp.StatusCode, nvcfID, "the response broke off: " + oneLine(err.Error())
+	}
+	return resp.StatusCode, nvcfID, ""
 }

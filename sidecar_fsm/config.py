@@ -5,13 +5,14 @@ turns the block (an OmegaConf ``DictConfig`` or a plain mapping, ``${...}`` reso
 validated ``H2PingSidecarConfig``. Every key of NeMo Gym's block is accepted with its name,
 default and meaning (durations stay Go duration strings, as Gym passed them straight to the
 proxy's flags); ``ca_file``, ``allow_non_loopback``, ``exit_with_owner``, ``restart``,
-``metrics``, ``upstream_check``, ``access_log`` and the log rotation keys are ours. A bad block
-raises ``pydantic.ValidationError`` whichever way a model is built, as Gym's does, with our
-one-line messages (``configerrors`` words them).
+``metrics``, ``upstream_check``, ``access_log``, the log rotation keys and ``nvcf`` are ours. A
+bad block raises ``pydantic.ValidationError`` whichever way a model is built, as Gym's does, with
+our one-line messages (``configerrors`` words them).
 
 Also the public home of the names Gym's ``config`` module has (``parse_duration_seconds``,
-``upstream_origin``, ``is_loopback_host``...), re-exported from the modules that own them:
-``gosyntax`` (durations, GOMEMLIMIT), ``addresses`` (listens), ``urls`` (upstreams).
+``upstream_origin``, ``is_loopback_host``...) and of the nested blocks, re-exported from the
+modules that own them: ``configblocks`` (the models' base, ``restart``, ``nvcf``), ``gosyntax``
+(durations, GOMEMLIMIT), ``addresses`` (listens), ``urls`` (upstreams).
 
 Must not do I/O: whether ``binary``, ``ca_file`` or ``log_dir`` exist, and whether a port is free,
 is the launcher's business. The one side effect is a ``ConfigWarning`` for an upstream whose path
@@ -23,25 +24,14 @@ already live in their own modules.
 from __future__ import annotations
 
 import difflib
-import math
 import re
 import warnings
 from collections.abc import Mapping
-from dataclasses import dataclass
 from typing import Any, ClassVar
 
 from omegaconf import DictConfig, ListConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
-from pydantic import (
-    BaseModel,
-    ConfigDict,
-    Field,
-    ModelWrapValidatorHandler,
-    ValidationError,
-    ValidationInfo,
-    field_validator,
-    model_validator,
-)
+from pydantic import Field, ModelWrapValidatorHandler, ValidationInfo, field_validator, model_validator
 from typing_extensions import Self
 
 from sidecar_fsm.base.addresses import is_loopback_host, listens_clash, split_listen
@@ -52,7 +42,6 @@ from sidecar_fsm.base.configerrors import (
     describe_error,
     resolution_error,
     show_value,
-    translate,
 )
 from sidecar_fsm.base.gosyntax import (
     duration_seconds,
@@ -62,7 +51,16 @@ from sidecar_fsm.base.gosyntax import (
     size_bytes,
 )
 from sidecar_fsm.base.urls import normalize_upstream, redact_url, split_url, upstream_origin
-from sidecar_fsm.errors import ConfigError, ConfigWarning
+from sidecar_fsm.configblocks import (
+    SIDECAR_KEY,
+    NvcfConfig,
+    RestartPolicy,
+    SchemaModel,
+    number_range,
+    number_type,
+    parse_duration_seconds,
+)
+from sidecar_fsm.errors import ConfigWarning
 
 __all__ = [
     "DEFAULT_LISTEN",
@@ -71,6 +69,7 @@ __all__ = [
     "LOAD_BALANCER_KEEP_ALIVE_SECONDS",
     "SIDECAR_KEY",
     "H2PingSidecarConfig",
+    "NvcfConfig",
     "RestartPolicy",
     "SidecarInstanceConfig",
     "describe_error",
@@ -82,7 +81,6 @@ __all__ = [
     "upstream_origin",
 ]
 
-SIDECAR_KEY = "sidecar"
 H2_PING_SIDECAR_KEY_NAME = SIDECAR_KEY  # NeMo Gym's name for the same key
 
 # AWS Global Accelerator drops a connection that carried no application data for this long; a
@@ -109,128 +107,7 @@ _INSTANCES_EXAMPLE = (
 )
 
 
-def parse_duration_seconds(
-    value: str | int | float, field: str = "duration", *, example: str = "60s"
-) -> float:
-    """Seconds in ``value``: a Go duration (``60s``, ``1m30s``, ``250ms``, ``1h``) or a number of seconds.
-
-    NeMo Gym's helper, with its meaning: a string needs its unit (``'60'`` is refused, as Go's
-    ``time.ParseDuration`` refuses it); a number is seconds. Pure. Raises ``ConfigError`` (a
-    ``ValueError``) naming ``field`` and the value for text that is not a duration and for a
-    negative one; ``example`` is the value the message suggests.
-    """
-    try:
-        return duration_seconds(value, example)
-    except ValueError as exc:
-        raise ConfigError(f"{field}: '{show_value(value)}' {exc}") from None
-
-
-class _Model(BaseModel):
-    """Base of the schema models: every way of building one raises our worded ``ValidationError``."""
-
-    model_config = ConfigDict(extra="forbid")
-
-    # Where this model sits in the config, for messages when it is built on its own.
-    _where: ClassVar[str] = SIDECAR_KEY
-
-    def __init__(self, /, **data: Any) -> None:
-        try:
-            super().__init__(**data)
-        except ValidationError as exc:
-            raise translate(exc, type(self), self._where) from None
-
-    # pydantic calls a model's own __init__ for nested values when it thinks __init__ is custom;
-    # this one only rewords errors, so nested models are validated as plain pydantic ones and
-    # their errors reach the outermost model with their full location.
-    __init__.__pydantic_base_init__ = True  # type: ignore[attr-defined]
-
-    @classmethod
-    def model_validate(cls, obj: Any, *args: Any, **kwargs: Any) -> Self:
-        try:
-            return super().model_validate(obj, *args, **kwargs)
-        except ValidationError as exc:
-            raise translate(exc, cls, cls._where) from None
-
-    @classmethod
-    def model_validate_json(cls, json_data: str | bytes | bytearray, *args: Any, **kwargs: Any) -> Self:
-        try:
-            return super().model_validate_json(json_data, *args, **kwargs)
-        except ValidationError as exc:
-            raise translate(exc, cls, cls._where) from None
-
-
-@dataclass(frozen=True)
-class _Number:
-    """A numeric key's rule: what it is (for a bool given instead), the bound it must be above."""
-
-    kind: str
-    above: float
-    rule: str
-    hint: str
-
-
-_NUMBERS = {
-    "max_restarts": _Number("a whole number", -1, "must be 0 or more", "try 2, or 0 to fail fast"),
-    "retry_body_limit": _Number(
-        "a whole number of bytes", -1, "must be 0 or more", "try 16777216, or 0 to disable buffering"
-    ),
-    "gomaxprocs": _Number(
-        "a whole number", 0, "must be a positive whole number", "try 2, or null to leave it to the go runtime"
-    ),
-    "startup_timeout_seconds": _Number(
-        "a number of seconds", 0, "must be a number of seconds above 0", "try 30"
-    ),
-    "upstream_check_seconds": _Number(
-        "a number of seconds", 0, "must be a number of seconds above 0", "try 10, or upstream_check: off"
-    ),
-    "log_backups": _Number(
-        "a whole number", -1, "must be 0 or more", "try 5, or 0 to cut the log in place when it is full"
-    ),
-}
-
-
-def _number_type(value: object, info: ValidationInfo) -> object:
-    """Before pydantic reads it: refuse a bool, which its lax mode would read as 1 or 0."""
-    # "gomaxprocs: true" is a mistake, not a request for 1.
-    if isinstance(value, bool):
-        number = _NUMBERS[str(info.field_name)]
-        raise ValueError(f"is not {number.kind}; {number.hint}")
-    return value
-
-
-def _number_range(value: float | None, info: ValidationInfo) -> float | None:
-    """After pydantic read it: a finite value above the key's bound; None (where allowed) passes."""
-    number = _NUMBERS[str(info.field_name)]
-    if value is not None and (not math.isfinite(value) or value <= number.above):
-        raise ValueError(f"{number.rule}; {number.hint}")
-    return value
-
-
-class RestartPolicy(_Model):
-    """What happens when a ``ready`` sidecar's process dies. New in sidecar-fsm (Gym fails the run)."""
-
-    _where: ClassVar[str] = f"{SIDECAR_KEY}.restart"
-
-    max_restarts: int = 0
-    """Restarts allowed per instance over the run; ``0`` fails fast, as NeMo Gym does."""
-
-    backoff: str = "1s"
-    """Wait this long (a Go duration) before each restart, on the same listen address."""
-
-    _check_number_type = field_validator("max_restarts", mode="before")(_number_type)
-    _check_number_range = field_validator("max_restarts")(_number_range)
-
-    @field_validator("backoff", mode="before")
-    @classmethod
-    def _check_backoff(cls, value: object) -> str:
-        return normalize_duration(value, "1s")[0]
-
-    @property
-    def backoff_seconds(self) -> float:
-        return duration_seconds(self.backoff)
-
-
-class SidecarInstanceConfig(_Model):
+class SidecarInstanceConfig(SchemaModel):
     """One proxy process: a loopback listener that forwards to a single HTTPS upstream."""
 
     _where: ClassVar[str] = f"{SIDECAR_KEY}.instance"
@@ -250,6 +127,9 @@ class SidecarInstanceConfig(_Model):
     metrics_listen: str | None = None
     """New: a fixed loopback ``host:port`` for this proxy's ``/metrics`` (port 0: any free one),
     so a Prometheus server can be pointed at it; null takes a free port when ``metrics``."""
+
+    nvcf: NvcfConfig | None = None
+    """New: this instance's NVCF keys over ``sidecar.nvcf``; only the keys it sets count."""
 
     @field_validator("name")
     @classmethod
@@ -316,7 +196,7 @@ _DURATION_EXAMPLES = {
 }
 
 
-class H2PingSidecarConfig(_Model):
+class H2PingSidecarConfig(SchemaModel):
     """The validated ``sidecar:`` block. Absent block: this with every default (disabled)."""
 
     enabled: bool = False
@@ -409,6 +289,10 @@ class H2PingSidecarConfig(_Model):
     """New: rotated files kept per log, 0 or more; a log never holds more than
     ``log_max_bytes x (log_backups + 1)`` bytes. 0 cuts the log in place when it is full."""
 
+    nvcf: NvcfConfig = Field(default_factory=NvcfConfig)
+    """New: following NVCF's ``202`` past its poll window (``follow``, ``poll_window``,
+    ``budget``, ``status_url``); per instance too (``nvcf_of``)."""
+
     @field_validator("ping_interval", "ping_timeout", "shutdown_grace", "max_conn_age", mode="before")
     @classmethod
     def _check_duration(cls, value: object, info: ValidationInfo) -> str:
@@ -428,10 +312,10 @@ class H2PingSidecarConfig(_Model):
         "startup_timeout_seconds",
         "log_backups",
         mode="before",
-    )(_number_type)
+    )(number_type)
     _check_number_range = field_validator(
         "retry_body_limit", "gomaxprocs", "startup_timeout_seconds", "upstream_check_seconds", "log_backups"
-    )(_number_range)
+    )(number_range)
 
     @field_validator("log_max_bytes", mode="before")
     @classmethod
@@ -458,10 +342,17 @@ class H2PingSidecarConfig(_Model):
             return None
         return value
 
-    @field_validator("restart", mode="before")
+    @field_validator("restart", "nvcf", mode="before")
     @classmethod
-    def _null_restart_is_default(cls, value: object) -> object:
+    def _null_block_is_default(cls, value: object) -> object:
         return {} if value is None else value
+
+    def nvcf_of(self, instance: SidecarInstanceConfig) -> NvcfConfig:
+        """``instance``'s NVCF settings: ``sidecar.nvcf`` with the keys its own block sets over it."""
+        if instance.nvcf is None:
+            return self.nvcf
+        own = {key: getattr(instance.nvcf, key) for key in instance.nvcf.model_fields_set}
+        return self.nvcf.model_copy(update=own)
 
     @model_validator(mode="after")
     def _check_instances(self) -> Self:

@@ -3,7 +3,9 @@
 Owns the demo's story and its narration: build (or find) the proxy, run the lab's TLS HTTP/2
 origin behind an idle-dropping relay (Global Accelerator's 340 s scaled down to 2 s), send a
 request whose first byte takes 3x the idle limit directly (it fails) and through a sidecar the
-launcher starts from a Gym-shaped config (it succeeds), then print the instance's persisted
+launcher starts from a Gym-shaped config (it succeeds), then show NVCF's poll window the
+same way: work longer than the window answered with a 202 directly (metadata, not the answer) and
+with the answer through the sidecar, which follows the 202; then print the instance's persisted
 state history. On a failure it says, in the same voice, which step failed and why, and keeps
 its scratch folder (the sidecar's log and the state database) and names it. Must leave nothing
 running, whatever fails (everything is stopped in ``finally``), and must not touch state outside
@@ -15,6 +17,7 @@ from __future__ import annotations
 import contextlib
 import http.client
 import io
+import json
 import os
 import shutil
 import sys
@@ -30,6 +33,7 @@ from omegaconf import DictConfig, OmegaConf
 from sidecar_fsm.base.buildcache import choose_binary, user_cache_dir
 from sidecar_fsm.errors import SidecarError, SidecarsStopped
 from sidecar_fsm.lab.h2client import H2ClientError, h2_request
+from sidecar_fsm.lab.nvcf import NvcfLab
 from sidecar_fsm.lab.origin import TlsH2Origin
 from sidecar_fsm.lab.relay import IdleRelay
 from sidecar_fsm.launcher import H2PingSidecarManager, start_h2_ping_sidecar
@@ -39,6 +43,10 @@ from sidecar_fsm.view import cells, render
 IDLE_SECONDS = 2.0
 FIRST_BYTE_SECONDS = 3 * IDLE_SECONDS
 PING_INTERVAL = "500ms"
+# NVCF's 60 s poll window scaled down, and work that takes longer than it.
+NVCF_WINDOW_SECONDS = 1
+NVCF_WORK_SECONDS = 3.0
+NVCF_PATH = "/v1/chat/completions"
 INSTANCE_NAME = "demo"
 MODEL_SERVER = "demo_model"
 
@@ -78,7 +86,7 @@ class _Narrator:
 
 
 def _ensure_binary(say: _Narrator, cache: Path) -> Path:
-    say.step("[1/4] the proxy binary (packaged in the wheel, else built from go/ into the shared cache)")
+    say.step("[1/5] the proxy binary (packaged in the wheel, else built from go/ into the shared cache)")
     # A cold build takes about 40 s on 2 cores (32 s CPU, 97 MB of Go cache; up to 2 min on a
     # loaded machine): buildcache says so, then tells the elapsed time every 10 s.
     started: list[float] = []
@@ -110,6 +118,7 @@ def _demo_config(upstream: str, ca_file: str, log_dir: str, cache_dir: Path) -> 
                 "shutdown_grace": "5s",
                 "ca_file": ca_file,
                 "log_dir": log_dir,
+                "nvcf": {"poll_window": f"{NVCF_WINDOW_SECONDS}s"},
             },
             "policy_model": {"responses_api_models": {MODEL_SERVER: {"base_url": upstream}}},
         }
@@ -118,7 +127,7 @@ def _demo_config(upstream: str, ca_file: str, log_dir: str, cache_dir: Path) -> 
 
 def _direct_request(say: _Narrator, relay_port: int, ca_file: str, path: str) -> bool:
     """The request as an HTTP/2 client without PINGs sends it; True if it failed as expected."""
-    say.step("[3/4] the request sent directly: HTTP/2 through the relay, no PINGs")
+    say.step("[3/5] the request sent directly: HTTP/2 through the relay, no PINGs")
     say.line(f"  GET https://localhost:{relay_port}{path}")
     begin = time.monotonic()
     try:
@@ -167,7 +176,7 @@ def _through_sidecar(
     happens next. Raises ``DemoFailed`` when the request does not succeed, saying why.
     """
     say.step(
-        f"[4/4] the same request through a sidecar (HTTP/1.1 in; HTTP/2, PING every {PING_INTERVAL}, out)"
+        f"[4/5] the same request through a sidecar (HTTP/1.1 in; HTTP/2, PING every {PING_INTERVAL}, out)"
     )
     say.line("  start_h2_ping_sidecar(config), as `gym env start` calls it, prints:")
     printed = io.StringIO()
@@ -181,25 +190,16 @@ def _through_sidecar(
         raise DemoFailed("the launcher started nothing")
     started.append(manager)
     base_url = str(config.policy_model.responses_api_models[MODEL_SERVER].base_url)
-    target = urlsplit(base_url)
     say.line(f"  GET {base_url}{path}   (the rewritten base_url, plain HTTP/1.1)")
     begin = time.monotonic()
-    connection = http.client.HTTPConnection(
-        target.hostname or "127.0.0.1", target.port, timeout=FIRST_BYTE_SECONDS + 20
-    )
     try:
-        connection.request("GET", path)
-        response = connection.getresponse()
-        body = response.read()
-        status = response.status
+        status, body = _plain_request(base_url, "GET", path)
     except (OSError, http.client.HTTPException) as error:
         elapsed = time.monotonic() - begin
         say.failed(f"after {elapsed:.1f}s: {error or type(error).__name__}")
         raise DemoFailed(
             f"the request through the sidecar failed after {elapsed:.1f}s: {_why_the_sidecar_failed(manager)}"
         ) from error
-    finally:
-        connection.close()
     elapsed = time.monotonic() - begin
     if status != 200:
         text = body[:200].decode(errors="replace").strip()
@@ -208,6 +208,55 @@ def _through_sidecar(
             f"the sidecar answered {status} after {elapsed:.1f}s: {text.splitlines()[0] if text else '-'}"
         )
     say.ok(f"status 200, {len(body)} bytes after {elapsed:.1f}s")
+
+
+def _plain_request(
+    base_url: str, method: str, path: str, body: bytes | None = None, headers: dict[str, str] | None = None
+) -> tuple[int, bytes]:
+    """One HTTP/1.1 request to the sidecar at ``base_url``, as Gym's aiohttp sends it."""
+    target = urlsplit(base_url)
+    connection = http.client.HTTPConnection(
+        target.hostname or "127.0.0.1", target.port, timeout=FIRST_BYTE_SECONDS + 20
+    )
+    try:
+        connection.request(method, path, body=body, headers=headers or {})
+        response = connection.getresponse()
+        return response.status, response.read()
+    finally:
+        connection.close()
+
+
+def _nvcf_leg(say: _Narrator, relay_port: int, ca_file: str, base_url: str) -> None:
+    """A chat completion longer than NVCF's poll window: directly a 202 whose small metadata
+    body an OpenAI client would take for the completion; through the sidecar, the completion.
+    Raises ``DemoFailed`` when either is not what it should be."""
+    say.step(
+        f"[5/5] NVCF past its poll window: work of {NVCF_WORK_SECONDS:g}s, window {NVCF_WINDOW_SECONDS}s "
+        "(NVCF's 60 s scaled down)"
+    )
+    request = {"model": "lab", "messages": [{"role": "user", "content": "a long judgement"}]}
+    body = json.dumps(request).encode()
+    work = ("lab-work-seconds", f"{NVCF_WORK_SECONDS:g}")
+    say.line(f"  POST https://localhost:{relay_port}{NVCF_PATH}   (directly)")
+    begin = time.monotonic()
+    status, answer = h2_request(
+        "127.0.0.1", relay_port, NVCF_PATH, ca_file, method="POST", body=body, headers=[work]
+    )
+    text = answer.decode(errors="replace").strip()
+    if status != 202:
+        raise DemoFailed(f"the origin answered {status}, not NVCF's 202, past its window: {text[:200]}")
+    say.failed(f"status 202 after {time.monotonic() - begin:.1f}s: {text}")
+    say.line("          not the completion, but an OpenAI client takes it for one and raises nothing")
+    say.line(f"  POST {base_url}{NVCF_PATH}   (through the sidecar)")
+    begin = time.monotonic()
+    # A failure in transit is worded by run_demo, as every step's is.
+    status, answer = _plain_request(base_url, "POST", NVCF_PATH, body, dict([work]))
+    text = answer[:90].decode(errors="replace").strip()
+    if status != 200 or b'"choices"' not in answer:
+        say.failed(f"status {status} after {time.monotonic() - begin:.1f}s: {text}")
+        raise DemoFailed(f"through the sidecar the answer was {status}, not the completion: {text or '-'}")
+    say.ok(f"status 200 after {time.monotonic() - begin:.1f}s: the completion ({text}...)")
+    say.line("          the sidecar followed the 202 and polled NVCF's status URL; the client saw one answer")
 
 
 def _print_history(say: _Narrator, log_dir: str, run_id: str | None, kept: bool) -> None:
@@ -274,13 +323,13 @@ def run_demo(
         tempfile.mkdtemp(prefix="sidecar-fsm-demo-") if log_dir is None else str(Path(log_dir).resolve())
     )
     cache = Path(os.path.abspath(os.path.expanduser(cache_dir))) if cache_dir else user_cache_dir()
-    origin = TlsH2Origin()
+    origin = TlsH2Origin(nvcf=NvcfLab(window=NVCF_WINDOW_SECONDS))
     relay: IdleRelay | None = None
     started: list[H2PingSidecarManager] = []
     keep = not own_log_dir
     try:
         _ensure_binary(say, cache)
-        say.step("[2/4] the lab: a TLS HTTP/2 origin behind an idle-dropping relay")
+        say.step("[2/5] the lab: a TLS HTTP/2 origin behind an idle-dropping relay")
         origin.start()
         relay = IdleRelay("127.0.0.1", origin.port, idle=IDLE_SECONDS).start()
         say.line(f"  origin  {origin.url}  (its own throwaway CA: {origin.ca_file})")
@@ -301,6 +350,12 @@ def run_demo(
         say.line(
             f"          the origin received {origin.pings - pings_before} PINGs while it waited; "
             f"the relay dropped {relay.drops - drops_before} connections"
+        )
+        _nvcf_leg(
+            say,
+            relay.port,
+            str(origin.ca_file),
+            str(config.policy_model.responses_api_models[MODEL_SERVER].base_url),
         )
         started[0].check()
         started[0].stop()
@@ -342,7 +397,8 @@ def _introduce(say: _Narrator) -> None:
         "AWS Global Accelerator drops a TCP connection that carries no data for 340 s; HTTP/2 PINGs\n"
         "count as data, TCP keepalives do not. Here a local relay plays it, scaled down: it drops\n"
         f"connections idle for {IDLE_SECONDS:g}s, and the origin sends its first byte after "
-        f"{FIRST_BYTE_SECONDS:g}s ({FIRST_BYTE_SECONDS / IDLE_SECONDS:g}x the limit)."
+        f"{FIRST_BYTE_SECONDS:g}s ({FIRST_BYTE_SECONDS / IDLE_SECONDS:g}x the limit). Then NVCF's poll\n"
+        "window: past it NVCF answers 202 with a request id, not the answer."
     )
 
 
@@ -353,7 +409,10 @@ def _tell_success(say: _Narrator, kept_log_dir: str | None) -> None:
         say._paint("result:", "1")
         + f" the direct request failed at the {IDLE_SECONDS:g}s idle limit; through the sidecar"
     )
-    say.line(f"        the same request waited {FIRST_BYTE_SECONDS:g}s and succeeded; nothing left running")
+    say.line(
+        f"        the same request waited {FIRST_BYTE_SECONDS:g}s and succeeded; NVCF's 202 was followed"
+    )
+    say.line("        to the answer through the sidecar; nothing left running")
     if kept_log_dir is not None:
         say.line(f"try: sidecar-fsm --log-dir {kept_log_dir} status --all")
 

@@ -3,12 +3,12 @@
 Owns: ``sidecar_binary`` (session: the real h2-ping-sidecar, through the build cache), ``go_tool``,
 ``cache_dir`` (session), ``log_dir``, ``store`` (this host's state database in ``log_dir``),
 ``managers`` (launcher managers a test started) and ``start_manager`` (factory), ``lab_certs``,
-``tls_origin`` / ``make_tls_origin``, ``idle_relay`` (factory), the config factories
-``lab_config`` (a Gym config on the lab origin) and ``instances_config`` (a config of given
-instances), ``start_cli`` (factory: ``sidecar-fsm start`` supervising), ``refusing_port`` /
-``silent_upstream``, ``wait_until``, ``process_registry`` (per test, with a session-wide safety
-net) and ``run_sidecar`` (the binary started on 127.0.0.1:0, waited for by its ready file). One
-fixture per thing: a test module adds only what no other needs.
+``tls_origin`` / ``make_tls_origin``, ``idle_relay`` (factory), the config factories ``lab_config``
+(a Gym config on the lab origin) and ``instances_config`` (a config of given instances),
+``start_cli`` (factory: ``sidecar-fsm start`` supervising), ``refusing_port`` / ``silent_upstream``,
+``probe_env`` (the session's cache as ``probe`` finds it), ``wait_until``, ``process_registry`` (per
+test, with a session-wide safety net) and ``run_sidecar`` (the binary started on 127.0.0.1:0, waited
+for by its ready file). One fixture per thing: a test module adds only what no other needs.
 Every fixture ends what it started, pass or fail. Must not leave a process, thread or socket
 behind, nor bind anything but loopback.
 """
@@ -439,6 +439,16 @@ def start_cli(
         return StartedCli(log_dir, config, process_registry)
 
     return start
+
+
+@pytest.fixture
+def probe_env(tmp_path: Path, cache_dir: Path, sidecar_binary: Path) -> dict[str, str]:
+    """An environment whose user cache ($XDG_CACHE_HOME/sidecar-fsm) is the session's, already
+    built, so ``probe`` finds the binary as ``build`` does and compiles nothing."""
+    xdg = tmp_path / "xdg"
+    xdg.mkdir()
+    (xdg / "sidecar-fsm").symlink_to(cache_dir)
+    return {**os.environ, "XDG_CACHE_HOME": str(xdg)}
 
 
 # --- ports -----------------------------------------------------------------------------------

@@ -2,10 +2,11 @@
 
 Owns one accepted connection each: ``H2ServerProtocol`` speaks HTTP/2 with the ``h2`` package
 directly (so PINGs, resets and flow control are visible and counted) and answers ``/echo``,
-``/slow`` and ``/sse``; ``H1Protocol`` is the ``h1_only`` origin's one HTTP/1.1 answer per
-connection. Both run on the origin's event loop thread and report to it through
-``ConnectionHost`` (counters, open connections). Must not bind, start threads or log header
-values; ``close()`` never waits on a peer longer than ``CLOSE_FLUSH_SECONDS``.
+``/slow``, ``/sse`` and, when the origin has an ``nvcf.NvcfLab``, NVCF's endpoints; ``H1Protocol``
+is the ``h1_only`` origin's one HTTP/1.1 answer per connection. Both run on the origin's event
+loop thread and report to it through ``ConnectionHost`` (counters, open connections). Must not
+bind, start threads or log header values; ``close()`` never waits on a peer longer than
+``CLOSE_FLUSH_SECONDS``.
 """
 
 from __future__ import annotations
@@ -25,6 +26,8 @@ import h2.events
 import h2.exceptions
 import h2.settings
 
+from .nvcf import NvcfLab
+
 __all__ = ["CLOSE_FLUSH_SECONDS", "ConnectionHost", "H1Protocol", "H2ServerProtocol"]
 
 
@@ -36,6 +39,8 @@ class ConnectionHost(Protocol):
     # far side that does not carry or answer PINGs, as AWS ALB's) or "goaway" (GOAWAY
     # ENHANCE_YOUR_CALM and close: a gRPC-style server that refuses frequent PINGs).
     pings_policy: str
+    # NVCF's invocation endpoints, when this origin speaks them (``nvcf`` module).
+    nvcf: NvcfLab | None
 
     def count(self, name: str) -> None: ...
 
@@ -312,6 +317,8 @@ class H2ServerProtocol(asyncio.Protocol):
                 await self._slow(stream_id, query)
             elif split.path == "/sse":
                 await self._sse(stream_id, query)
+            elif (nvcf := self._origin.nvcf) is not None and nvcf.serves(pseudo.get(":method"), split.path):
+                await nvcf.answer(self, stream_id, stream.headers, stream.body_hash.hexdigest())
             else:
                 await self._send_json(stream_id, 404, {"error": f"no endpoint {split.path!r}"})
         except BadQuery as error:
@@ -370,6 +377,11 @@ class H2ServerProtocol(asyncio.Protocol):
             event = f"id: {index}\ndata: {json.dumps({'i': index, 'n': count})}\n\n".encode()
             await self._send_data(stream_id, event, end_stream=False)
         await self._send_data(stream_id, b"", end_stream=True)
+
+    async def respond(self, stream_id: int, status: int, headers: list[tuple[str, str]], body: bytes) -> None:
+        """Answer ``stream_id`` in full: the ``nvcf`` lab's way in (``nvcf.Responder``)."""
+        self._send_headers(stream_id, status, headers)
+        await self._send_data(stream_id, body, end_stream=True)
 
     async def _send_json(self, stream_id: int, status: int, payload: dict[str, Any]) -> None:
         body = (json.dumps(payload, sort_keys=True) + "\n").encode()

@@ -12,6 +12,9 @@ connections accepted, requests served and streams reset are counted. Endpoints:
 - ``/sse?n=N&interval=S``: ``text/event-stream``, ``N`` events, the first at once and each next
   one ``S`` seconds after the previous.
 
+With ``nvcf=NvcfLab(...)`` it also speaks NVCF's invocation protocol (``nvcf``: chat
+completions and pexec POSTs held for a poll window, then 202 and status polls).
+
 ``refuse_next(n)`` makes the next ``n`` requests meet a graceful GOAWAY that refuses them (a load
 balancer retiring a connection), so a client's re-send on a new connection can be tested.
 
@@ -40,6 +43,7 @@ from pathlib import Path
 
 from .h2server import CLOSE_FLUSH_SECONDS, H1Protocol, H2ServerProtocol
 from .loopthread import LoopThread
+from .nvcf import NvcfLab
 from .tlsca import CertPaths, make_ca_and_cert
 
 # How the origin meets PINGs (see the module docstring).
@@ -66,12 +70,14 @@ class TlsH2Origin(LoopThread):
         h1_only: bool = False,
         max_concurrent_streams: int = 1000,
         pings: str = "answer",
+        nvcf: NvcfLab | None = None,
     ) -> None:
         if pings not in PINGS_POLICIES:
             raise ValueError(f"TlsH2Origin pings: '{pings}' must be one of {', '.join(PINGS_POLICIES)}")
         super().__init__()
         self.h1_only = h1_only
         self.pings_policy = pings
+        self.nvcf = nvcf
         self.max_concurrent_streams = max_concurrent_streams
         self._certs = certs
         self._own_cert_dir: Path | None = None

@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from sidecar_fsm.base.urls import redact_url
-from sidecar_fsm.config import H2PingSidecarConfig, SidecarInstanceConfig
+from sidecar_fsm.config import H2PingSidecarConfig, NvcfConfig, SidecarInstanceConfig
 from sidecar_fsm.run.runfiles import ACCESS_LOG, LOG, TRAFFIC, sibling
 
 # Loopback only: /metrics has no authentication. Port 0: the proxy picks one and writes it into
@@ -33,7 +33,9 @@ def sidecar_command(
     ``127.0.0.1:0``: a free port each, named in its ready file, so N sidecars on a host never
     compete for one. The traffic file, the access log (with ``access_log``) and the log the
     proxy rotates itself (``-log-file``, the one the launcher also points its stdout and stderr
-    at) sit beside ``ready_path``, named as ``runfiles.sibling`` names them. A binary that lacks
+    at) sit beside ``ready_path``, named as ``runfiles.sibling`` names them. The ``-nvcf-*``
+    flags are the instance's (``nvcf_of``), each only when it differs from the proxy's default
+    (``_nvcf_flags``). A binary that lacks
     a flag (NeMo Gym's has none of these) gets this argv through ``binaryflags.filter_command``.
     """
     command = [
@@ -72,9 +74,24 @@ def sidecar_command(
         "-log-backups",
         str(config.log_backups),
     ]
+    command += _nvcf_flags(config.nvcf_of(instance))
     if config.insecure_skip_verify:
         command.append("-insecure-skip-verify")
     return command
+
+
+def _nvcf_flags(nvcf: NvcfConfig) -> list[str]:
+    """The ``-nvcf-*`` flags for ``nvcf``: only those that differ from the proxy's defaults
+    (follow on, budget 60m, no window, the default status URL), which the proxy's own ``-h``
+    states and tests/integration/test_config_agrees_with_proxy.py holds to these."""
+    flags = [] if nvcf.follow else ["-nvcf-follow=false"]  # a Go bool takes its value after '='
+    if nvcf.budget_seconds != NvcfConfig().budget_seconds:
+        flags += ["-nvcf-budget", nvcf.budget]
+    if nvcf.poll_window is not None:
+        flags += ["-nvcf-poll-window", nvcf.poll_window]
+    if nvcf.status_url is not None:
+        flags += ["-nvcf-status-url", nvcf.status_url]
+    return flags
 
 
 def sidecar_env(config: H2PingSidecarConfig) -> dict[str, str]:
@@ -119,6 +136,7 @@ def config_summary(
                 "upstream": redact_url(i.upstream),
                 "listen": i.listen,
                 "metrics_listen": i.metrics_listen,
+                "nvcf": _nvcf_summary(c.nvcf_of(i)),
             }
             for i in instances
         ],
@@ -142,3 +160,9 @@ def config_summary(
         "log_max_bytes": c.log_max_bytes,
         "log_backups": c.log_backups,
     }
+
+
+def _nvcf_summary(nvcf: NvcfConfig) -> dict[str, Any]:
+    """``nvcf``'s keys as the run row keeps them: the status URL redacted like the upstream."""
+    status_url = None if nvcf.status_url is None else redact_url(nvcf.status_url)
+    return {**nvcf.model_dump(), "status_url": status_url}

@@ -49,7 +49,12 @@ def _request(request: Mapping[str, Any]) -> str:
     if request.get("error"):
         status = f"status {request['status']}, then " if request.get("status") else ""
         return head + f"{status}failed after {_seconds(request.get('after_s'))}: {request['error']}"
-    return head + f"status {request.get('status')} after {_seconds(request.get('after_s'))}"
+    answer = head + f"status {request.get('status')} after {_seconds(request.get('after_s'))}"
+    if request.get("nvcf_reqid"):  # the proxy names it; not the answer, which a client must poll for
+        answer += (
+            f" with NVCF-REQID {request['nvcf_reqid']}: NVCF's poll window passed (the sidecar follows it)"
+        )
+    return answer
 
 
 def progress_line(event: Mapping[str, Any]) -> str:

@@ -3,8 +3,9 @@
 Python validates before any process exists, so both sides hold the rules; this test is what
 keeps them one rule. It reads the defaults from the built proxy's ``-describe`` and asks the proxy
 itself whether each boundary value is accepted: with ``-exit-with-pid -1`` (validated after
-every duration) a value the proxy accepts ends in the exit-with-pid error, one it refuses in
-its own flag's, and the proxy exits 2 without binding anything either way.
+every duration; a missing ``-ca-file`` for the nvcf flags, checked after them) a value the proxy
+accepts ends in that later flag's error, one it refuses in its own flag's, and the proxy exits 2
+without binding anything either way.
 """
 
 from __future__ import annotations
@@ -47,15 +48,18 @@ def _proxy_defaults(binary: Path) -> dict[str, str]:
     return {flag["name"]: flag["default"] for flag in json.loads(done.stdout)["flags"]}
 
 
-def _proxy_accepts(binary: Path, flag: str, value: str) -> bool:
-    argv = [str(binary), "-upstream", "https://127.0.0.1:9", f"-{flag}", value, "-exit-with-pid", "-1"]
+def _proxy_accepts(
+    binary: Path, flag: str, value: str, last: tuple[str, str] = ("exit-with-pid", "-1")
+) -> bool:
+    """Whether the proxy takes ``-flag value``: it then fails at ``last``, a bad flag it checks later."""
+    argv = [str(binary), "-upstream", "https://127.0.0.1:9", f"-{flag}", value, f"-{last[0]}", last[1]]
     done = subprocess.run(argv, capture_output=True, text=True, timeout=30)
     assert done.returncode == 2, (argv, done.stderr)
-    assert done.stderr.startswith((f"-{flag} ", "-exit-with-pid ")), (argv, done.stderr)
-    return done.stderr.startswith("-exit-with-pid ")
+    assert done.stderr.startswith((f"-{flag} ", f"-{last[0]} ")), (argv, done.stderr)
+    return done.stderr.startswith(f"-{last[0]} ")
 
 
-def _launcher_accepts(field: str, value: str) -> bool:
+def _launcher_accepts(field: str, value: object) -> bool:
     block = {"enabled": True, "instances": [{"name": "a", "upstream": "https://api.example.com"}]}
     try:
         H2PingSidecarConfig.model_validate({**block, field: value})
@@ -88,4 +92,38 @@ def test_duration_limits_agree_with_the_proxy(sidecar_binary: Path, field: str) 
         expected = proxy and (field, value) not in LAUNCHER_ONLY_REFUSALS
         if launcher != expected:
             disagreements.append(f"{field}={value}: launcher accepts {launcher}, proxy {proxy}")
+    assert disagreements == []
+
+
+# nvcf's keys (a nested block) -> the proxy's flags, with boundary values of each rule.
+NVCF_BOUNDARIES = {
+    ("poll_window", "nvcf-poll-window"): ["-1s", "0s", "500ms", "1s", "1.5s", "1m", "3600s", "3601s", "2h"],
+    ("budget", "nvcf-budget"): ["-1s", "0s", "1ms", "60m", "31m40s"],
+    ("status_url", "nvcf-status-url"): [
+        "https://api.nvcf.nvidia.com/v2/nvcf/pexec/status/{reqid}",
+        "https://h.example.com:8443/status?id={reqid}",
+        "http://api.nvcf.nvidia.com/v2/nvcf/pexec/status/{reqid}",
+        "https://api.nvcf.nvidia.com/v2/nvcf/pexec/status/",
+        "https://user:pw@h.example.com/{reqid}",
+    ],
+}
+
+
+def test_nvcf_defaults_agree_with_the_proxys_help(sidecar_binary: Path) -> None:
+    proxy = _proxy_defaults(sidecar_binary)
+    nvcf = H2PingSidecarConfig().nvcf
+    assert parse_duration_seconds(proxy["nvcf-budget"]) == nvcf.budget_seconds
+    assert (proxy["nvcf-follow"], nvcf.follow) == ("true", True)
+    assert (nvcf.poll_window, nvcf.status_url) == (None, None)
+
+
+@pytest.mark.parametrize(("key", "flag"), sorted(NVCF_BOUNDARIES))
+def test_nvcf_limits_agree_with_the_proxy(sidecar_binary: Path, key: str, flag: str) -> None:
+    disagreements = []
+    for value in NVCF_BOUNDARIES[(key, flag)]:
+        # The -nvcf-* flags are checked after -exit-with-pid, before -ca-file.
+        proxy = _proxy_accepts(sidecar_binary, flag, value, ("ca-file", "/nonexistent/ca.pem"))
+        launcher = _launcher_accepts("nvcf", {key: value})
+        if launcher != proxy:
+            disagreements.append(f"nvcf.{key}={value}: launcher accepts {launcher}, proxy {proxy}")
     assert disagreements == []

@@ -48,6 +48,11 @@ def test_demo_shows_failure_success_and_history(
     assert re.search(r"base_url: https://localhost:\d+ -> http://127\.0\.0\.1:\d+", out), out
     assert re.search(r"OK      status 200, \d+ bytes after 6\.\ds", out), out
     assert "the relay dropped 0 connections" in out
+    # NVCF past its window: directly a 202 with the metadata body, through the sidecar the completion.
+    assert re.search(
+        r'FAILED  status 202 after 1\.\ds: \{"reqId": "[0-9a-f-]{36}", "status": "in-progress"\}', out
+    ), out
+    assert re.search(r'OK      status 200 after 3\.\ds: the completion \(\{"id": "chatcmpl-', out), out
     # ...and the persisted history of the instance, oldest first.
     transitions = re.findall(r"^\s+\d{4}-\d\d-\d\d \S+\s+\+\S+\s+demo\s+(\w+)\s+(\w+)\s+(\w+)", out, re.M)
     assert transitions == [
@@ -99,7 +104,7 @@ def test_demo_that_fails_says_which_step_and_why_and_keeps_its_scratch_folder(
     assert "Traceback" not in out
     assert re.search(r"^  FAILED  after \d+\.\ds: ", out, re.M), out
     result = out[out.index("result:") :].splitlines()
-    assert result[0] == "result: the demo failed at step [4/4] the same request through a sidecar:"
+    assert result[0] == "result: the demo failed at step [4/5] the same request through a sidecar:"
     why = result[1].strip()
     assert why.startswith("the request through the sidecar failed after "), why
     assert "demo" in why and re.search(r"-9|SIGKILL|killed", why), why
@@ -143,7 +148,7 @@ def test_demo_that_cannot_build_says_so_in_words_and_leaves_no_folder(tmp_path: 
     assert done.returncode == 1, done.stdout + done.stderr
     assert "Traceback" not in done.stdout + done.stderr
     result = done.stdout[done.stdout.index("result:") :].splitlines()
-    assert result[0] == "result: the demo failed at step [1/4] the proxy binary:"
+    assert result[0] == "result: the demo failed at step [1/5] the proxy binary:"
     assert "Not a directory" in result[1] and str(blocker) in result[1], result[1]
     assert result[2:] == ["nothing left running"]
     assert list(scratch_root.iterdir()) == []  # nothing worth keeping: no folder left

@@ -39,16 +39,6 @@ SHORT = ["--for", "3s", "--ping-interval", "0.5s"]
 SECRET = "Bearer pingproof-s3cret-value"
 
 
-@pytest.fixture
-def probe_env(tmp_path: Path, cache_dir: Path, sidecar_binary: Path) -> dict[str, str]:
-    """An environment whose user cache ($XDG_CACHE_HOME/sidecar-fsm) is the session's, already
-    built, so ``probe`` finds the binary as ``build`` does and compiles nothing."""
-    xdg = tmp_path / "xdg"
-    xdg.mkdir()
-    (xdg / "sidecar-fsm").symlink_to(cache_dir)
-    return {**os.environ, "XDG_CACHE_HOME": str(xdg)}
-
-
 def probe(
     log_dir: Path, env: dict[str, str], upstream: str, *args: str, ca_file: Path | None = None
 ) -> subprocess.CompletedProcess[str]:

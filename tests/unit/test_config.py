@@ -14,6 +14,7 @@ from pydantic import BaseModel, ValidationError
 from sidecar_fsm.config import (
     SIDECAR_KEY,
     H2PingSidecarConfig,
+    NvcfConfig,
     RestartPolicy,
     SidecarInstanceConfig,
     describe_error,
@@ -27,6 +28,7 @@ from sidecar_fsm.config import (
 from sidecar_fsm.errors import ConfigError, ConfigWarning
 
 UP = "https://api.example.com"
+STATUS = "https://api.nvcf.nvidia.com/v2/nvcf/pexec/status/{reqid}"
 DURATION_HINT = "use Go syntax like '60s', '1m30s', '250ms' or a number of seconds"
 LISTEN_HINT = "use 127.0.0.1:PORT (0 picks a free port; IPv6 as [::1]:PORT)"
 PING = "must be above 0 and below 340s (the idle limit it exists to beat); try '60s'"
@@ -90,6 +92,7 @@ DEFAULTS = {
     "access_log": False,
     "log_max_bytes": 104857600,
     "log_backups": 5,
+    "nvcf": {"follow": True, "poll_window": None, "budget": "60m", "status_url": None},
 }
 
 
@@ -188,6 +191,17 @@ GOOD = [
     ({"restart": None}, "restart", RestartPolicy()),
     ({"restart": {"max_restarts": 2, "backoff": 2}}, "restart", RestartPolicy(max_restarts=2, backoff="2s")),
     ({"restart": {"backoff": "500ms"}}, "restart.backoff_seconds", 0.5),
+    # nvcf
+    ({"nvcf": None}, "nvcf", NvcfConfig()),
+    ({"nvcf": {"poll_window": "1s"}}, "nvcf.poll_window_seconds", 1),
+    ({"nvcf": {"poll_window": 3600}}, "nvcf.poll_window", "1h"),
+    ({"nvcf": {"poll_window": "1m"}}, "nvcf.poll_window_seconds", 60),
+    ({"nvcf": {"budget": "31m40s"}}, "nvcf.budget_seconds", 1900.0),
+    ({"nvcf": {"budget": 90}}, "nvcf.budget", "1m30s"),
+    ({"nvcf": {"follow": False}}, "nvcf.follow", False),
+    ({"nvcf": {"status_url": f" {STATUS} "}}, "nvcf.status_url", STATUS),
+    ({"nvcf": {"status_url": None}}, "nvcf.status_url", None),
+    ({"instances": [inst(nvcf={"follow": False})]}, "instances.0.nvcf.follow", False),
     ({"instances": [inst(upstream="https://API.Example.com:443/v1?x=1")]}, "instances.0.upstream", UP),
     (
         {"instances": [inst(upstream="https://h.example.com:8443/")]},
@@ -248,7 +262,56 @@ def test_enabled_with_instances() -> None:
 SIZE = "is not a size; use bytes or a KiB, MiB, GiB or TiB count like '100MiB', or 0 to never rotate"
 BACKUPS = "try 5, or 0 to cut the log in place when it is full"
 
+NVCF_WINDOW = "must be whole seconds from 1s to 3600s (NVCF-POLL-SECONDS); try '60s', " + (
+    "or null to leave it to each client"
+)
+NVCF_URL = f"must be an https:// URL template; try '{STATUS}'"
+
 BAD = [
+    # nvcf
+    ({"nvcf": {"poll_window": "0s"}}, f"sidecar.nvcf.poll_window: '0s' {NVCF_WINDOW}"),
+    ({"nvcf": {"poll_window": "3601s"}}, f"sidecar.nvcf.poll_window: '3601s' {NVCF_WINDOW}"),
+    ({"nvcf": {"poll_window": "1.5s"}}, f"sidecar.nvcf.poll_window: '1.5s' {NVCF_WINDOW}"),
+    ({"nvcf": {"poll_window": 1.5}}, f"sidecar.nvcf.poll_window: '1.5' {NVCF_WINDOW}"),
+    ({"nvcf": {"poll_window": "2h"}}, f"sidecar.nvcf.poll_window: '2h' {NVCF_WINDOW}"),
+    (
+        {"nvcf": {"poll_window": "60"}},
+        "sidecar.nvcf.poll_window: '60' has no unit; write '60s', or the number 60 unquoted for seconds",
+    ),
+    (
+        {"nvcf": {"budget": "-5m"}},
+        "sidecar.nvcf.budget: '-5m' must not be negative; use a duration like '60m'",
+    ),
+    (
+        {"nvcf": {"budget": "0s"}},
+        "sidecar.nvcf.budget: '0s' must be above 0; try '60m', below the client's own timeout",
+    ),
+    ({"nvcf": {"budget": None}}, f"sidecar.nvcf.budget: 'null' is not a duration; {DURATION_HINT}"),
+    ({"nvcf": {"follow": "maybe"}}, "sidecar.nvcf.follow: 'maybe' is not a boolean; use true or false"),
+    (
+        {"nvcf": {"status_url": "https://api.nvcf.nvidia.com/v2/nvcf/pexec/status/"}},
+        "sidecar.nvcf.status_url: 'https://api.nvcf.nvidia.com/v2/nvcf/pexec/status/' has no {reqid} "
+        f"for the request id; try '{STATUS}'",
+    ),
+    (
+        {"nvcf": {"status_url": "http://api.nvcf.nvidia.com/v2/nvcf/pexec/status/{reqid}"}},
+        f"sidecar.nvcf.status_url: 'http://api.nvcf.nvidia.com/v2/nvcf/pexec/status/{{reqid}}' {NVCF_URL}",
+    ),
+    (
+        {"nvcf": {"status_url": "/v2/status/{reqid}"}},
+        f"sidecar.nvcf.status_url: '/v2/status/{{reqid}}' {NVCF_URL}",
+    ),
+    (
+        {"nvcf": {"status_url": "https://u:pw@h.example.com/{reqid}"}},
+        "sidecar.nvcf.status_url: 'https://***@h.example.com/{reqid}' must not carry credentials "
+        "(the client's Authorization is sent); drop them",
+    ),
+    ({"nvcf": {"status_url": 5}}, "sidecar.nvcf.status_url: '5' is not a string; quote it"),
+    ({"nvcf": {"window": "5s"}}, "sidecar.nvcf.window: unknown key; did you mean 'poll_window'?"),
+    (
+        {"instances": [inst(nvcf={"poll_window": "0s"})]},
+        f"sidecar.instances[0].nvcf.poll_window: '0s' {NVCF_WINDOW}",
+    ),
     # log rotation
     ({"log_max_bytes": "100MB"}, f"sidecar.log_max_bytes: '100MB' {SIZE}"),
     ({"log_max_bytes": -1}, f"sidecar.log_max_bytes: '-1' {SIZE}"),
@@ -358,9 +421,9 @@ BAD = [
         {"zzz": 1},
         "sidecar.zzz: unknown key; known keys are access_log, allow_non_loopback, binary, build_if_missing, "
         "ca_file, enabled, exit_with_owner, gomaxprocs, gomemlimit, insecure_skip_verify, instances, "
-        "log_backups, log_dir, log_max_bytes, max_conn_age, metrics, ping_interval, ping_timeout, restart, "
-        "retry_body_limit, rewrite_base_urls, shutdown_grace, startup_timeout_seconds, upstream_check, "
-        "upstream_check_seconds",
+        "log_backups, log_dir, log_max_bytes, max_conn_age, metrics, nvcf, ping_interval, ping_timeout, "
+        "restart, retry_body_limit, rewrite_base_urls, shutdown_grace, startup_timeout_seconds, "
+        "upstream_check, upstream_check_seconds",
     ),
     (
         {"restart": {"max_restart": 1}},
@@ -368,7 +431,7 @@ BAD = [
     ),
     (
         {"instances": [inst(port=1250)]},
-        "sidecar.instances[0].port: unknown key; known keys are listen, metrics_listen, name, upstream",
+        "sidecar.instances[0].port: unknown key; known keys are listen, metrics_listen, name, nvcf, upstream",
     ),
     # names
     (
@@ -501,6 +564,21 @@ BAD_INSTANCE_FIELD = [
 @pytest.mark.parametrize(("field", "value", "said"), BAD_INSTANCE_FIELD)
 def test_a_bad_field_of_an_instance_is_refused_naming_it(field: str, value: Any, said: str) -> None:
     assert refusal({"instances": [inst(**{field: value})]}) == f"sidecar.instances[0].{field}: {said}"
+
+
+def test_an_instance_nvcf_block_overrides_only_the_keys_it_sets() -> None:
+    config = load(
+        {
+            "nvcf": {"poll_window": "30s", "budget": "20m", "status_url": STATUS},
+            "instances": [
+                inst("plain"),
+                inst("judge", "127.0.0.1:1251", nvcf={"budget": "31m40s", "status_url": None}),
+            ],
+        }
+    )
+    plain, judge = (config.nvcf_of(i) for i in config.instances)
+    assert plain == config.nvcf
+    assert (judge.follow, judge.poll_window, judge.budget, judge.status_url) == (True, "30s", "31m40s", None)
 
 
 def test_instances_required_when_enabled_shows_a_yaml_example() -> None:

@@ -93,6 +93,33 @@ def test_command_optional_flags() -> None:
     assert command[command.index("-ca-file") + 1] == str(Path("~/ca.pem").expanduser())
 
 
+def test_command_nvcf_flags_are_the_instances() -> None:
+    status = "https://api.nvcf.nvidia.com/v2/nvcf/pexec/status/{reqid}"
+    config = _config(
+        nvcf={"budget": "31m40s", "poll_window": 3600},
+        instances=[
+            {"name": "policy", "upstream": "https://api.example.com", "listen": "127.0.0.1:0"},
+            {
+                "name": "judge",
+                "upstream": "https://api.example.com",
+                "listen": "127.0.0.1:0",
+                "nvcf": {"follow": False, "status_url": status},
+            },
+        ],
+    )
+    policy, judge = (sidecar_command("/bin/h2", config, i, "/r") for i in config.instances)
+    assert [flag for flag in policy if flag.startswith("-nvcf")] == ["-nvcf-budget", "-nvcf-poll-window"]
+    assert policy[policy.index("-nvcf-budget") + 1] == "31m40s"
+    assert policy[policy.index("-nvcf-poll-window") + 1] == "1h"
+    assert "-nvcf-follow=false" in judge
+    assert judge[judge.index("-nvcf-status-url") + 1] == status
+    # The proxy's defaults are not repeated: a default config runs on a proxy without the flags.
+    for block in ({}, {"nvcf": {"budget": "1h", "follow": True}}):
+        default = _config(**block)
+        command = sidecar_command("/bin/h2", default, default.instances[0], "/r")
+        assert [flag for flag in command if flag.startswith("-nvcf")] == []
+
+
 @pytest.mark.parametrize(
     ("godebug", "expected"),
     [

@@ -16,7 +16,9 @@ import sidecar_fsm
 PACKAGE = Path(sidecar_fsm.__file__).parent
 
 # Higher numbers may import lower ones and their own layer, never higher ones.
-RANK = {"base": 0, "errors": 0, "lab": 0, "config": 1, "state": 2, "observe": 3, "run": 4, "view": 5}
+# configblocks: the nested blocks config builds on, in the config layer.
+RANK = {"base": 0, "errors": 0, "lab": 0, "config": 1, "configblocks": 1}
+RANK |= {"state": 2, "observe": 3, "run": 4, "view": 5}
 PUBLIC = 6
 
 

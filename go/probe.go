@@ -36,6 +36,7 @@ import (
 	"net/http"
 	"os"
 	"os/signal"
+	"strconv"
 	"strings"
 	"sync"
 	"syscall"
@@ -58,7 +59,7 @@ func parseProbeConfig(args []string, getenv func(string) string, usage io.Writer
 	fs.SetOutput(io.Discard)
 	upstream := fs.String("upstream", "", "upstream origin `https://host[:port]` (required)")
 	forFlag := fs.String("for", "400s", "how long to watch the two connections (`duration`, above -ping-interval)")
-	pingInterval := fs.String("ping-interval", "60s", "PING the second connection after this read-idle `duration` (> 0, < 340s)")
+	pingInterval := fs.String("ping-interval", "", "PING the second connection after this read-idle `duration` (> 0, < 340s; default 60s or a quarter of -for, whichever is shorter)")
 	pingTimeout := fs.String("ping-timeout", "15s", "a PING unanswered this long closes the connection, as the proxy does (`duration`)")
 	caFile := fs.String("ca-file", "", "extra PEM root certificates for the upstream (`path`)")
 	insecure := fs.Bool("insecure-skip-verify", false, "skip upstream certificate verification (tests only)")
@@ -76,6 +77,15 @@ func parseProbeConfig(args []string, getenv func(string) string, usage io.Writer
 	if fs.NArg() > 0 {
 		return nil, &usageError{fmt.Sprintf("argument %q: unexpected; all options are flags", fs.Arg(0))}
 	}
+	forDur, err := parseDuration("for", *forFlag)
+	if err != nil {
+		return nil, err
+	}
+	if *pingInterval == "" {
+		// A quarter of -for, so that a short probe still sees a few PINGs; never longer than
+		// the sidecar's own default.
+		*pingInterval = strconv.FormatFloat(min(60, roundSeconds(forDur/4)), 'f', -1, 64) + "s"
+	}
 	// The proxy's own parsing for what the two share: one set of rules and words.
 	shared := []string{"-upstream", *upstream, "-ping-interval", *pingInterval, "-ping-timeout", *pingTimeout}
 	if *caFile != "" {
@@ -88,10 +98,7 @@ func parseProbeConfig(args []string, getenv func(string) string, usage io.Writer
 	if err != nil {
 		return nil, err
 	}
-	p := &probeConfig{cfg: cfg, request: *request, useStdin: *useStdin, forText: *forFlag, intervalText: *pingInterval}
-	if p.forDur, err = parseDuration("for", *forFlag); err != nil {
-		return nil, err
-	}
+	p := &probeConfig{cfg: cfg, forDur: forDur, request: *request, useStdin: *useStdin, forText: *forFlag, intervalText: *pingInterval}
 	if p.forDur <= cfg.PingInterval {
 		return nil, badFlag("for", *forFlag, "must be longer than -ping-interval %s, so that a PING is sent", *pingInterval)
 	}
@@ -194,6 +201,9 @@ type probeRequest struct {
 	took     float64
 	err      string
 	acksThen int // PINGs answered on the connection while it waited
+	// nvcfPending: a 202 with NVCF-REQID, NVCF's "still running, poll for it" (its value is
+	// not kept).
+	nvcfPending bool
 }
 
 type probeRequestReport struct {
@@ -203,6 +213,8 @@ type probeRequestReport struct {
 	AfterS   *float64 `json:"after_s"`
 	Error    *string  `json:"error"`
 	TimedOut bool     `json:"timed_out"`
+	// NVCFPending: a 202 with NVCF-REQID: NVCF's poll window ended, the request still runs.
+	NVCFPending bool `json:"nvcf_pending"`
 }
 
 func (r *probeRequest) report() *probeRequestReport {
@@ -224,6 +236,7 @@ func (r *probeRequest) report() *probeRequestReport {
 			out.Error = &e
 		}
 		out.TimedOut = r.status == http.StatusGatewayTimeout || r.err != ""
+		out.NVCFPending = r.nvcfPending
 	}
 	return out
 }
@@ -240,7 +253,7 @@ type probeResult struct {
 	Pinged         probeConnReport     `json:"pinged"`
 	Request        *probeRequestReport `json:"request"`
 	Verdict        string              `json:"verdict,omitempty"`
-	Answer         string              `json:"answer,omitempty"` // helps, not needed, cannot help
+	Answer         string              `json:"answer,omitempty"` // helps, not needed, cannot help, inconclusive
 	ExitCode       int                 `json:"exit_code"`
 	ProvedIdleOnly bool                `json:"idle_only"`
 }
@@ -256,6 +269,16 @@ func approx(s float64) string {
 	return fmt.Sprintf("~%.1fs", s)
 }
 
+// tryInterval is an interval to try under an idle limit of s seconds: half of it, in whole
+// seconds from 2s up, so a PING goes out well before the path gives up.
+func tryInterval(s float64) string {
+	half := s / 2
+	if half >= 2 {
+		return fmt.Sprintf("%.0fs", math.Floor(half))
+	}
+	return strconv.FormatFloat(math.Max(0.1, math.Floor(half*10)/10), 'f', -1, 64) + "s"
+}
+
 // judge turns the two connections and the request into the verdict and the exit code.
 func (r *probeResult) judge(p *probeConfig) {
 	interval := p.intervalText
@@ -266,6 +289,14 @@ func (r *probeResult) judge(p *probeConfig) {
 		// A 504 or a close while PINGs were answered: the path times out a silent response.
 		r.Answer, r.ExitCode = "cannot help", 1
 		r.Verdict = fmt.Sprintf("the load balancer times out a silent response after %s; PINGs cannot help: raise that timeout", approx(*req.AfterS))
+	case !pinged.Open && *pinged.Pings == 0 && !(timedOut && req.Status != nil):
+		// Closed before its first PING: the path's idle limit is below -ping-interval, so this
+		// probe says nothing about PINGs. A 504 is still a response timeout (the case below).
+		limit := *pinged.ClosedAfterS
+		r.Answer, r.ExitCode = "inconclusive", 3
+		r.Verdict = fmt.Sprintf("the path dropped the PINGed connection after %s, before its first PING (every %s): "+
+			"inconclusive; a ping_interval under %s should keep it open: try --ping-interval %s",
+			approx(limit), interval, approx(limit), tryInterval(limit))
 	case !pinged.Open:
 		r.Answer, r.ExitCode = "cannot help", 1
 		r.Verdict = fmt.Sprintf("PINGs do not keep the connection open (closed after %.1fs with %s): the sidecar cannot help here",
@@ -294,6 +325,9 @@ func (r *probeResult) judge(p *probeConfig) {
 	case req == nil:
 		r.ProvedIdleOnly = true
 		r.Verdict += " (idle connections only: --request PATH also tests a slow response)"
+	case req.NVCFPending:
+		r.Verdict += fmt.Sprintf("; got 202 with NVCF-REQID after %.1fs: NVCF's poll window ended (the request is still running on NVCF); "+
+			"the sidecar follows these (nvcf.follow)", *req.AfterS)
 	case req.Done && req.Status != nil:
 		r.Verdict += fmt.Sprintf("; the request waited %.1fs and got %d", *req.AfterS, *req.Status)
 	case !req.Done:
@@ -303,7 +337,8 @@ func (r *probeResult) judge(p *probeConfig) {
 }
 
 // runProbe is `h2-ping-sidecar -probe ...`; the exit code: 0 the sidecar helps or is not
-// needed, 1 it cannot help or the upstream could not be probed, 2 bad flags.
+// needed, 1 it cannot help or the upstream could not be probed, 2 bad flags, 3 inconclusive
+// (the PINGed connection closed before its first PING).
 func runProbe(args []string, getenv func(string) string, stdin io.Reader, stdout, stderr io.Writer) int {
 	p, err := parseProbeConfig(args, getenv, stdout)
 	if errors.Is(err, flag.ErrHelp) {
@@ -396,9 +431,9 @@ func runProbe(args []string, getenv func(string) string, stdin io.Reader, stdout
 		req = &probeRequest{path: p.request, started: time.Now()}
 		go func() {
 			defer close(reqDone)
-			status, errText := probeGet(pingedCC, p, headers)
+			status, pending, errText := probeGet(pingedCC, p, headers)
 			req.mu.Lock()
-			req.done, req.status, req.err = true, status, errText
+			req.done, req.status, req.nvcfPending, req.err = true, status, pending, errText
 			req.took = roundSeconds(time.Since(req.started))
 			req.mu.Unlock()
 		}()
@@ -449,22 +484,24 @@ func finishProbe(out *json.Encoder, r *probeResult, p *probeConfig) int {
 type probeConnKey struct{}
 
 // probeGet sends the one GET of -request on cc and reads its body to the end (discarded);
-// its status, or the error in one line. Header values go on the request only.
-func probeGet(cc *http.ClientConn, p *probeConfig, headers [][2]string) (int, string) {
+// its status, whether it is NVCF's 202 with NVCF-REQID, or the error in one line. Header
+// values go on the request only.
+func probeGet(cc *http.ClientConn, p *probeConfig, headers [][2]string) (int, bool, string) {
 	req, err := http.NewRequest("GET", p.cfg.Upstream.String()+p.request, nil)
 	if err != nil {
-		return 0, oneLine(err.Error())
+		return 0, false, oneLine(err.Error())
 	}
 	for _, h := range headers {
 		req.Header.Add(h[0], h[1])
 	}
 	resp, err := cc.RoundTrip(req)
 	if err != nil {
-		return 0, oneLine(err.Error())
+		return 0, false, oneLine(err.Error())
 	}
 	defer resp.Body.Close()
+	pending := resp.StatusCode == http.StatusAccepted && resp.Header.Get("NVCF-REQID") != ""
 	if _, err := io.Copy(io.Discard, resp.Body); err != nil {
-		return resp.StatusCode, "the response broke off: " + oneLine(err.Error())
+		return resp.StatusCode, pending, "the response broke off: " + oneLine(err.Error())
 	}
-	return resp.StatusCode, ""
+	return resp.StatusCode, pending, ""
 }

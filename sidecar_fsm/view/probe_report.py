@@ -20,6 +20,10 @@ def _seconds(value: object) -> str:
     return f"{float(value):.1f}s" if isinstance(value, (int, float)) else "-"
 
 
+def _pings(count: object) -> str:
+    return f"{count} PING" if count == 1 else f"{count} PINGs"
+
+
 def start_line(event: Mapping[str, Any]) -> str:
     """What is probed, by which route, for how long."""
     request = f"; GET {event['request']} on the PINGed one" if event.get("request") else ""
@@ -38,7 +42,7 @@ def _connection(name: str, conn: Mapping[str, Any], elapsed: object) -> str:
     if "pings" in conn:
         rtt = conn.get("ping_rtt_seconds")
         last = f" (last round trip {float(rtt) * 1000:.1f} ms)" if isinstance(rtt, (int, float)) else ""
-        state += f"; {conn.get('pings')} PINGs sent, {conn.get('acks')} answered{last}"
+        state += f"; {_pings(conn.get('pings'))} sent, {conn.get('acks')} answered{last}"
     return f"{name:<8}{state}"
 
 
@@ -61,7 +65,7 @@ def progress_line(event: Mapping[str, Any]) -> str:
         + ("open" if silent.get("open") else f"closed after {_seconds(silent.get('closed_after_s'))}"),
         "pinged "
         + ("open" if pinged.get("open") else f"closed after {_seconds(pinged.get('closed_after_s'))}")
-        + f" ({pinged.get('pings', 0)} PINGs, {pinged.get('acks', 0)} answered)",
+        + f" ({_pings(pinged.get('pings', 0))}, {pinged.get('acks', 0)} answered)",
     ]
     request = event.get("request")
     if isinstance(request, Mapping):

@@ -17,14 +17,15 @@ import json
 import os
 import re
 import sys
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from sidecar_fsm.base.buildcache import ensure_binary, user_cache_dir
 from sidecar_fsm.base.gosyntax import duration_seconds
-from sidecar_fsm.base.urls import normalize_upstream, without_userinfo
 from sidecar_fsm.cli.common import PROG, UsageError, add_command, err, out
-from sidecar_fsm.run.probe import ProbeEnded, ProbeRequest, probe_events
-from sidecar_fsm.view import probe_report
+
+# The URL rules, the build cache (filelock, psutil), the child and the view are imported where
+# used: every command builds this parser, and --help must not pay for them.
+if TYPE_CHECKING:
+    from sidecar_fsm.run.probe import ProbeRequest
 
 DEFAULT_FOR = "400s"  # just past Global Accelerator's 340 s
 _MAX_PING_INTERVAL = 340.0
@@ -53,6 +54,9 @@ def _headers(values: list[str]) -> list[tuple[str, str]]:
 
 def request_of(args: argparse.Namespace) -> ProbeRequest:
     """The probe asked for, every argument checked (``UsageError``, exit 2)."""
+    from sidecar_fsm.base.urls import normalize_upstream, without_userinfo
+    from sidecar_fsm.run.probe import ProbeRequest
+
     try:
         upstream = normalize_upstream(args.upstream)
     except ValueError as error:
@@ -91,6 +95,10 @@ def request_of(args: argparse.Namespace) -> ProbeRequest:
 
 
 def cmd_probe(args: argparse.Namespace) -> int:
+    from sidecar_fsm.base.buildcache import ensure_binary, user_cache_dir
+    from sidecar_fsm.run.probe import ProbeEnded, probe_events
+    from sidecar_fsm.view import probe_report
+
     request = request_of(args)
     binary = ensure_binary(user_cache_dir(), progress=err)
     progress = sys.stderr.isatty()

@@ -106,12 +106,14 @@ def _timeout(text: str) -> float:
 
 
 def _cell(value: Any) -> str:
-    """A value as a table cell: NULL as ``-``, a float to 3 decimals (seconds to the millisecond),
+    """A value as a table cell: NULL as ``-``, a float to 3 decimals (seconds to the millisecond;
+    under one, 3 significant digits),
     a multi-line text's first line and ``...``."""
     if value is None:
         return cells.UNKNOWN
     if isinstance(value, float):
-        return str(round(value, 3))
+        # Under a millisecond, three significant digits: 0.00049 s must not read as 0.0.
+        return f"{value:.3g}" if 0 < abs(value) < 0.001 else str(round(value, 3))
     if isinstance(value, bytes):
         return f"<{len(value)} bytes>"
     text = str(value)

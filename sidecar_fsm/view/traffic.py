@@ -2,7 +2,8 @@
 
 Owns reading a run's traffic figures from the database (``Store.instance_traffic``,
 ``Store.run_traffic_totals``, the sums ``traffic_summary`` documents) and their words and JSON:
-one line per instance in ``history`` (requests, 502s by kind, TTFB p50/p99, duration p99/max)
+one line per instance in ``history`` (requests, 502s, TTFB p50/p99, duration p99/max, upstream
+failures by kind)
 and a run's requests and 502s in ``status --all``. Read-only: the figures are as the last import
 left them (``run.traffic``: the supervise loop, ``check()``, stop, a restart, reap), since a read
 command never writes, so a live run's line says when its figures were taken.
@@ -38,18 +39,30 @@ def _seconds(value: float | None) -> str:
     return f"{value * 1000:.3g}ms" if value < 1 else f"{value:.3g}s"
 
 
+def _at_most_max(percentile: float | None, figures: InstanceTraffic) -> float | None:
+    """A percentile no higher than the exact maximum: a bucket's upper bound can overshoot it
+    (p99 30s of requests that all took 10s), and no request's TTFB exceeds its duration."""
+    if percentile is None or figures.requests == 0:
+        return percentile
+    return min(percentile, figures.duration_max_s)
+
+
 def traffic_line(name: str, figures: InstanceTraffic | None) -> str:
-    """``traffic policy: 10 requests, 2 502s (ping_timeout 1, reset 1), ttfb p50 50ms p99 1s,
-    duration p99 10s max 12.8s, final``; ``none recorded`` for an instance without figures."""
+    """``traffic policy: 10 requests, 2 502s, ttfb p50 50ms p99 1s, duration p99 10s max 12.8s,
+    upstream failures dial 1 (per connection, the start's check included), final``; ``none
+    recorded`` for an instance without figures. Upstream failures are counted per connection,
+    not per request, so they are said apart from the 502s."""
     if figures is None:
         return f"traffic {name}: none recorded"
     kinds = ", ".join(f"{kind} {count}" for kind, count in figures.upstream_errors.items() if count)
-    bad = f"{figures.responses_502} 502s" + (f" ({kinds})" if kinds else "")
+    failures = f", upstream failures {kinds} (per connection, the start's check included)" if kinds else ""
     when = "final" if figures.final else f"as of {figures.as_of}"
     return (
-        f"traffic {name}: {figures.requests} requests, {bad}, "
-        f"ttfb p50 {_seconds(figures.ttfb_p50_s)} p99 {_seconds(figures.ttfb_p99_s)}, "
-        f"duration p99 {_seconds(figures.duration_p99_s)} max {_seconds(figures.duration_max_s)}, {when}"
+        f"traffic {name}: {figures.requests} requests, {figures.responses_502} 502s, "
+        f"ttfb p50 {_seconds(_at_most_max(figures.ttfb_p50_s, figures))} "
+        f"p99 {_seconds(_at_most_max(figures.ttfb_p99_s, figures))}, "
+        f"duration p99 {_seconds(_at_most_max(figures.duration_p99_s, figures))} "
+        f"max {_seconds(figures.duration_max_s)}{failures}, {when}"
     )
 
 
@@ -61,9 +74,9 @@ def traffic_json(figures: InstanceTraffic | None) -> dict[str, Any] | None:
         "requests": figures.requests,
         "responses_502": figures.responses_502,
         "upstream_errors": dict(figures.upstream_errors),
-        "ttfb_p50_s": figures.ttfb_p50_s,
-        "ttfb_p99_s": figures.ttfb_p99_s,
-        "duration_p99_s": figures.duration_p99_s,
+        "ttfb_p50_s": _at_most_max(figures.ttfb_p50_s, figures),
+        "ttfb_p99_s": _at_most_max(figures.ttfb_p99_s, figures),
+        "duration_p99_s": _at_most_max(figures.duration_p99_s, figures),
         "duration_max_s": figures.duration_max_s,
         "as_of": figures.as_of,
         "final": figures.final,

@@ -396,8 +396,8 @@ def test_history_ends_with_a_traffic_line_per_instance_and_status_all_sums_each_
     rows = [("policy", TransitionRecord(1, 1, "configured", "building", "build", NOW, None))]
     lines = render.history_lines(status.run, rows, status=status, traffic={"policy": policy})
     assert lines[-2:] == [
-        "traffic policy: 600 requests, 3 502s (ping_timeout 2, reset 1), ttfb p50 50ms p99 296s, "
-        "duration p99 514s max 854s, final",
+        "traffic policy: 600 requests, 3 502s, ttfb p50 50ms p99 296s, duration p99 514s max 854s, "
+        "upstream failures ping_timeout 2, reset 1 (per connection, the start's check included), final",
         "traffic judge: none recorded",
     ]
     live = InstanceTraffic(
@@ -408,6 +408,14 @@ def test_history_ends_with_a_traffic_line_per_instance_and_status_all_sums_each_
         "traffic policy: 1 requests, 0 502s, ttfb p50 - p99 -, duration p99 - max 0ms, "
         "as of 2026-12-01T20:05:30.000Z"
     )
+    # Buckets of 10/30 s: every request took 10.0 s, so no percentile reads 30 s.
+    even = InstanceTraffic(
+        "policy", 5, 0, errors, 10.0, 30.0, 30.0, 10.0, "2026-12-01T20:05:30.000Z", True, 1
+    )
+    line = render.history_lines(status.run, rows, status=status, traffic={"policy": even})[-2]
+    assert "ttfb p50 10s p99 10s, duration p99 10s max 10s" in line, line
+    evened = json.loads(render.history_json(status.run, rows, status=status, traffic={"policy": even}))
+    assert evened["instances"][0]["traffic"]["duration_p99_s"] == 10.0
     document = json.loads(render.history_json(status.run, rows, status=status, traffic={"policy": policy}))
     assert [inst["traffic"] and inst["traffic"]["responses_502"] for inst in document["instances"]] == [
         3,

@@ -177,11 +177,15 @@ def with_live(statuses: Sequence[RunStatus]) -> list[RunStatus]:
 def runs_to_show(
     runs: Sequence[tuple[Store, RunRecord]], *, everything: bool
 ) -> list[tuple[Store, RunRecord]]:
-    """Newest first: every run with ``everything``, else the live ones and the latest ended one
-    (what an operator asks first: what runs, and how did the last one end)."""
+    """Newest first: every run with ``everything``, else the live ones and the one that ended
+    last (what an operator asks first: what runs, and how did the last one end). Last to end,
+    not last to start: a start refused on a busy port ends at once, and must not hide the run
+    that held the port and failed after it."""
     ordered = sorted(runs, key=lambda pair: pair[1].started_at, reverse=True)
     if everything:
         return ordered
     live = [pair for pair in ordered if pair[1].ended_at is None]
-    ended = [pair for pair in ordered if pair[1].ended_at is not None]
-    return live + ended[:1]
+    ended = sorted(
+        (pair for pair in ordered if pair[1].ended_at is not None), key=lambda pair: pair[1].ended_at or 0.0
+    )
+    return live + ended[-1:]

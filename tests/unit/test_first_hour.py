@@ -154,6 +154,20 @@ def test_sqlite_master_lists_the_views_and_they_still_read_every_host(
     assert result.rows == [("node-a", "run-node-a"), ("node-b", "run-node-b")]
 
 
+def test_status_shows_the_run_that_ended_last_not_the_one_started_last(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # A serves; a second start (B) fails on A's busy port and ends at once; then A's proxy dies
+    # and A fails: the run an operator asks about is A, which ended last.
+    with Store.open(tmp_path, host="node-a") as store:
+        store.create_run("run-served", owner_pid=os.getpid(), owner_start_time=None, config_summary={})
+        store.create_run("run-busy-port", owner_pid=os.getpid(), owner_start_time=None, config_summary={})
+        store.end_run("run-busy-port", "failed")
+        store.end_run("run-served", "failed")
+    assert main(["--log-dir", str(tmp_path), "status", "--json"]) == 0
+    assert [run["run_id"] for run in json.loads(capsys.readouterr().out)["runs"]] == ["run-served"]
+
+
 # -- the global --json help names every command that takes it --------------------------------------
 
 

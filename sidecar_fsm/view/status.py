@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING
 from sidecar_fsm.base.resources import command_hint
 from sidecar_fsm.observe import runs
 from sidecar_fsm.observe.runs import RunObservation, ended_with_owner
-from sidecar_fsm.observe.verdicts import OWNER_GONE, Owner, Process, metrics_claimed, metrics_proven
+from sidecar_fsm.observe.verdicts import OURS, OWNER_GONE, Owner, Process, metrics_claimed, metrics_proven
 from sidecar_fsm.state.fsm import TERMINAL
 from sidecar_fsm.view.live import Scrape, scrape_all
 
@@ -48,7 +48,7 @@ def process_alive(process: str | None) -> bool | None:
     """The ``"alive"`` of ``--json``: True when our process runs, False when it is gone or its
     pid reused, None when there is no process or it cannot be judged here (unproven, another
     host)."""
-    if process == Process.RUNNING:
+    if process in OURS:
         return True
     if process in (Process.GONE, Process.REUSED):
         return False
@@ -73,6 +73,8 @@ def process_note(status: RunStatus, inst: InstanceRecord) -> str | None:
         what = f"recorded {inst.state} but pid {inst.pid} now belongs to another process"
     elif process == Process.UNPROVEN:
         what = f"pid {inst.pid} cannot be proven ours ({_UNPROVEN_WHY}); nothing signals it"
+    elif process == Process.STOPPED:
+        return f"pid {inst.pid} stopped (SIGSTOP, a debugger): it answers nothing; kill -CONT {inst.pid}"
     else:
         return None
     if ended_with_owner(status):
@@ -114,7 +116,7 @@ def needs_attention(status: RunStatus) -> str | None:
     if status.run.ended_at is not None or ended_with_owner(status):
         return None
     if status.owner in OWNER_GONE:
-        running = [inst.name for inst in status.instances if status.process_of(inst) == Process.RUNNING]
+        running = [inst.name for inst in status.instances if status.process_of(inst) in OURS]
         if running:
             return f"owner gone with sidecars still running ({', '.join(running)}); {reap_hint(status)}"
         return f"owner gone; {reap_hint(status)}"
@@ -126,6 +128,8 @@ def needs_attention(status: RunStatus) -> str | None:
             return f"{inst.name} is not running (pid {inst.pid} {process})"
         if process == Process.UNPROVEN:
             return f"{inst.name}: pid {inst.pid} cannot be proven ours ({_UNPROVEN_WHY})"
+        if process == Process.STOPPED:
+            return f"{inst.name} is stopped (pid {inst.pid}: SIGSTOP, a debugger); it answers nothing"
         scrape = status.live_of(inst)
         if scrape is None:
             continue

@@ -11,19 +11,18 @@ import argparse
 import contextlib
 import io
 import math
-import os
 import signal
 import threading
 from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
 from sidecar_fsm.cli.common import (
-    LOG_DIR_ENV,
     PROG,
     UsageError,
     add_command,
     log_dir_of,
     out,
+    require_log_dir,
     warn_if_untrusted,
 )
 from sidecar_fsm.view import cells
@@ -34,6 +33,8 @@ if TYPE_CHECKING:
 # ``--timeout``'s default, as ``state.query`` has it (a test holds the two equal): the parser is
 # built for ``--help`` too, which must not load the query layer (cli/common says why).
 DEFAULT_TIMEOUT_SECONDS = 10.0
+# The views, as ``state.query.VIEWS`` names them (the same test holds the two equal).
+VIEWS = ("run_summary", "instance_summary", "transition_log", "spawn_attempts", "traffic_summary")
 
 
 def cmd_query(args: argparse.Namespace) -> int:
@@ -43,15 +44,7 @@ def cmd_query(args: argparse.Namespace) -> int:
     timeout = _timeout(args.timeout)
     if args.json and args.csv:
         raise UsageError(f"{PROG} query: --json and --csv both given; choose one")
-    if os.path.exists(log_dir) and not os.path.isdir(log_dir):
-        raise UsageError(
-            f"{PROG} query: log dir '{log_dir}' is a file, not a directory; use another --log-dir"
-        )
-    if not os.path.isdir(log_dir):
-        raise LookupError(
-            f"{PROG} query: log dir '{log_dir}' does not exist; "
-            f"give the --log-dir (or {LOG_DIR_ENV}) the runs were started with"
-        )
+    require_log_dir(log_dir, "query")
     warn_if_untrusted(log_dir, "query")
     try:
         with _ctrl_c_cancels() as cancel:
@@ -148,8 +141,8 @@ def register(sub: Any) -> None:
         sub,
         "query",
         cmd_query,
-        "one read-only SELECT over every host's database (views: run_summary, instance_summary, "
-        "transition_log, spawn_attempts; see docs/query.md)",
+        f"one read-only SELECT over every host's database (views: {', '.join(VIEWS)}; "
+        "their columns: SELECT * FROM pragma_table_info('run_summary'))",
         example=(
             'sidecar-fsm query "SELECT upstream, reason, count(*) AS failures FROM instance_summary '
             "WHERE state = 'failed' GROUP BY upstream, reason\""

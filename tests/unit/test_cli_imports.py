@@ -64,4 +64,5 @@ def test_the_parsers_own_copies_of_layer_defaults_agree_with_the_layers() -> Non
     from sidecar_fsm.state import query
 
     assert cli_query.DEFAULT_TIMEOUT_SECONDS == query.DEFAULT_TIMEOUT_SECONDS
+    assert tuple(query.VIEWS) == cli_query.VIEWS
     assert launch.OVERRIDE_EXAMPLE == configfile.OVERRIDE_EXAMPLE

@@ -503,15 +503,16 @@ def test_a_bad_field_of_an_instance_is_refused_naming_it(field: str, value: Any,
     assert refusal({"instances": [inst(**{field: value})]}) == f"sidecar.instances[0].{field}: {said}"
 
 
-def test_instances_required_when_enabled_shows_a_yaml_example() -> None:
-    first, *example = refusal({"enabled": True}).splitlines()
-    assert first == (
+def test_instances_required_when_enabled_shows_a_yaml_example_in_one_line() -> None:
+    (line,) = refusal({"enabled": True}).splitlines()
+    head = (
         "sidecar.instances is required when sidecar.enabled is true; "
-        "add one instance per upstream, for example:"
+        "add one instance per upstream, for example "
     )
-    # the lines after the first are a working block
-    shown = yaml.safe_load("\n".join(example))
-    assert load(shown[SIDECAR_KEY]).instances == [SidecarInstanceConfig(upstream=UP)]
+    assert line.startswith(head), line
+    # what follows is a working block, in YAML
+    shown = yaml.safe_load(line.removeprefix(head))
+    assert load({"enabled": True, **shown}).instances == [SidecarInstanceConfig(upstream=UP)]
 
 
 def test_several_problems_are_all_reported_first_on_line_one() -> None:

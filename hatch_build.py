@@ -11,18 +11,24 @@ loaded by path since none of the package's dependencies exist here): CGO off, ``
 ``-buildvcs=false``, stamped with the sources hash, which is also written beside it so the
 launcher uses it only while the installed ``go/`` still hashes the same. ``GOOS``/``GOARCH``
 in the environment cross-compile (Linux amd64 and arm64); the wheel's platform tag is the
-target's, never ``none-any``. Must not write anywhere but its own temp folder (and Go's build
-cache), which it removes.
+target's, never ``none-any``. Must not write anywhere but its own temp folder, which it
+removes: Go's build and module caches (``GOCACHE``, ``GOPATH``, ``GOMODCACHE``, ~110 MB) and its
+telemetry counters live there too, so a build leaves nothing in ``HOME``. pip hides a build
+backend's output, so the progress (a line when the build starts, its elapsed time every 10 s,
+the time it took) goes to the terminal (``/dev/tty``) when there is one, else to the build log.
 """
 
 from __future__ import annotations
 
+import contextlib
 import importlib.util
 import os
 import shutil
 import subprocess
 import sysconfig
 import tempfile
+import threading
+import time
 from pathlib import Path
 from types import ModuleType
 from typing import Any
@@ -34,6 +40,45 @@ PACKAGED_DIR = "sidecar_fsm/_bin"
 # A static (CGO off) Go binary needs no libc at all: any glibc or musl Linux of its architecture.
 _LINUX_TAGS = "manylinux_2_17_{arch}.manylinux2014_{arch}.musllinux_1_1_{arch}"
 _LINUX_ARCHES = {"amd64": "x86_64", "arm64": "aarch64"}
+_PROGRESS_EVERY = 10.0
+
+
+def isolated_environment(env: dict[str, str], temp: str) -> dict[str, str]:
+    """``env`` with every folder Go writes to inside ``temp``, which the caller removes.
+
+    ``GOTELEMETRY=off`` says the intent, but Go 1.27 still writes its counters to
+    ``$XDG_CONFIG_HOME/go/telemetry`` with it set (measured): ``XDG_CONFIG_HOME`` is what keeps
+    them out of ``HOME``; it also hides the user's ``go env -w`` file, which a build of the
+    standard library alone never needs.
+    """
+    folders = {name: os.path.join(temp, name.lower()) for name in ("GOCACHE", "GOPATH", "GOMODCACHE")}
+    folders["XDG_CONFIG_HOME"] = os.path.join(temp, "config")
+    for folder in folders.values():
+        os.makedirs(folder, exist_ok=True)
+    return {**env, **folders, "GOTELEMETRY": "off"}
+
+
+class _Progress:
+    """Lines for the person waiting: to ``/dev/tty`` past pip's captured output, else ``fallback``."""
+
+    def __init__(self, fallback: Any) -> None:
+        self._fallback = fallback
+        try:
+            self._tty: Any = open("/dev/tty", "w")  # noqa: SIM115 (closed in close())
+        except OSError:
+            self._tty = None
+
+    def say(self, line: str) -> None:
+        if self._tty is None:
+            self._fallback(line)
+            return
+        with contextlib.suppress(OSError):
+            self._tty.write(f"\n{line}\n")
+            self._tty.flush()
+
+    def close(self) -> None:
+        if self._tty is not None:
+            self._tty.close()
 
 
 def _gobuild(root: Path) -> ModuleType:
@@ -102,23 +147,43 @@ class ProxyBuildHook(BuildHookInterface):  # type: ignore[type-arg]
     ) -> None:
         go_temp = os.path.join(self._temp, "go-tmp")
         os.mkdir(go_temp)
-        env = gobuild.build_environment({**os.environ, **extra}, go_temp)
+        env = isolated_environment(gobuild.build_environment({**os.environ, **extra}, go_temp), self._temp)
         target = subprocess.run(
             [go, "env", "GOOS", "GOARCH"], env=env, capture_output=True, text=True, check=True
         ).stdout.split()
         goos, goarch = target[0], target[1]
         binary = os.path.join(self._temp, BINARY_NAME)
-        self.app.display_info(f"building {BINARY_NAME} for {goos}/{goarch} (sources {sources}) with {go}")
-        result = subprocess.run(
-            gobuild.build_command(go, binary, sources),
-            cwd=source_dir,
-            env=env,
-            stdin=subprocess.DEVNULL,
-            capture_output=True,
-            text=True,
+        progress = _Progress(self.app.display_info)
+        progress.say(
+            f"sidecar-fsm: building the {BINARY_NAME} proxy for {goos}/{goarch} with {go} "
+            "(about a minute on 2 cores; Go's caches go to a temp folder, removed after)"
         )
+        began = time.monotonic()
+        done = threading.Event()
+
+        def tick() -> None:
+            while not done.wait(_PROGRESS_EVERY):
+                progress.say(f"sidecar-fsm: still building {BINARY_NAME}: {time.monotonic() - began:.0f}s")
+
+        ticker = threading.Thread(target=tick, daemon=True)
+        ticker.start()
+        try:
+            result = subprocess.run(
+                gobuild.build_command(go, binary, sources),
+                cwd=source_dir,
+                env=env,
+                stdin=subprocess.DEVNULL,
+                capture_output=True,
+                text=True,
+            )
+        finally:
+            done.set()
+            ticker.join()
         if result.returncode != 0:
+            progress.close()
             raise RuntimeError(f"go build of {BINARY_NAME} failed:\n{result.stdout}{result.stderr}")
+        progress.say(f"sidecar-fsm: built {BINARY_NAME} in {time.monotonic() - began:.0f}s")
+        progress.close()
         os.chmod(binary, 0o755)
         stamp = os.path.join(self._temp, f"{BINARY_NAME}.sources")
         with open(stamp, "w") as file:

@@ -36,6 +36,7 @@ import (
 	"net/http"
 	"os"
 	"os/signal"
+	"strconv"
 	"strings"
 	"sync"
 	"syscall"
@@ -72,15 +73,21 @@ func parseProbeConfig(args []string, getenv func(string) string, usage io.Writer
 	if fs.NArg() > 0 {
 		return nil, &usageError{fmt.Sprintf("argument %q: unexpected; all options are flags", fs.Arg(0))}
 	}
+	forDur, err := parseDuration("for", *forFlag)
+	if err != nil {
+		return nil, err
+	}
+	if !flagSet(fs, "ping-interval") {
+		// A quarter of -for, so that a short probe still sees a few PINGs; never longer than
+		// the sidecar's own default.
+		*up.pingInterval = strconv.FormatFloat(min(60, roundSeconds(forDur/4)), 'f', -1, 64) + "s"
+	}
 	// The proxy's own parsing for what the two share: one set of rules and words.
 	cfg, err := parseConfig(up.args(), getenv, io.Discard)
 	if err != nil {
 		return nil, err
 	}
-	p := &probeConfig{cfg: cfg, request: *request, useStdin: *useStdin, forText: *forFlag, intervalText: *up.pingInterval}
-	if p.forDur, err = parseDuration("for", *forFlag); err != nil {
-		return nil, err
-	}
+	p := &probeConfig{cfg: cfg, forDur: forDur, request: *request, useStdin: *useStdin, forText: *forFlag, intervalText: *up.pingInterval}
 	if p.forDur <= cfg.PingInterval {
 		return nil, badFlag("for", *forFlag, "must be longer than -ping-interval %s, so that a PING is sent", *up.pingInterval)
 	}
@@ -182,8 +189,10 @@ type probeRequest struct {
 	status   int
 	took     float64
 	err      string
-	nvcfID   string // NVCF-REQID of a 202: NVCF's poll window passed, the answer is elsewhere
-	acksThen int    // PINGs answered on the connection while it waited
+	acksThen int // PINGs answered on the connection while it waited
+	// nvcfPending: a 202 with NVCF-REQID, NVCF's "still running, poll for it" (its value is
+	// not kept).
+	nvcfPending bool
 }
 
 type probeRequestReport struct {
@@ -193,8 +202,8 @@ type probeRequestReport struct {
 	AfterS   *float64 `json:"after_s"`
 	Error    *string  `json:"error"`
 	TimedOut bool     `json:"timed_out"`
-	// A 202 carrying NVCF-REQID: not the answer but NVCF's "still working" past its poll window.
-	NVCFReqID string `json:"nvcf_reqid,omitempty"`
+	// NVCFPending: a 202 with NVCF-REQID: NVCF's poll window ended, the request still runs.
+	NVCFPending bool `json:"nvcf_pending"`
 }
 
 func (r *probeRequest) report() *probeRequestReport {
@@ -203,7 +212,7 @@ func (r *probeRequest) report() *probeRequestReport {
 	}
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	out := &probeRequestReport{Path: r.path, Done: r.done, NVCFReqID: r.nvcfID}
+	out := &probeRequestReport{Path: r.path, Done: r.done}
 	if r.done {
 		took := r.took
 		out.AfterS = &took
@@ -216,6 +225,7 @@ func (r *probeRequest) report() *probeRequestReport {
 			out.Error = &e
 		}
 		out.TimedOut = r.status == http.StatusGatewayTimeout || r.err != ""
+		out.NVCFPending = r.nvcfPending
 	}
 	return out
 }
@@ -232,7 +242,7 @@ type probeResult struct {
 	Pinged         probeConnReport     `json:"pinged"`
 	Request        *probeRequestReport `json:"request"`
 	Verdict        string              `json:"verdict,omitempty"`
-	Answer         string              `json:"answer,omitempty"` // helps, not needed, cannot help
+	Answer         string              `json:"answer,omitempty"` // helps, not needed, cannot help, inconclusive
 	ExitCode       int                 `json:"exit_code"`
 	ProvedIdleOnly bool                `json:"idle_only"`
 }
@@ -248,6 +258,16 @@ func approx(s float64) string {
 	return fmt.Sprintf("~%.1fs", s)
 }
 
+// tryInterval is an interval to try under an idle limit of s seconds: half of it, in whole
+// seconds from 2s up, so a PING goes out well before the path gives up.
+func tryInterval(s float64) string {
+	half := s / 2
+	if half >= 2 {
+		return fmt.Sprintf("%.0fs", math.Floor(half))
+	}
+	return strconv.FormatFloat(math.Max(0.1, math.Floor(half*10)/10), 'f', -1, 64) + "s"
+}
+
 // judge turns the two connections and the request into the verdict and the exit code.
 func (r *probeResult) judge(p *probeConfig) {
 	interval := p.intervalText
@@ -258,6 +278,14 @@ func (r *probeResult) judge(p *probeConfig) {
 		// A 504 or a close while PINGs were answered: the path times out a silent response.
 		r.Answer, r.ExitCode = "cannot help", 1
 		r.Verdict = fmt.Sprintf("the load balancer times out a silent response after %s; PINGs cannot help: raise that timeout", approx(*req.AfterS))
+	case !pinged.Open && *pinged.Pings == 0 && !(timedOut && req.Status != nil):
+		// Closed before its first PING: the path's idle limit is below -ping-interval, so this
+		// probe says nothing about PINGs. A 504 is still a response timeout (the case below).
+		limit := *pinged.ClosedAfterS
+		r.Answer, r.ExitCode = "inconclusive", 3
+		r.Verdict = fmt.Sprintf("the path dropped the PINGed connection after %s, before its first PING (every %s): "+
+			"inconclusive; a ping_interval under %s should keep it open: try --ping-interval %s",
+			approx(limit), interval, approx(limit), tryInterval(limit))
 	case !pinged.Open:
 		r.Answer, r.ExitCode = "cannot help", 1
 		r.Verdict = fmt.Sprintf("PINGs do not keep the connection open (closed after %.1fs with %s): the sidecar cannot help here",
@@ -286,6 +314,9 @@ func (r *probeResult) judge(p *probeConfig) {
 	case req == nil:
 		r.ProvedIdleOnly = true
 		r.Verdict += " (idle connections only: --request PATH also tests a slow response)"
+	case req.NVCFPending:
+		r.Verdict += fmt.Sprintf("; got 202 with NVCF-REQID after %.1fs: NVCF's poll window ended (the request is still running on NVCF); "+
+			"the sidecar follows these (nvcf.follow)", *req.AfterS)
 	case req.Done && req.Status != nil:
 		r.Verdict += fmt.Sprintf("; the request waited %.1fs and got %d", *req.AfterS, *req.Status)
 	case !req.Done:
@@ -295,7 +326,8 @@ func (r *probeResult) judge(p *probeConfig) {
 }
 
 // runProbe is `h2-ping-sidecar -probe ...`; the exit code: 0 the sidecar helps or is not
-// needed, 1 it cannot help or the upstream could not be probed, 2 bad flags.
+// needed, 1 it cannot help or the upstream could not be probed, 2 bad flags, 3 inconclusive
+// (the PINGed connection closed before its first PING).
 func runProbe(args []string, getenv func(string) string, stdin io.Reader, stdout, stderr io.Writer) int {
 	p, err := parseProbeConfig(args, getenv, stdout)
 	if errors.Is(err, flag.ErrHelp) {
@@ -388,9 +420,9 @@ func runProbe(args []string, getenv func(string) string, stdin io.Reader, stdout
 		req = &probeRequest{path: p.request, started: time.Now()}
 		go func() {
 			defer close(reqDone)
-			status, nvcfID, errText := probeGet(pingedCC, p, headers)
+			status, pending, errText := probeGet(pingedCC, p, headers)
 			req.mu.Lock()
-			req.done, req.status, req.nvcfID, req.err = true, status, nvcfID, errText
+			req.done, req.status, req.nvcfPending, req.err = true, status, pending, errText
 			req.took = roundSeconds(time.Since(req.started))
 			req.mu.Unlock()
 		}()
@@ -441,26 +473,31 @@ func finishProbe(out *json.Encoder, r *probeResult, p *probeConfig) int {
 type probeConnKey struct{}
 
 // probeGet sends the one GET of -request on cc and reads its body to the end (discarded);
-// its status, a 202's NVCF-REQID, or the error in one line. Header values go on the request only.
-func probeGet(cc *http.ClientConn, p *probeConfig, headers [][2]string) (int, string, string) {
+// its status, whether it is NVCF's 202 with NVCF-REQID, or the error in one line. Header
+// values go on the request only.
+func probeGet(cc *http.ClientConn, p *probeConfig, headers [][2]string) (int, bool, string) {
 	req, err := http.NewRequest("GET", p.cfg.Upstream.String()+p.request, nil)
 	if err != nil {
-		return 0, "", oneLine(err.Error())
+		return 0, false, oneLine(err.Error())
 	}
 	for _, h := range headers {
 		req.Header.Add(h[0], h[1])
 	}
 	resp, err := cc.RoundTrip(req)
 	if err != nil {
-		return 0, "", oneLine(err.Error())
+		return 0, false, oneLine(err.Error())
 	}
 	defer resp.Body.Close()
-	nvcfID := ""
-	if resp.StatusCode == http.StatusAccepted && plainToken(resp.Header.Get("NVCF-REQID")) {
-		nvcfID = resp.Header.Get("NVCF-REQID")
-	}
+	pending := resp.StatusCode == http.StatusAccepted && resp.Header.Get("NVCF-REQID") != ""
 	if _, err := io.Copy(io.Discard, resp.Body); err != nil {
-		return resp.StatusCode, nvcfID, "the response broke off: " + oneLine(err.Error())
+		return resp.StatusCode, pending, "the response broke off: " + oneLine(err.Error())
 	}
-	return resp.StatusCode, nvcfID, ""
+	return resp.StatusCode, pending, ""
+}
+
+// flagSet reports whether name was given on the command line (not left at its default).
+func flagSet(fs *flag.FlagSet, name string) bool {
+	set := false
+	fs.Visit(func(f *flag.Flag) { set = set || f.Name == name })
+	return set
 }

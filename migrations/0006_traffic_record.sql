@@ -101,19 +101,21 @@ SELECT
     sum(json_extract(t.record, '$.ping_acks')) AS ping_acks,
     sum(json_extract(t.record, '$.goaways')) AS goaways,
     sum(json_extract(t.record, '$.retries')) AS retries,
-    -- A percentile past the last bound (NULL in traffic_quantiles) reads the exact maximum.
+    -- A percentile past the last bound (NULL in traffic_quantiles) reads the exact maximum, and
+    -- none reads above it: a bucket's upper bound can overshoot (p99 30s of requests that all
+    -- took 10s), and no request's time to first byte exceeds its duration.
     CASE WHEN sum(json_extract(t.record, '$.ttfb_seconds.count')) > 0
-        THEN coalesce(q.ttfb_p50_s, max(json_extract(t.record, '$.duration_max_s') + 0.0)) END AS ttfb_p50_s,
+        THEN min(coalesce(q.ttfb_p50_s, max(json_extract(t.record, '$.duration_max_s') + 0.0)), max(json_extract(t.record, '$.duration_max_s') + 0.0)) END AS ttfb_p50_s,
     CASE WHEN sum(json_extract(t.record, '$.ttfb_seconds.count')) > 0
-        THEN coalesce(q.ttfb_p90_s, max(json_extract(t.record, '$.duration_max_s') + 0.0)) END AS ttfb_p90_s,
+        THEN min(coalesce(q.ttfb_p90_s, max(json_extract(t.record, '$.duration_max_s') + 0.0)), max(json_extract(t.record, '$.duration_max_s') + 0.0)) END AS ttfb_p90_s,
     CASE WHEN sum(json_extract(t.record, '$.ttfb_seconds.count')) > 0
-        THEN coalesce(q.ttfb_p99_s, max(json_extract(t.record, '$.duration_max_s') + 0.0)) END AS ttfb_p99_s,
+        THEN min(coalesce(q.ttfb_p99_s, max(json_extract(t.record, '$.duration_max_s') + 0.0)), max(json_extract(t.record, '$.duration_max_s') + 0.0)) END AS ttfb_p99_s,
     CASE WHEN sum(json_extract(t.record, '$.duration_seconds.count')) > 0
-        THEN coalesce(q.duration_p50_s, max(json_extract(t.record, '$.duration_max_s') + 0.0)) END AS duration_p50_s,
+        THEN min(coalesce(q.duration_p50_s, max(json_extract(t.record, '$.duration_max_s') + 0.0)), max(json_extract(t.record, '$.duration_max_s') + 0.0)) END AS duration_p50_s,
     CASE WHEN sum(json_extract(t.record, '$.duration_seconds.count')) > 0
-        THEN coalesce(q.duration_p90_s, max(json_extract(t.record, '$.duration_max_s') + 0.0)) END AS duration_p90_s,
+        THEN min(coalesce(q.duration_p90_s, max(json_extract(t.record, '$.duration_max_s') + 0.0)), max(json_extract(t.record, '$.duration_max_s') + 0.0)) END AS duration_p90_s,
     CASE WHEN sum(json_extract(t.record, '$.duration_seconds.count')) > 0
-        THEN coalesce(q.duration_p99_s, max(json_extract(t.record, '$.duration_max_s') + 0.0)) END AS duration_p99_s,
+        THEN min(coalesce(q.duration_p99_s, max(json_extract(t.record, '$.duration_max_s') + 0.0)), max(json_extract(t.record, '$.duration_max_s') + 0.0)) END AS duration_p99_s,
     max(json_extract(t.record, '$.duration_max_s') + 0.0) AS duration_max_s,
     strftime('%Y-%m-%dT%H:%M:%fZ', max(t.as_of), 'unixepoch') AS as_of,
     sum(json_extract(t.record, '$.upstream_errors.dial')) AS upstream_errors_dial,

@@ -97,13 +97,9 @@ DEFAULT_LISTEN = "127.0.0.1:1250"
 UPSTREAM_CHECK_MODES = ("warn", "fail", "off")
 
 _NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_-]*")
+# One line of YAML (flow style), so the refusal stays one line through the CLI and the API.
 _INSTANCES_EXAMPLE = (
-    "  sidecar:\n"
-    "    enabled: true\n"
-    "    instances:\n"
-    "      - name: nvcf\n"
-    "        upstream: https://api.example.com\n"
-    "        listen: 127.0.0.1:1250"
+    "instances: [{name: nvcf, upstream: 'https://api.example.com', listen: '127.0.0.1:1250'}]"
 )
 
 
@@ -358,7 +354,7 @@ class H2PingSidecarConfig(SchemaModel):
     def _check_instances(self) -> Self:
         if self.enabled and not self.instances:
             raise Problem(
-                "is required when sidecar.enabled is true; add one instance per upstream, for example:\n"
+                "is required when sidecar.enabled is true; add one instance per upstream, for example "
                 + _INSTANCES_EXAMPLE,
                 path=("instances",),
                 value=OMIT,

@@ -20,8 +20,8 @@ from __future__ import annotations
 
 import contextlib
 import glob
-import hashlib
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -82,6 +82,9 @@ _BUILD_DIR_NAME = ".build"
 # A cold build of the proxy takes about 40 s on 2 cores; these only end a build that is stuck.
 _BUILD_TIMEOUT_SECONDS = 900.0
 _LOCK_TIMEOUT_SECONDS = 1200.0
+# The lock every build of a path outside the cache layout takes, and the per-path ones it replaced.
+_OUTSIDE_CACHE_LOCK = "outside-cache.lock"
+_PATH_DIGEST_LOCK = re.compile(r"[0-9a-f]{16}\.lock")
 
 Progress = Callable[[str], None]
 
@@ -230,9 +233,11 @@ def _build_places(output_path: Path) -> _BuildPlaces:
     In the cache layout, ``<cache_dir>/h2-ping-sidecar/.build/<sources>-<version>.lock`` and
     temp folders beside it: under the cache, so on its filesystem (the rename into place stays
     atomic) and shared with every run (and host) that shares the cache. Any other output path
-    (``sidecar.binary``, or Gym's ``build_sidecar(path)``) has its lock in the user's cache,
-    named by the path's digest, and a hidden temp folder beside the output, which exists only
-    while a build runs: the rename needs the same filesystem.
+    (``sidecar.binary``, or Gym's ``build_sidecar(path)``) takes the one lock of such builds in
+    the user's cache, ``.build/outside-cache.lock`` (a lock per path, named by its digest, piled
+    up one file per temp path a test or job built to; such builds are rare, so they take turns),
+    and a hidden temp folder beside the output, which exists only while a build runs: the
+    rename needs the same filesystem.
     """
     version_dir = output_path.parent
     root = version_dir.parent.parent
@@ -240,9 +245,25 @@ def _build_places(output_path: Path) -> _BuildPlaces:
         key = f"{version_dir.parent.name}-{version_dir.name}"
         work = root / _BUILD_DIR_NAME
         return _BuildPlaces(work / f"{key}.lock", work, f"{key}.tmp-", 0.0)
-    digest = hashlib.sha256(os.fsencode(output_path)).hexdigest()[:16]
-    lock = user_cache_dir() / SIDECAR_BINARY_NAME / _BUILD_DIR_NAME / f"{digest}.lock"
+    lock = user_cache_dir() / SIDECAR_BINARY_NAME / _BUILD_DIR_NAME / _OUTSIDE_CACHE_LOCK
     return _BuildPlaces(lock, version_dir, f".{output_path.name}.tmp-", _BUILD_TIMEOUT_SECONDS)
+
+
+def _remove_path_digest_locks(build_dir: Path) -> None:
+    """Remove the per-path locks (``<16 hex>.lock``) earlier versions left, each one only while
+    holding it: one a build of an earlier version holds now stays."""
+    for old in build_dir.glob("[0-9a-f]*.lock"):
+        if not _PATH_DIGEST_LOCK.fullmatch(old.name):
+            continue
+        lock = FileLock(old, mode=trust.FILE_MODE)
+        try:
+            lock.acquire(timeout=0)
+        except (Timeout, OSError):
+            continue
+        try:
+            old.unlink(missing_ok=True)
+        finally:
+            lock.release()
 
 
 def _remove_stale_temps(places: _BuildPlaces) -> None:
@@ -400,6 +421,8 @@ def _build_once(
         if not force and _is_executable_file(output_path):
             return False
         _remove_stale_temps(places)
+        if places.lock.name == _OUTSIDE_CACHE_LOCK:
+            _remove_path_digest_locks(places.lock.parent)
         if progress is not None:
             progress(BUILD_PROGRESS_MESSAGE)
         _compile(go, output_path, Path(source_dir), places, progress)

@@ -99,6 +99,15 @@ def identity_of(pid: int) -> ProcessIdentity | None:
     return ProcessIdentity(pid=pid, start_time=start_time, exe=exe)
 
 
+def is_stopped(pid: int) -> bool:
+    """True if the process at ``pid`` is stopped (SIGSTOP, SIGTSTP, a debugger's trace stop):
+    alive, but answering nothing until SIGCONT. Read-only; False when there is no process."""
+    try:
+        return psutil.Process(pid).status() in (psutil.STATUS_STOPPED, psutil.STATUS_TRACING_STOP)
+    except psutil.NoSuchProcess:
+        return False
+
+
 def _same_exe(recorded: str, current: str | None) -> bool:
     if current is None:
         # Unreadable executable: identity cannot be proven, so the answer is "not ours".

@@ -140,13 +140,6 @@ def require_log_dir(log_dir: str, where: str) -> None:
             f"{PROG} {where}: log dir '{log_dir}' does not exist; "
             f"give the --log-dir (or {LOG_DIR_ENV}) the run was started with"
         )
-    # Imported past the cheap answer: a missing log dir (``status`` on a fresh node) is told
-    # without loading the store.
-    from sidecar_fsm.state.store import open_all_hosts
-
-    # The store may name it first (UnusableStateError, exit 2); if it finds nothing, we do.
-    for store in open_all_hosts(log_dir):
-        store.close()
     raise UsageError(
         f"{PROG} {where}: log dir '{log_dir}': '{blocker}' is a file, not a directory; use another --log-dir"
     )

@@ -5,8 +5,9 @@ runs its ``-probe`` mode (``run.probe``) and prints what it reports (``view.prob
 progress on a terminal (stderr, one line rewritten in place, so a probe of 400 s does not look
 hung), then one line per connection, the request's and the verdict, or ``--json``. The verdict
 and the exit code are the probe's own: 0 the sidecar helps or is not needed, 1 it cannot help or
-the upstream could not be probed (one line naming why). ``--header`` values are handed to the
-probe on its stdin and never printed or stored.
+the upstream could not be probed (one line naming why), 3 inconclusive (the path dropped the
+PINGed connection before its first PING; the verdict names an interval to try). ``--header``
+values are handed to the probe on its stdin and never printed or stored.
 """
 
 from __future__ import annotations
@@ -16,16 +17,16 @@ import json
 import os
 import re
 import sys
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from sidecar_fsm.base.buildcache import ensure_binary, user_cache_dir
-from sidecar_fsm.base.urls import normalize_upstream, without_userinfo
 from sidecar_fsm.cli.common import PROG, UsageError, add_command, err, out, seconds_option
-from sidecar_fsm.run.probe import ProbeEnded, ProbeRequest, probe_events
-from sidecar_fsm.view import probe_report
+
+# The URL rules, the build cache (filelock, psutil), the child and the view are imported where
+# used: every command builds this parser, and --help must not pay for them.
+if TYPE_CHECKING:
+    from sidecar_fsm.run.probe import ProbeRequest
 
 DEFAULT_FOR = "400s"  # just past Global Accelerator's 340 s
-DEFAULT_PING_INTERVAL = "60s"  # the sidecar's own default
 _MAX_PING_INTERVAL = 340.0
 # An HTTP field name (RFC 9110 token).
 _HEADER_NAME = re.compile(r"[!#$%&'*+.^_`|~0-9A-Za-z-]+")
@@ -45,15 +46,21 @@ def _headers(values: list[str]) -> list[tuple[str, str]]:
 
 def request_of(args: argparse.Namespace) -> ProbeRequest:
     """The probe asked for, every argument checked (``UsageError``, exit 2)."""
+    from sidecar_fsm.base.urls import normalize_upstream, without_userinfo
+    from sidecar_fsm.run.probe import ProbeRequest
+
     try:
         upstream = normalize_upstream(args.upstream)
     except ValueError as error:
         raise UsageError(f"{PROG} probe: UPSTREAM '{without_userinfo(args.upstream)}' {error}") from None
     for_s = seconds_option("probe", "--for", args.for_, DEFAULT_FOR, go_duration=True)
-    interval = seconds_option(
-        "probe", "--ping-interval", args.ping_interval, DEFAULT_PING_INTERVAL, go_duration=True
+    # Without --ping-interval the probe picks 60s or a quarter of --for, whichever is shorter.
+    interval = (
+        0.0
+        if args.ping_interval is None
+        else seconds_option("probe", "--ping-interval", args.ping_interval, "60s", go_duration=True)
     )
-    if not 0 < interval < _MAX_PING_INTERVAL:
+    if args.ping_interval is not None and not 0 < interval < _MAX_PING_INTERVAL:
         raise UsageError(
             f"{PROG} probe: --ping-interval '{args.ping_interval}' must be above 0 and below 340s; try 60s"
         )
@@ -84,6 +91,10 @@ def request_of(args: argparse.Namespace) -> ProbeRequest:
 
 
 def cmd_probe(args: argparse.Namespace) -> int:
+    from sidecar_fsm.base.buildcache import ensure_binary, user_cache_dir
+    from sidecar_fsm.run.probe import ProbeEnded, probe_events
+    from sidecar_fsm.view import probe_report
+
     request = request_of(args)
     binary = ensure_binary(user_cache_dir(), progress=err)
     progress = sys.stderr.isatty()
@@ -143,8 +154,7 @@ def register(sub: Any) -> None:
     probe.add_argument(
         "--ping-interval",
         metavar="D",
-        default=DEFAULT_PING_INTERVAL,
-        help=f"PING the second connection this often (default {DEFAULT_PING_INTERVAL}, as the sidecar)",
+        help="PING the second connection this often (default 60s, as the sidecar, or a quarter of --for)",
     )
     probe.add_argument("--ca-file", metavar="F", help="extra PEM roots for the upstream (as sidecar.ca_file)")
     probe.add_argument(

@@ -10,19 +10,18 @@ from __future__ import annotations
 import argparse
 import contextlib
 import io
-import os
 import signal
 import threading
 from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
 from sidecar_fsm.cli.common import (
-    LOG_DIR_ENV,
     PROG,
     UsageError,
     add_command,
     log_dir_of,
     out,
+    require_log_dir,
     seconds_option,
     warn_if_untrusted,
 )
@@ -34,6 +33,8 @@ if TYPE_CHECKING:
 # ``--timeout``'s default, as ``state.query`` has it (a test holds the two equal): the parser is
 # built for ``--help`` too, which must not load the query layer (cli/common says why).
 DEFAULT_TIMEOUT_SECONDS = 10.0
+# The views, as ``state.query.VIEWS`` names them (the same test holds the two equal).
+VIEWS = ("run_summary", "instance_summary", "transition_log", "spawn_attempts", "traffic_summary")
 
 
 def cmd_query(args: argparse.Namespace) -> int:
@@ -43,15 +44,7 @@ def cmd_query(args: argparse.Namespace) -> int:
     timeout = seconds_option("query", "--timeout", args.timeout, "10")
     if args.json and args.csv:
         raise UsageError(f"{PROG} query: --json and --csv both given; choose one")
-    if os.path.exists(log_dir) and not os.path.isdir(log_dir):
-        raise UsageError(
-            f"{PROG} query: log dir '{log_dir}' is a file, not a directory; use another --log-dir"
-        )
-    if not os.path.isdir(log_dir):
-        raise LookupError(
-            f"{PROG} query: log dir '{log_dir}' does not exist; "
-            f"give the --log-dir (or {LOG_DIR_ENV}) the runs were started with"
-        )
+    require_log_dir(log_dir, "query")
     warn_if_untrusted(log_dir, "query")
     try:
         with _ctrl_c_cancels() as cancel:
@@ -96,12 +89,14 @@ def _ctrl_c_cancels() -> Iterator[threading.Event]:
 
 
 def _cell(value: Any) -> str:
-    """A value as a table cell: NULL as ``-``, a float to 3 decimals (seconds to the millisecond),
+    """A value as a table cell: NULL as ``-``, a float to 3 decimals (seconds to the millisecond;
+    under one, 3 significant digits),
     a multi-line text's first line and ``...``."""
     if value is None:
         return cells.UNKNOWN
     if isinstance(value, float):
-        return str(round(value, 3))
+        # Under a millisecond, three significant digits: 0.00049 s must not read as 0.0.
+        return f"{value:.3g}" if 0 < abs(value) < 0.001 else str(round(value, 3))
     if isinstance(value, bytes):
         return f"<{len(value)} bytes>"
     text = str(value)
@@ -136,8 +131,8 @@ def register(sub: Any) -> None:
         sub,
         "query",
         cmd_query,
-        "one read-only SELECT over every host's database (views: run_summary, instance_summary, "
-        "transition_log, spawn_attempts; see docs/query.md)",
+        f"one read-only SELECT over every host's database (views: {', '.join(VIEWS)}; "
+        "their columns: SELECT * FROM pragma_table_info('run_summary'))",
         example=(
             'sidecar-fsm query "SELECT upstream, reason, count(*) AS failures FROM instance_summary '
             "WHERE state = 'failed' GROUP BY upstream, reason\""

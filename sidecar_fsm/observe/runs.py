@@ -15,7 +15,15 @@ from dataclasses import dataclass, field
 
 from sidecar_fsm.base import procs
 from sidecar_fsm.base.addresses import listens_clash, split_listen
-from sidecar_fsm.observe.verdicts import OWNER_GONE, Owner, Process, instance_identity, owner_of, process_of
+from sidecar_fsm.observe.verdicts import (
+    OURS,
+    OWNER_GONE,
+    Owner,
+    Process,
+    instance_identity,
+    owner_of,
+    process_of,
+)
 from sidecar_fsm.state.fsm import NON_TERMINAL, TERMINAL
 from sidecar_fsm.state.records import InstanceRecord, RunRecord
 from sidecar_fsm.state.store import Store
@@ -59,7 +67,7 @@ class RunObservation:
         then the unrecorded ones. What ``reap`` ends, and nothing else."""
         ends = list(self.unrecorded.get(inst.id, ()))
         recorded = self.claimed.get(inst.id)
-        if recorded is None and self.processes.get(inst.id) == Process.RUNNING:
+        if recorded is None and self.processes.get(inst.id) in OURS:
             recorded = instance_identity(inst)
         if recorded is not None:
             ends.insert(0, recorded)
@@ -119,7 +127,7 @@ def observe(store: Store, run: RunRecord) -> RunObservation:
             if others:
                 unrecorded[inst_id] = others
             at_pid = [identity for identity in identities if identity.pid == pid]
-            if at_pid and processes.get(inst_id) != Process.RUNNING:
+            if at_pid and processes.get(inst_id) not in OURS:
                 claimed[inst_id] = at_pid[0]
     return RunObservation(
         run, owner, instances, processes, unrecorded, claimed, str(store.path.parent.parent)

@@ -46,6 +46,8 @@ class Process(_Verdict):
     """What runs at an instance's recorded pid now. The values are ``--json``'s ``process``."""
 
     RUNNING = "running"
+    # Ours, but stopped by a signal (SIGSTOP, a debugger): it answers nothing until SIGCONT.
+    STOPPED = "stopped"
     GONE = "gone"
     REUSED = "reused"
     # A process lives at the pid, but the record lacks the start time or executable to prove it
@@ -53,6 +55,9 @@ class Process(_Verdict):
     UNPROVEN = "unproven"
     OTHER_HOST = "other host"
 
+
+# The verdicts of a process proven ours and alive: what a signal may reach and reap ends.
+OURS = frozenset({Process.RUNNING, Process.STOPPED})
 
 # The owners whose run is nobody's until ``reap`` closes it.
 OWNER_GONE = frozenset({Owner.DEAD, Owner.REUSED})
@@ -90,7 +95,8 @@ def process_of(host: str, inst: InstanceRecord) -> Process | None:
     # Without the executable only half the identity is on record: not enough to signal, so
     # not enough to call the process ours either.
     start_time = inst.pid_start_time if inst.binary else None
-    return _PROCESS[procs.pid_status(inst.pid, start_time, inst.binary or None)]
+    process = _PROCESS[procs.pid_status(inst.pid, start_time, inst.binary or None)]
+    return Process.STOPPED if process == Process.RUNNING and procs.is_stopped(inst.pid) else process
 
 
 def instance_identity(inst: InstanceRecord) -> procs.ProcessIdentity | None:
@@ -104,7 +110,7 @@ def instance_identity(inst: InstanceRecord) -> procs.ProcessIdentity | None:
 def metrics_claimed(inst: InstanceRecord, process: Process | None) -> str | None:
     """The metrics address ``inst`` should be serving now: recorded, in a state that serves
     (``SERVING_METRICS``), its recorded process ours and running; else None."""
-    if inst.metrics and inst.state in SERVING_METRICS and process == Process.RUNNING:
+    if inst.metrics and inst.state in SERVING_METRICS and process in OURS:
         return inst.metrics
     return None
 

@@ -61,6 +61,8 @@ class Child:
     # The upstream's route as the proxy's ready file says ("direct", "via egress proxy URL");
     # None before ready and for a binary whose ready file does not say (NeMo Gym's).
     route: str | None = None
+    # Whether the process was stopped (SIGSTOP, a debugger) when last watched: said once each way.
+    stopped: bool = False
 
     @property
     def name(self) -> str:

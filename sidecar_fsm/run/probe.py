@@ -30,7 +30,7 @@ class ProbeRequest:
 
     upstream: str
     for_duration: str
-    ping_interval: str
+    ping_interval: str | None  # None: the probe's default (60s or a quarter of for)
     ca_file: str | None = None
     insecure_skip_verify: bool = False
     request: str | None = None
@@ -38,7 +38,9 @@ class ProbeRequest:
 
     def argv(self, binary: str) -> list[str]:
         argv = [binary, "-probe", "-probe-stdin", "-upstream", self.upstream]
-        argv += ["-for", self.for_duration, "-ping-interval", self.ping_interval]
+        argv += ["-for", self.for_duration]
+        if self.ping_interval:
+            argv += ["-ping-interval", self.ping_interval]
         if self.ca_file:
             argv += ["-ca-file", self.ca_file]
         if self.insecure_skip_verify:

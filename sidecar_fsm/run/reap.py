@@ -79,6 +79,8 @@ class ReapReport:
     runs: list[RunReap]
     # Database temp files a launcher SIGKILLed while creating the database left (``tempfiles``).
     temp_files: list[str] = field(default_factory=list)
+    # False when this host has no run on record at all (no database, or an empty one).
+    any_recorded: bool = True
 
 
 def _reason(run: RunRecord, owner: Owner) -> str:
@@ -202,7 +204,7 @@ def reap(store: Store, *, dry_run: bool = False) -> ReapReport:
     """
     # 0o644, not 0o666 minus the umask: nothing in the log dir is writable by others.
     with FileLock(str(reap_lock_path(store)), mode=0o644):
-        report = ReapReport(dry_run=dry_run, runs=[])
+        report = ReapReport(dry_run=dry_run, runs=[], any_recorded=bool(store.list_runs()))
         for run in store.list_runs("live"):
             observed = observe(store, run)
             if observed.owner_gone:
@@ -223,7 +225,9 @@ def reap_here(log_dir: str, *, dry_run: bool = False) -> ReapReport:
     else:
         temps = tempfiles.remove_abandoned_temp_files(log_dir, host)
     if not database_path(log_dir, host).exists():
-        return ReapReport(dry_run=dry_run, runs=[], temp_files=[str(path) for path in temps])
+        return ReapReport(
+            dry_run=dry_run, runs=[], temp_files=[str(path) for path in temps], any_recorded=False
+        )
     store = Store.open(log_dir)
     try:
         report = reap(store, dry_run=dry_run)

@@ -3,7 +3,8 @@
 Owns ``failures`` (the ``NodeSidecars.failures()`` of ``supervise``): a ``ready`` child whose
 process exited is respawned on the address it had bound (``start.launch``, awaited with
 ``start.await_ready``) while ``restart.max_restarts`` allows, else failed; each restart is
-said in one line through ``run.notify`` (the launcher prints it). When a transition
+said in one line through ``run.notify`` (the launcher prints it), as is a child stopped by a
+signal (SIGSTOP) and one that runs again. When a transition
 cannot be recorded it gives up recording and stops the run (``stop.stop``): a sidecar the record
 does not show could outlive us with nothing left to reap it. Never sets a state (it fires
 ``restart`` and ``fail``); every fire and spawn is followed by ``crashpoints.hit``.
@@ -14,6 +15,7 @@ from __future__ import annotations
 import contextlib
 import time
 
+from sidecar_fsm.base import procs
 from sidecar_fsm.base.exitstatus import ended_words, exit_cell
 from sidecar_fsm.errors import SidecarError
 from sidecar_fsm.run import crashpoints, traffic
@@ -54,6 +56,8 @@ def _failures(run: SidecarRun) -> list[str]:
             code = child.process.poll()
             if code is not None:
                 dead.append((child, code))
+            else:
+                _note_stopped(run, child, child.process.pid)
     policy = run.config.restart
     to_restart: list[tuple[Child, int]] = []
     for child, code in dead:
@@ -65,6 +69,20 @@ def _failures(run: SidecarRun) -> list[str]:
     if to_restart:
         _restart(run, to_restart)
     return [child.error for child in run.children if child.state == "failed" and child.error]
+
+
+def _note_stopped(run: SidecarRun, child: Child, pid: int) -> None:
+    """Say once that ``child``'s process is stopped, and once that it runs again: a stopped proxy
+    is alive (nothing to restart) but answers nobody, which its exit code would never tell."""
+    stopped = procs.is_stopped(pid)
+    if stopped != child.stopped:
+        child.stopped = stopped
+        run.notify(
+            f"{run.host}: {child.name} (pid {pid}) is stopped (SIGSTOP, a debugger): it answers nothing "
+            f"until kill -CONT {pid}"
+            if stopped
+            else f"{run.host}: {child.name} (pid {pid}) runs again"
+        )
 
 
 def _restart(run: SidecarRun, dead: list[tuple[Child, int]]) -> None:

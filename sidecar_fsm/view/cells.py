@@ -46,7 +46,8 @@ OWNER_STYLES = {"alive": "green", "dead": "red", "reused": "red", "unproven": "y
 
 
 def format_age(seconds: float | None) -> str:
-    """A short, coarse duration: ``41s``, ``3m12s``, ``2h05m``, ``3d04h``; ``-`` when unknown.
+    """A short, coarse duration: ``41s``, ``3m12s``, ``2h05m``, ``3d04h``, ``7d`` (a zero second
+    part is dropped); ``-`` when unknown.
 
     Clock steps can make a stored time lie in the future; that reads as ``0s``, not a negative.
     """
@@ -55,11 +56,11 @@ def format_age(seconds: float | None) -> str:
     s = max(0, int(seconds))
     if s < 60:
         return f"{s}s"
-    if s < 3600:
-        return f"{s // 60}m{s % 60:02d}s"
-    if s < 86400:
-        return f"{s // 3600}h{s % 3600 // 60:02d}m"
-    return f"{s // 86400}d{s % 86400 // 3600:02d}h"
+    unit, first, second, rest = (
+        (60, "m", "s", 1) if s < 3600 else (3600, "h", "m", 60) if s < 86400 else (86400, "d", "h", 3600)
+    )
+    part = s % unit // rest
+    return f"{s // unit}{first}" + (f"{part:02d}{second}" if part else "")
 
 
 def format_elapsed(seconds: float) -> str:

@@ -20,6 +20,10 @@ def _seconds(value: object) -> str:
     return f"{float(value):.1f}s" if isinstance(value, (int, float)) else "-"
 
 
+def _pings(count: object) -> str:
+    return f"{count} PING" if count == 1 else f"{count} PINGs"
+
+
 def start_line(event: Mapping[str, Any]) -> str:
     """What is probed, by which route, for how long."""
     request = f"; GET {event['request']} on the PINGed one" if event.get("request") else ""
@@ -38,7 +42,7 @@ def _connection(name: str, conn: Mapping[str, Any], elapsed: object) -> str:
     if "pings" in conn:
         rtt = conn.get("ping_rtt_seconds")
         last = f" (last round trip {float(rtt) * 1000:.1f} ms)" if isinstance(rtt, (int, float)) else ""
-        state += f"; {conn.get('pings')} PINGs sent, {conn.get('acks')} answered{last}"
+        state += f"; {_pings(conn.get('pings'))} sent, {conn.get('acks')} answered{last}"
     return f"{name:<8}{state}"
 
 
@@ -50,10 +54,8 @@ def _request(request: Mapping[str, Any]) -> str:
         status = f"status {request['status']}, then " if request.get("status") else ""
         return head + f"{status}failed after {_seconds(request.get('after_s'))}: {request['error']}"
     answer = head + f"status {request.get('status')} after {_seconds(request.get('after_s'))}"
-    if request.get("nvcf_reqid"):  # the proxy names it; not the answer, which a client must poll for
-        answer += (
-            f" with NVCF-REQID {request['nvcf_reqid']}: NVCF's poll window passed (the sidecar follows it)"
-        )
+    if request.get("nvcf_pending"):  # not the answer, which a client must poll for
+        answer += " with NVCF-REQID: NVCF's poll window passed (the sidecar follows it)"
     return answer
 
 
@@ -66,7 +68,7 @@ def progress_line(event: Mapping[str, Any]) -> str:
         + ("open" if silent.get("open") else f"closed after {_seconds(silent.get('closed_after_s'))}"),
         "pinged "
         + ("open" if pinged.get("open") else f"closed after {_seconds(pinged.get('closed_after_s'))}")
-        + f" ({pinged.get('pings', 0)} PINGs, {pinged.get('acks', 0)} answered)",
+        + f" ({_pings(pinged.get('pings', 0))}, {pinged.get('acks', 0)} answered)",
     ]
     request = event.get("request")
     if isinstance(request, Mapping):

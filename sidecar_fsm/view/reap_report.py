@@ -25,6 +25,8 @@ def reap_lines(report: ReapReport, *, color: bool = False) -> list[str]:
         for path in report.temp_files
     ]
     if not report.runs:
+        if not report.any_recorded:
+            return [*temps, "nothing to reap: no run is recorded on this host"]
         return [*temps, "nothing to reap: every recorded run has a live owner or is already closed"]
     lines: list[str] = list(temps)
     verb = "would reap" if report.dry_run else "reaped"

@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING
 from sidecar_fsm.base.resources import command_hint
 from sidecar_fsm.observe import runs
 from sidecar_fsm.observe.runs import RunObservation, ended_with_owner
-from sidecar_fsm.observe.verdicts import OWNER_GONE, Owner, Process, metrics_claimed, metrics_proven
+from sidecar_fsm.observe.verdicts import OURS, OWNER_GONE, Owner, Process, metrics_claimed, metrics_proven
 from sidecar_fsm.state.fsm import TERMINAL
 from sidecar_fsm.view.live import Scrape, scrape_all
 
@@ -48,7 +48,7 @@ def process_alive(process: str | None) -> bool | None:
     """The ``"alive"`` of ``--json``: True when our process runs, False when it is gone or its
     pid reused, None when there is no process or it cannot be judged here (unproven, another
     host)."""
-    if process == Process.RUNNING:
+    if process in OURS:
         return True
     if process in (Process.GONE, Process.REUSED):
         return False
@@ -73,6 +73,8 @@ def process_note(status: RunStatus, inst: InstanceRecord) -> str | None:
         what = f"recorded {inst.state} but pid {inst.pid} now belongs to another process"
     elif process == Process.UNPROVEN:
         what = f"pid {inst.pid} cannot be proven ours ({_UNPROVEN_WHY}); nothing signals it"
+    elif process == Process.STOPPED:
+        return f"pid {inst.pid} stopped (SIGSTOP, a debugger): it answers nothing; kill -CONT {inst.pid}"
     else:
         return None
     if ended_with_owner(status):
@@ -114,7 +116,7 @@ def needs_attention(status: RunStatus) -> str | None:
     if status.run.ended_at is not None or ended_with_owner(status):
         return None
     if status.owner in OWNER_GONE:
-        running = [inst.name for inst in status.instances if status.process_of(inst) == Process.RUNNING]
+        running = [inst.name for inst in status.instances if status.process_of(inst) in OURS]
         if running:
             return f"owner gone with sidecars still running ({', '.join(running)}); {reap_hint(status)}"
         return f"owner gone; {reap_hint(status)}"
@@ -126,6 +128,8 @@ def needs_attention(status: RunStatus) -> str | None:
             return f"{inst.name} is not running (pid {inst.pid} {process})"
         if process == Process.UNPROVEN:
             return f"{inst.name}: pid {inst.pid} cannot be proven ours ({_UNPROVEN_WHY})"
+        if process == Process.STOPPED:
+            return f"{inst.name} is stopped (pid {inst.pid}: SIGSTOP, a debugger); it answers nothing"
         scrape = status.live_of(inst)
         if scrape is None:
             continue
@@ -177,11 +181,15 @@ def with_live(statuses: Sequence[RunStatus]) -> list[RunStatus]:
 def runs_to_show(
     runs: Sequence[tuple[Store, RunRecord]], *, everything: bool
 ) -> list[tuple[Store, RunRecord]]:
-    """Newest first: every run with ``everything``, else the live ones and the latest ended one
-    (what an operator asks first: what runs, and how did the last one end)."""
+    """Newest first: every run with ``everything``, else the live ones and the one that ended
+    last (what an operator asks first: what runs, and how did the last one end). Last to end,
+    not last to start: a start refused on a busy port ends at once, and must not hide the run
+    that held the port and failed after it."""
     ordered = sorted(runs, key=lambda pair: pair[1].started_at, reverse=True)
     if everything:
         return ordered
     live = [pair for pair in ordered if pair[1].ended_at is None]
-    ended = [pair for pair in ordered if pair[1].ended_at is not None]
-    return live + ended[:1]
+    ended = sorted(
+        (pair for pair in ordered if pair[1].ended_at is not None), key=lambda pair: pair[1].ended_at or 0.0
+    )
+    return live + ended[-1:]

@@ -2,8 +2,8 @@
 
 Owns reading a run's traffic figures from the database (``traffic_summary``'s rows, the one sum
 of each figure, docs/query.md) and their words and JSON: one line per instance in ``history``
-(requests, 502s by kind, TTFB p50/p99, duration p99/max) and a run's requests and 502s (its
-instances' rows added up) in ``status --all``. Read-only: the figures are as the last import
+(requests, 502s, TTFB p50/p99, duration p99/max, upstream failures by kind) and a run's requests
+and 502s (its instances' rows added up) in ``status --all``. Read-only: the figures are as the last import
 left them (``run.traffic``: the supervise loop, ``check()``, stop, a restart, reap), since a read
 command never writes, so a live run's line says when its figures were taken.
 """
@@ -50,18 +50,21 @@ def _seconds(value: float | None) -> str:
 
 
 def traffic_line(name: str, figures: InstanceTraffic | None) -> str:
-    """``traffic policy: 10 requests, 2 502s (ping_timeout 1, reset 1), ttfb p50 50ms p99 1s,
-    duration p99 10s max 12.8s, final``; ``none recorded`` for an instance without figures."""
+    """``traffic policy: 10 requests, 2 502s, ttfb p50 50ms p99 1s, duration p99 10s max 12.8s,
+    upstream failures dial 1 (per connection, the start's check included), final``; ``none
+    recorded`` for an instance without figures. Upstream failures are counted per connection,
+    not per request, so they are said apart from the 502s. No percentile reads above the maximum
+    (the view caps them)."""
     if figures is None:
         return f"traffic {name}: none recorded"
     kinds = ", ".join(f"{kind} {count}" for kind, count in _errors(figures).items() if count)
-    bad = f"{figures['responses_502']} 502s" + (f" ({kinds})" if kinds else "")
+    failures = f", upstream failures {kinds} (per connection, the start's check included)" if kinds else ""
     when = "final" if figures["final"] else f"as of {figures['as_of']}"
     return (
-        f"traffic {name}: {figures['requests']} requests, {bad}, "
+        f"traffic {name}: {figures['requests']} requests, {figures['responses_502']} 502s, "
         f"ttfb p50 {_seconds(figures['ttfb_p50_s'])} p99 {_seconds(figures['ttfb_p99_s'])}, "
         f"duration p99 {_seconds(figures['duration_p99_s'])} "
-        f"max {_seconds(figures['duration_max_s'])}, {when}"
+        f"max {_seconds(figures['duration_max_s'])}{failures}, {when}"
     )
 
 

@@ -350,6 +350,26 @@ def test_sigterm_while_starting_stops_what_was_started_with_sigint_ignored(
     assert [(inst["state"], inst["alive"]) for inst in run["instances"]] == [("stopped", None)], run
 
 
+def test_a_stopped_sidecar_is_said_on_starts_console_and_again_when_it_runs(
+    log_dir: Path, start_file: StartFile, launch_start: LaunchStart
+) -> None:
+    start = launch_start(start_file())
+    start.wait_for("supervising;", 60)
+    (run,) = json.loads(sidecar_cli(log_dir, "status", "--json").stdout)["runs"]
+    pid = run["instances"][0]["pid"]
+    os.kill(pid, signal.SIGSTOP)
+    try:
+        said = start.wait_for("is stopped", 30)
+    finally:
+        os.kill(pid, signal.SIGCONT)
+    line = (
+        f"h2-ping-sidecar {host_name()}: policy (pid {pid}) is stopped (SIGSTOP, a debugger): "
+        f"it answers nothing until kill -CONT {pid}"
+    )
+    assert line in said.splitlines(), said
+    assert f"policy (pid {pid}) runs again" in start.wait_for("runs again", 30)
+
+
 # -- a restart is said on start's console; a signal reads by its name everywhere --------------------
 
 

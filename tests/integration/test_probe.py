@@ -90,6 +90,38 @@ def test_an_idle_dropping_path_drops_the_silent_connection_and_keeps_the_pinged_
     assert relay.drops >= 1
 
 
+def test_a_drop_before_the_first_ping_names_the_limit_and_an_interval_to_try_exit_3(
+    tls_origin: TlsH2Origin, idle_relay: Callable[..., IdleRelay], log_dir: Path, probe_env: dict[str, str]
+) -> None:
+    # The relay drops at 1.5 s, before the first PING at 2.5 s: nothing is known about PINGs.
+    relay = idle_relay(tls_origin, idle=1.5)
+    upstream = f"https://localhost:{relay.port}"
+    done = probe(
+        log_dir, probe_env, upstream, "--for", "4s", "--ping-interval", "2.5s", ca_file=tls_origin.ca_file
+    )
+    assert done.returncode == 3, done.stdout + done.stderr
+    assert matches(
+        rf"pinged  closed after {AT_1_5}s: EOF \(closed without GOAWAY\); 0 PINGs sent, 0 answered",
+        line_of(done.stdout, "pinged "),
+    )
+    assert matches(
+        rf"verdict: the path dropped the PINGed connection after ~{AT_1_5}s, before its first PING "
+        rf"\(every 2\.5s\): inconclusive; a ping_interval under ~{AT_1_5}s should keep it open: "
+        r"try --ping-interval (0\.[7-9]|1(\.[0-2])?)s",
+        line_of(done.stdout, "verdict: "),
+    )
+    assert "cannot help" not in done.stdout
+
+
+def test_a_short_for_pings_a_quarter_of_it_by_default(
+    tls_origin: TlsH2Origin, log_dir: Path, probe_env: dict[str, str]
+) -> None:
+    done = probe(log_dir, probe_env, tls_origin.url, "--for", "2s", ca_file=tls_origin.ca_file)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert line_of(done.stdout, "probing ").endswith("one silent, one PINGed every 0.5s")
+    assert re.search(r"; [2-4] PINGs sent, [2-4] answered", line_of(done.stdout, "pinged ")), done.stdout
+
+
 def test_a_clean_path_keeps_both_open_and_says_the_sidecar_is_not_needed_in_json(
     tls_origin: TlsH2Origin, log_dir: Path, probe_env: dict[str, str]
 ) -> None:
@@ -128,7 +160,7 @@ def test_a_goaway_answering_the_ping_is_named_with_the_remedy(
     done = probe(log_dir, probe_env, origin.url, *SHORT, ca_file=origin.ca_file)
     assert done.returncode == 1, done.stdout + done.stderr
     assert matches(
-        rf"pinged  closed after {AT_0_5}s: GOAWAY ENHANCE_YOUR_CALM; 1 PINGs sent, 0 answered",
+        rf"pinged  closed after {AT_0_5}s: GOAWAY ENHANCE_YOUR_CALM; 1 PING sent, 0 answered",
         line_of(done.stdout, "pinged "),
     )
     assert matches(

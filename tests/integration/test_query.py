@@ -194,6 +194,15 @@ def test_table_and_csv_show_the_same_rows(cluster: Path) -> None:
     assert len(parsed) == 1 + 8
 
 
+def test_a_table_keeps_a_sub_millisecond_figure(cluster: Path) -> None:
+    # A 0.49-ms maximum read 0.0 when every float was rounded to 3 decimals.
+    table = sfsm(
+        cluster, "query", "SELECT 0.00049 AS small, 1.23456 AS seconds, 0.0 AS zero", "--host", "node-a"
+    )
+    assert table.returncode == 0, table.stderr
+    assert table.stdout.splitlines()[-1].split() == ["0.00049", "1.235", "0.0"]
+
+
 # -- nothing is ever written -------------------------------------------------------------------
 
 

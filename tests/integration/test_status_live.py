@@ -173,6 +173,7 @@ def test_a_stopped_sidecar_reads_no_answer_needs_attention_and_status_still_show
                 "problem": live.NO_ANSWER,
             }
             assert instances["judge"]["alive"] is True  # stopped is not dead: the process is ours
+            assert (instances["judge"]["process"], instances["policy"]["process"]) == ("stopped", "running")
             assert instances["policy"]["live"]["answered"] is True
             # In process, to time it: the deadline holds, the command does not wait for the judge.
             capsys.readouterr()
@@ -183,7 +184,10 @@ def test_a_stopped_sidecar_reads_no_answer_needs_attention_and_status_still_show
             table = capsys.readouterr().out
             assert cli.main(["status", "--json", "--log-dir", str(log_dir)]) == 3
             (run,) = json.loads(capsys.readouterr().out)["runs"]
-            assert run["attention"] == f"judge: /metrics at {instances['judge']['metrics']}: no answer"
+            assert (
+                run["attention"]
+                == f"judge is stopped (pid {judge_pid}: SIGSTOP, a debugger); it answers nothing"
+            )
             assert database_files(log_dir) == written  # reading wrote nothing
         finally:
             os.kill(judge_pid, signal.SIGCONT)
@@ -194,7 +198,8 @@ def test_a_stopped_sidecar_reads_no_answer_needs_attention_and_status_still_show
     header = rows["NAME"]
     assert "IN FLIGHT" in header and "PINGS SENT/ACKED" in header
     assert rows["judge"][header.index("IN FLIGHT") :].startswith("no answer")
-    assert rows["judge"].endswith(f"/metrics at {instances['judge']['metrics']}: no answer")
+    stopped = f"pid {judge_pid} stopped (SIGSTOP, a debugger): it answers nothing; kill -CONT {judge_pid}; "
+    assert rows["judge"].endswith(stopped + f"/metrics at {instances['judge']['metrics']}: no answer"), rows
     policy_live = rows["policy"][header.index("IN FLIGHT") :].split()
     assert policy_live[:2] == ["0", "-"] and policy_live[3] == "up"
 

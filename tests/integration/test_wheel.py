@@ -26,13 +26,34 @@ REPO = Path(__file__).resolve().parents[2]
 def test_the_wheel_is_for_this_platform_and_carries_an_executable_proxy_of_these_sources(
     tmp_path: Path,
 ) -> None:
+    # A fresh HOME: the build must leave nothing in it (Go's ~110 MB of caches, its telemetry).
+    home = tmp_path / "home"
+    home.mkdir()
+    env = {key: value for key, value in os.environ.items() if not key.startswith(("XDG_", "GO"))}
+    # A rustup on PATH writes ~/.rustup when anything asks it for rustc: the machine's, not ours.
+    path = [entry for entry in env["PATH"].split(os.pathsep) if not (Path(entry) / "rustup").exists()]
+    env["PATH"] = os.pathsep.join(path)
     done = subprocess.run(
-        [sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "-w", str(tmp_path / "dist"), str(REPO)],
+        [
+            sys.executable,
+            "-m",
+            "pip",
+            "wheel",
+            "-q",
+            "--no-cache-dir",
+            "--no-deps",
+            "-w",
+            str(tmp_path / "dist"),
+        ]
+        + [str(REPO)],
         capture_output=True,
         text=True,
         timeout=900,
+        env={**env, "HOME": str(home)},
+        start_new_session=True,  # no terminal: the hook's progress goes to pip's log
     )
     assert done.returncode == 0, done.stderr
+    assert sorted(str(path.relative_to(home)) for path in home.rglob("*")) == []
     (wheel,) = (tmp_path / "dist").glob("sidecar_fsm-*.whl")
     _, _, _, tags = parse_wheel_filename(wheel.name)
     assert all(tag.abi == "none" and tag.platform != "any" for tag in tags), wheel.name

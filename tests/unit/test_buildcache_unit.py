@@ -317,6 +317,20 @@ def test_build_sidecar_keeps_an_existing_binary_unless_forced(
     assert len([call for call in _calls(fake_go) if call.startswith("build")]) == 2
 
 
+def test_builds_to_many_paths_outside_the_cache_share_one_lock_and_old_per_path_ones_go(
+    tmp_path: Path, fake_go: Path, src: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Gym's build_sidecar(path) with a new temp path per job left a lock file per path, forever.
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
+    build_dir = tmp_path / "xdg" / "sidecar-fsm" / "h2-ping-sidecar" / ".build"
+    build_dir.mkdir(parents=True)
+    (build_dir / "0123456789abcdef.lock").write_text("")  # an earlier version's, not held
+    (build_dir / "3-go1.99.0.lock").write_text("")  # not of that shape: left alone
+    for job in range(3):
+        buildcache.build_sidecar(tmp_path / f"job-{job}" / "h2-ping-sidecar", src)
+    assert sorted(p.name for p in build_dir.iterdir()) == ["3-go1.99.0.lock", "outside-cache.lock"]
+
+
 def test_without_go_the_newest_prebuilt_for_these_sources_is_used(
     tmp_path: Path, no_go: None, src: Path
 ) -> None:

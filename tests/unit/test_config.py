@@ -581,15 +581,16 @@ def test_an_instance_nvcf_block_overrides_only_the_keys_it_sets() -> None:
     assert (judge.follow, judge.poll_window, judge.budget, judge.status_url) == (True, "30s", "31m40s", None)
 
 
-def test_instances_required_when_enabled_shows_a_yaml_example() -> None:
-    first, *example = refusal({"enabled": True}).splitlines()
-    assert first == (
+def test_instances_required_when_enabled_shows_a_yaml_example_in_one_line() -> None:
+    (line,) = refusal({"enabled": True}).splitlines()
+    head = (
         "sidecar.instances is required when sidecar.enabled is true; "
-        "add one instance per upstream, for example:"
+        "add one instance per upstream, for example "
     )
-    # the lines after the first are a working block
-    shown = yaml.safe_load("\n".join(example))
-    assert load(shown[SIDECAR_KEY]).instances == [SidecarInstanceConfig(upstream=UP)]
+    assert line.startswith(head), line
+    # what follows is a working block, in YAML
+    shown = yaml.safe_load(line.removeprefix(head))
+    assert load({"enabled": True, **shown}).instances == [SidecarInstanceConfig(upstream=UP)]
 
 
 def test_several_problems_are_all_reported_first_on_line_one() -> None:

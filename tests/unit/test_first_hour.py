@@ -72,7 +72,39 @@ def test_reap_and_prune_on_an_unusable_log_dir_exit_2_in_one_line(
     out, err = capsys.readouterr()
     assert out == ""
     assert err.count("\n") == 1 and named in err, err
+    assert err.startswith(f"sidecar-fsm {command[0]}: "), err  # the command first, not a path
     assert sorted(os.listdir(tmp_path)) == before
+
+
+@pytest.mark.parametrize(
+    "command", [["status"], ["query", "SELECT 1"], ["history", "x"], ["reap"]], ids=" ".join
+)
+def test_a_log_dir_through_a_file_is_exit_2_naming_the_command_and_the_file(
+    command: list[str], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    (tmp_path / "afile").write_text("")
+    assert main(["--log-dir", str(tmp_path / "afile" / "sub"), *command]) == 2
+    out, err = capsys.readouterr()
+    assert err == (
+        f"sidecar-fsm {command[0]}: log dir '{tmp_path}/afile/sub': '{tmp_path}/afile' is a file, "
+        "not a directory; use another --log-dir\n"
+    )
+
+
+def test_reap_on_an_empty_log_dir_says_no_run_is_recorded(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert main(["--log-dir", str(tmp_path), "reap"]) == 0
+    assert capsys.readouterr().out == "nothing to reap: no run is recorded on this host\n"
+
+
+def test_query_help_lists_every_view_and_points_at_nothing_the_wheel_lacks(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    with pytest.raises(SystemExit):
+        main(["query", "--help"])
+    shown = " ".join(capsys.readouterr().out.split())
+    assert f"(views: {', '.join(query.VIEWS)};" in shown and "docs/" not in shown, shown
 
 
 # -- prune's age needs a unit ---------------------------------------------------------------------
@@ -152,6 +184,20 @@ def test_sqlite_master_lists_the_views_and_they_still_read_every_host(
     assert [(row["type"], row["name"]) for row in listed] == [("view", view) for view in query.VIEWS]
     result = query.run_query(tmp_path, "SELECT host, run_id FROM run_summary ORDER BY host")
     assert result.rows == [("node-a", "run-node-a"), ("node-b", "run-node-b")]
+
+
+def test_status_shows_the_run_that_ended_last_not_the_one_started_last(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # A serves; a second start (B) fails on A's busy port and ends at once; then A's proxy dies
+    # and A fails: the run an operator asks about is A, which ended last.
+    with Store.open(tmp_path, host="node-a") as store:
+        store.create_run("run-served", owner_pid=os.getpid(), owner_start_time=None, config_summary={})
+        store.create_run("run-busy-port", owner_pid=os.getpid(), owner_start_time=None, config_summary={})
+        store.end_run("run-busy-port", "failed")
+        store.end_run("run-served", "failed")
+    assert main(["--log-dir", str(tmp_path), "status", "--json"]) == 0
+    assert [run["run_id"] for run in json.loads(capsys.readouterr().out)["runs"]] == ["run-served"]
 
 
 # -- the global --json help names every command that takes it --------------------------------------

@@ -306,7 +306,11 @@ def test_a_restart_adds_both_processes_figures(store: Store, tmp_path: Path) -> 
         ([0, 0, 0, 0, 0, 0, 0, 99, 1], 4000.0, (3600.0, 3600.0, 3600.0)),
         ([0, 0, 0, 0, 0, 0, 0, 98, 2], 4000.0, (3600.0, 3600.0, 4000.0)),  # the +Inf bucket: the max
         # 7 requests: nearest rank 4, 7 and 7 (ceil(0.9 * 7) = 7).
-        ([1, 1, 1, 1, 1, 1, 1, 0, 0], 90.0, (0.1, 100.0, 100.0)),
+        ([1, 1, 1, 1, 1, 1, 1, 0, 0], 100.0, (0.1, 100.0, 100.0)),
+        # A bound above the exact maximum is never shown: the slowest of five requests in
+        # (10, 100] took 15 s, so no percentile reads 100 s.
+        ([0, 0, 0, 0, 0, 0, 5, 0, 0], 15.0, (15.0, 15.0, 15.0)),
+        ([1, 1, 1, 1, 1, 1, 1, 0, 0], 90.0, (0.1, 90.0, 90.0)),
         ([0] * 9, 0.0, (None, None, None)),  # nothing finished
     ],
 )
@@ -466,8 +470,8 @@ def test_history_ends_with_a_traffic_line_per_instance_and_status_all_sums_each_
     rows = [("policy", TransitionRecord(1, 1, "configured", "building", "build", NOW, None))]
     lines = render.history_lines(status.run, rows, status=status, traffic={"policy": policy})
     assert lines[-2:] == [
-        "traffic policy: 600 requests, 3 502s (ping_timeout 2, reset 1), ttfb p50 50ms p99 296s, "
-        "duration p99 514s max 854s, final",
+        "traffic policy: 600 requests, 3 502s, ttfb p50 50ms p99 296s, duration p99 514s max 854s, "
+        "upstream failures ping_timeout 2, reset 1 (per connection, the start's check included), final",
         "traffic judge: none recorded",
     ]
     live = shown_row(1, 0, dict.fromkeys(errors, 0), (None, None, None, 0.0), final=0, processes=1)

@@ -39,6 +39,10 @@ FAMILIES = {
     "h2ping_time_to_first_byte_seconds": "histogram",
     "h2ping_request_duration_max_seconds": "gauge",
     "h2ping_build_info": "gauge",
+    # NVCF's 202s followed to the answer (issue 36).
+    "h2ping_nvcf_pending": "counter",
+    "h2ping_nvcf_polls": "counter",
+    "h2ping_nvcf_outcomes": "counter",
     # The Prometheus Go client's names, so dashboards built for any Go service work.
     "process_cpu_seconds": "counter",
     "process_resident_memory_bytes": "gauge",

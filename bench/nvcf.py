@@ -14,7 +14,14 @@ having it (median, p99). A fresh origin and proxy per side; the sides run one af
 Must not touch go/ (the binary comes from the build cache) or bind anything but loopback, and
 ends every child in a finally. Writes the report to bench/results/nvcf.md.
 
-Run: .venv/bin/python bench/nvcf.py [--n 1000] [--binary PATH]   (about 1.5 minutes)
+Run: .venv/bin/python bench/nvcf.py [--n 1000] [--binary PATH] [--profiles DIR]   (about 1.5 minutes)
+
+``--profiles DIR`` (a folder outside the repo) runs the proxy with ``-pprof`` and saves, per side,
+its heap profile of live objects, goroutine profile and the heap's text form (whose MemStats
+name the goroutine stacks, which a heap profile does not count) once every request is in flight
+and none is answered yet, the peak: compare with ``go tool pprof -top -diff_base``. It also
+prints each side's live heap then and keeps the proxy's log (run with GODEBUG=gctrace=1 for the
+heap at every GC). The forced GC moves the peak, so such a run does not write the report.
 """
 
 from __future__ import annotations
@@ -24,9 +31,12 @@ import asyncio
 import contextlib
 import hashlib
 import json
+import re
+import shutil
 import sys
 import tempfile
 import time
+import urllib.request
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -104,29 +114,63 @@ async def one(addr: str, i: int, work: float, received: Received, connects: asyn
             await writer.wait_closed()
 
 
-async def drive(addr: str, n: int) -> Received:
+# When --profiles are taken: every request is in flight by then (connecting 1,000 takes well
+# under a second) and the first answer (work 5 s) is not yet out: the proxy's peak.
+PROFILE_AT = 4.0
+
+
+def save_profiles(metrics: str, folder: Path, side: str) -> None:
+    """The proxy's heap (live objects: a GC first), goroutines and heap text into ``folder``."""
+    for name, query, suffix in (
+        ("heap", "gc=1", "pb.gz"),
+        ("goroutine", "", "pb.gz"),
+        ("heap", "gc=1&debug=1", "txt"),
+    ):
+        url = f"http://{metrics}/debug/pprof/{name}?{query}"
+        with urllib.request.urlopen(url, timeout=30) as response:
+            (folder / f"{side}-{name}.{suffix}").write_bytes(response.read())
+
+
+async def drive(addr: str, n: int, profile: tuple[str, Path, str] | None = None) -> Received:
     """Every request at once; a failed one is simply missing from the answer."""
     received: Received = {}
     connects = asyncio.Semaphore(256)
+
+    async def profiles() -> None:
+        if profile is not None:
+            await asyncio.sleep(PROFILE_AT)
+            await asyncio.to_thread(save_profiles, *profile)
+
     await asyncio.gather(
-        *(one(addr, i, work, received, connects) for i, work in enumerate(works(n))), return_exceptions=True
+        profiles(),
+        *(one(addr, i, work, received, connects) for i, work in enumerate(works(n))),
+        return_exceptions=True,
     )
     return received
 
 
-def run_side(name: str, window: str, n: int, binary: Path, work_dir: Path) -> Side:
+def run_side(
+    name: str, window: str, n: int, binary: Path, work_dir: Path, profiles: Path | None = None
+) -> Side:
     side = Side(name)
     certs = make_ca_and_cert(work_dir / f"{name}-ca")
     lab = NvcfLab(window=60.0, token=TOKEN)
     with Children() as kids, TlsH2Origin(certs, nvcf=lab, max_concurrent_streams=4 * n) as origin:
         sidecar = start_sidecar(
             kids, binary, work_dir, f"localhost:{origin.port}", str(certs.ca_pem),
-            "-nvcf-poll-window", window, name=name,
+            "-nvcf-poll-window", window,
+            *(("-metrics-listen", "127.0.0.1:0", "-pprof") if profiles else ()), name=name,
         )  # fmt: skip
+        profile = None
+        if profiles:
+            metrics = json.loads((work_dir / f"{name}.ready").read_text())["metrics"]
+            profile = (metrics, profiles, name)
         begin = time.monotonic()
-        received = asyncio.run(drive(sidecar.listen, n))
+        received = asyncio.run(drive(sidecar.listen, n, profile))
         side.seconds = time.monotonic() - begin
         side.peak_rss_mib = mem_kib(sidecar.proc.pid, "VmHWM") / 1024
+    if profiles:
+        shutil.copy(work_dir / f"{name}.log", profiles / f"{name}.log")
     polls_window = float(window.removesuffix("s"))
     for i, work in enumerate(works(n)):
         sha = hashlib.sha256(body_of(i)).hexdigest()
@@ -150,7 +194,18 @@ def run_side(name: str, window: str, n: int, binary: Path, work_dir: Path) -> Si
     return side
 
 
-def report(n: int, sides: Sequence[Side]) -> tuple[str, bool]:
+def live_heaps(profiles: Path, sides: Sequence[Side]) -> str:
+    """Each side's live heap (HeapAlloc after the GC the profile forced) at the peak."""
+    mib = {}
+    for s in sides:
+        found = re.search(r"^# HeapAlloc = (\d+)$", (profiles / f"{s.name}-heap.txt").read_text(), re.M)
+        mib[s.name] = int(found.group(1)) / 2**20 if found else float("nan")
+    held, followed = (mib[s.name] for s in sides)
+    shown = ", ".join(f"{name} {value:.1f} MiB" for name, value in mib.items())
+    return f"live heap at {PROFILE_AT:g} s (after a GC): {shown} ({followed / held:.3f}x)"
+
+
+def report(n: int, sides: Sequence[Side], write: bool = True) -> tuple[str, bool]:
     held, followed = sides
     rss_ratio = followed.peak_rss_mib / held.peak_rss_mib
     delay_gap = followed.delay(0.5) - held.delay(0.5)
@@ -188,8 +243,9 @@ def report(n: int, sides: Sequence[Side]) -> tuple[str, bool]:
         f"{time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}.\n\n"
         + markdown_table(header, rows) + f"\n\n{verdict}\n"
     )  # fmt: skip
-    REPORT.parent.mkdir(parents=True, exist_ok=True)
-    REPORT.write_text(md)
+    if write:
+        REPORT.parent.mkdir(parents=True, exist_ok=True)
+        REPORT.write_text(md)
     return text, ok
 
 
@@ -197,16 +253,26 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--n", type=int, default=1000, help="concurrent requests per side (default 1000)")
     parser.add_argument("--binary", type=Path, default=None, help="the proxy (default: the build cache's)")
+    parser.add_argument(
+        "--profiles",
+        type=Path,
+        default=None,
+        help="save each side's heap and goroutine profiles at the peak here",
+    )
     args = parser.parse_args(argv)
+    if args.profiles:
+        args.profiles.mkdir(parents=True, exist_ok=True)
     raise_nofile()
     binary = args.binary or sidecar_binary()
     with tempfile.TemporaryDirectory(prefix="bench-nvcf-") as work:
         sides = [
-            run_side("held", "60s", args.n, binary, Path(work)),
-            run_side("202", f"{WINDOW_SECONDS}s", args.n, binary, Path(work)),
+            run_side("held", "60s", args.n, binary, Path(work), args.profiles),
+            run_side("202", f"{WINDOW_SECONDS}s", args.n, binary, Path(work), args.profiles),
         ]
-    text, ok = report(args.n, sides)
+    text, ok = report(args.n, sides, write=args.profiles is None)
     print(text)
+    if args.profiles:
+        print(live_heaps(args.profiles, sides))
     return 0 if ok else 1
 
 

@@ -28,6 +28,7 @@ from sidecar_fsm.run.messages import (
     metrics_clash_message,
     port_clash_message,
     where,
+    with_log_tail,
 )
 from sidecar_fsm.run.runfiles import run_file
 from sidecar_fsm.state import storagefault
@@ -146,14 +147,16 @@ class SidecarRun:
         return where(child.name, self.run_id, self.host)
 
     def exit_message(self, child: Child, exit_code: int, before_ready: bool) -> str:
+        """Why ``child``'s process exited, then its log's tail; a taken address is one line, as
+        the proxy's log would only say it again."""
         codes_known = self.flags is None or self.flags.described
         taken = address_taken(exit_code, before_ready, child.listen, codes_known)
-        clash = None
         if taken == "listen":
-            clash = port_clash_message(child.index, child.listen, self.store, self.run_id)
-        elif taken == "metrics":
-            clash = metrics_clash_message(child.index, child.instance.metrics_listen or "")
-        return exit_message(self.where(child), exit_code, before_ready, child.log_path, clash)
+            return port_clash_message(child.index, child.listen, self.store, self.run_id)
+        if taken == "metrics":
+            return metrics_clash_message(child.index, child.instance.metrics_listen or "")
+        first = exit_message(self.where(child), exit_code, before_ready, child.log_path)
+        return with_log_tail(first, child.log_path)
 
     def fail(
         self,

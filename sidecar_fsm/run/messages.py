@@ -83,10 +83,8 @@ def _bind_refused(listen: str) -> bool:
     return False
 
 
-def exit_message(place: str, exit_code: int, before_ready: bool, log_path: str, clash: str | None) -> str:
-    """The first line for a process that exited; ``clash`` (the taken address's message) replaces it."""
-    if clash is not None:
-        return clash
+def exit_message(place: str, exit_code: int, before_ready: bool, log_path: str) -> str:
+    """The first line for a process that exited."""
     when = "before it was ready" if before_ready else "unexpectedly"
     return f"{place}: {exit_words(exit_code)} {when}; see {log_path}"
 

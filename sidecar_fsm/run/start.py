@@ -331,16 +331,17 @@ def _startup_failure(run: SidecarRun, child: Child, outcome: ReadyOutcome | None
     """Fail ``child`` that did not become ready (ending its process first); the message."""
     exit_code = outcome.exit_code if outcome else None
     if outcome is not None and outcome.refused:  # its ready file names a port not its own
-        exit_code, message = kill(child), f"{run.where(child)}: {outcome.refused}"
+        exit_code = kill(child)
+        message = with_log_tail(f"{run.where(child)}: {outcome.refused}", child.log_path)
     elif exit_code is None:
         # Timed out (or never waited on): it is not serving anything, so no drain is owed.
         exit_code = kill(child)
-        message = (
+        message = with_log_tail(
             f"{run.where(child)}: not ready after {run.config.startup_timeout_seconds:g}s "
-            f"(startup_timeout_seconds); raise it or see {child.log_path}"
+            f"(startup_timeout_seconds); raise it or see {child.log_path}",
+            child.log_path,
         )
     else:
         message = run.exit_message(child, exit_code, before_ready=True)
-    message = with_log_tail(message, child.log_path)
     run.fail(child, message, exit_code=exit_code)
     return message

@@ -116,10 +116,7 @@ def _begin_drains(run: SidecarRun, problems: list[BaseException]) -> list[Child]
         elif state in DRAINABLE:
             code = child.process.poll() if child.process else None
             if code is not None:
-                message = (
-                    f"{run.exit_message(child, code, before_ready=state == 'spawned')}\n"
-                    f"{log_tail(child.log_path)}"
-                )
+                message = run.exit_message(child, code, before_ready=state == "spawned")
                 run.fail(child, message, exit_code=code, problems=problems)
                 continue
             run.fire_collecting(problems, child, "drain", "drain-recorded", detail="SIGTERM")

@@ -22,7 +22,6 @@ from sidecar_fsm.run import crashpoints, traffic
 from sidecar_fsm.run.children import Child, SidecarRun, process_facts
 from sidecar_fsm.run.command import sidecar_env
 from sidecar_fsm.run.interrupts import interrupts_deferred
-from sidecar_fsm.run.messages import log_tail
 from sidecar_fsm.run.start import await_ready, launch
 from sidecar_fsm.run.stop import stop
 from sidecar_fsm.state import storagefault
@@ -64,8 +63,7 @@ def _failures(run: SidecarRun) -> list[str]:
         if child.restart_count < policy.max_restarts:
             to_restart.append((child, code))
         else:
-            message = f"{run.exit_message(child, code, before_ready=False)}\n{log_tail(child.log_path)}"
-            run.fail(child, message, exit_code=code)
+            run.fail(child, run.exit_message(child, code, before_ready=False), exit_code=code)
     if to_restart:
         _restart(run, to_restart)
     return [child.error for child in run.children if child.state == "failed" and child.error]

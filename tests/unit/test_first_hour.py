@@ -279,7 +279,7 @@ def test_a_signal_reads_as_its_name_in_status_detail_and_in_the_stop_report() ->
 def test_the_failure_line_names_the_signal_and_keeps_the_words_the_reason_reads(
     code: int, before_ready: bool, says: str, tmp_path: Path
 ) -> None:
-    line = messages.exit_message("h2-ping-sidecar 'p'", code, before_ready, str(tmp_path / "none.log"), None)
+    line = messages.exit_message("h2-ping-sidecar 'p'", code, before_ready, str(tmp_path / "none.log"))
     assert line == f"h2-ping-sidecar 'p': {says}; see {tmp_path / 'none.log'}"
 
 

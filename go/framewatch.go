@@ -10,8 +10,9 @@ package main
 // and has no hook for them, and http.ClientConn has no Ping method to send our own. So the
 // upstream connection handed to the HTTP/2 client is the TLS connection wrapped in a
 // watchedConn, which reads the frame headers (9 bytes: length, type, flags, stream) as
-// the plaintext passes through Read and Write. It never changes, holds back or reorders a
-// byte: it looks at what was already read, and at what is written just before it goes.
+// the plaintext passes through Read and Write. It never changes or reorders a byte: it
+// looks at what was already read, and at what is written before it is queued to go out
+// (batchwrite.go).
 // The HTTP/2 client itself still parses and answers everything.
 //
 // The wrapper is accepted as HTTP/2 because it has *tls.Conn's ConnectionState (promoted
@@ -20,7 +21,7 @@ package main
 // client does with a bare *tls.Conn is its forced close after 250 ms when a close hangs;
 // Close below does the same.
 //
-// Must not: modify, delay or reorder the stream (closing it on the verdict, and writing
+// Must not: modify or reorder the stream (closing it on the verdict, and writing
 // the one whole frame armed with injectFrame between two whole frames of the client, are
 // the only actions it takes); record anything but frame types, flags, PING payloads and
 // error codes (header blocks carry Authorization).
@@ -63,7 +64,9 @@ const (
 // watchedConn is an upstream TLS connection whose frames are counted in stats.
 type watchedConn struct {
 	*tls.Conn
-	m *meters
+	// batch is the way the client's bytes go out to Conn (batchwrite.go).
+	batch *writeBatcher
+	m     *meters
 	// pingTimeout is -ping-timeout: the HTTP/2 client closes the connection when a PING
 	// is unanswered that long.
 	pingTimeout time.Duration
@@ -122,6 +125,9 @@ func (l lostPing) String() string {
 func (m *meters) watch(tc *tls.Conn, pingTimeout time.Duration) *watchedConn {
 	m.conns.Add(1)
 	c := &watchedConn{Conn: tc, m: m, pingTimeout: pingTimeout}
+	if tc != nil {
+		c.batch = newWriteBatcher(tc, func() { tc.NetConn().Close() })
+	}
 	c.lastRead.Store(time.Now().UnixNano())
 	c.out.skip = clientPrefaceLen
 	c.out.sent = true
@@ -134,14 +140,14 @@ func (m *meters) watch(tc *tls.Conn, pingTimeout time.Duration) *watchedConn {
 // connection, so bytes looked at but not sent mislead nothing.
 func (c *watchedConn) Write(p []byte) (int, error) {
 	c.out.feed(p, c)
-	n, err := c.Conn.Write(p)
+	n, err := c.batch.Write(p)
 	if c.inject != nil && err == nil && c.out.atFrameBoundary() {
 		frame := c.inject
 		c.inject = nil
 		// Looked at before it leaves, for the same reason as p; a failed write has ended
 		// the connection, which the client sees at its next read or write.
 		c.out.feed(frame, c)
-		c.Conn.Write(frame)
+		c.batch.Write(frame)
 	}
 	return n, err
 }
@@ -178,6 +184,9 @@ func (c *watchedConn) Read(p []byte) (int, error) {
 	}
 	c.in.feed(p[:n], c)
 	if err != nil {
+		if werr := c.batch.failure(); werr != nil {
+			err = werr // the batch write failed and closed the connection under this read
+		}
 		if l := c.verdict.Load(); l != nil {
 			err = &pingTimeoutError{timeout: c.pingTimeout, silence: l}
 		} else {
@@ -230,6 +239,7 @@ func (c *watchedConn) Close() error {
 			c.report(*l)
 		}
 	}
+	c.batch.close()
 	t := time.AfterFunc(forceCloseAfter, func() { c.Conn.NetConn().Close() })
 	defer t.Stop()
 	return c.Conn.Close()

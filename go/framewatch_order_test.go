@@ -78,6 +78,9 @@ func TestAPingAckReadBeforeItsWriteReturnsIsMatched(t *testing.T) {
 	if _, err := c.Write(frame(framePing, 0, 1, 2, 3, 4, 5, 6, 7, 8)); err != nil {
 		t.Fatal(err)
 	}
+	// Write only queued the PING (batchwrite.go): the ack comes while the flusher's write
+	// of it is held in the gate.
+	waitFor(t, "the PING's ack", 5*time.Second, func() bool { return m.pingAcks.Load() > 0 })
 	c.pingMu.Lock()
 	pending := len(c.pings)
 	c.pingMu.Unlock()

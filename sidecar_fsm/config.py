@@ -1,24 +1,11 @@
 """The ``sidecar:`` block of a NeMo Gym config: the schema, its defaults, and reading it.
 
-Owns the pydantic models of the block and ``h2_ping_sidecar_config_from_global_config``, which
-turns the block (an OmegaConf ``DictConfig`` or a plain mapping, ``${...}`` resolved first) into a
-validated ``H2PingSidecarConfig``. Every key of NeMo Gym's block is accepted with its name,
-default and meaning (durations stay Go duration strings, as Gym passed them straight to the
-proxy's flags); ``ca_file``, ``allow_non_loopback``, ``exit_with_owner``, ``restart``,
-``metrics``, ``upstream_check``, ``access_log``, the log rotation keys and ``nvcf`` are ours. A
-bad block raises ``pydantic.ValidationError`` whichever way a model is built, as Gym's does, with
-our one-line messages (``configerrors`` words them).
-
-Also the public home of the names Gym's ``config`` module has (``parse_duration_seconds``,
-``upstream_origin``, ``is_loopback_host``...) and of the nested blocks, re-exported from the
-modules that own them: ``configblocks`` (the models' base, ``restart``, ``nvcf``), ``gosyntax``
-(durations, GOMEMLIMIT), ``addresses`` (listens), ``urls`` (upstreams).
-
-Must not do I/O: whether ``binary``, ``ca_file`` or ``log_dir`` exist, and whether a port is free,
-is the launcher's business. The one side effect is a ``ConfigWarning`` for an upstream whose path
-is dropped. Longer than most modules because it is the block's reference: one documented field
-per key (about 25) beside the validator that checks it; the values, addresses and messages
-already live in their own modules.
+Every key of Gym's block keeps its name, default and meaning (durations stay Go duration strings,
+passed to the proxy's flags as written); the README's table describes each key. A bad block raises
+pydantic's ``ValidationError`` however a model is built, as Gym's does, worded by ``configerrors``.
+Also the public home of the names Gym's ``config`` module has, re-exported from their owners.
+No I/O: whether files exist or ports are free is the launcher's business; the one side effect is
+a ``ConfigWarning`` for an upstream whose path is dropped.
 """
 
 from __future__ import annotations
@@ -112,17 +99,13 @@ class SidecarInstanceConfig(SchemaModel):
     """Used in log and ready file names, the state database and messages; unique in the block."""
 
     upstream: str
-    """The https:// origin to forward to, kept as ``https://host[:port]``: host lower-cased,
-    port 443 dropped, path dropped with a ``ConfigWarning`` (clients keep sending their path on
-    every request)."""
+    """The https:// origin to forward to, as ``https://host[:port]`` (a path is dropped, with a warning)."""
 
     listen: str = DEFAULT_LISTEN
-    """``host:port`` the proxy binds; port 0 picks a free one. Loopback unless
-    ``allow_non_loopback``: the proxy adds no authentication of its own."""
+    """``host:port`` the proxy binds (port 0: a free one); loopback unless ``allow_non_loopback``."""
 
     metrics_listen: str | None = None
-    """New: a fixed loopback ``host:port`` for this proxy's ``/metrics`` (port 0: any free one),
-    so a Prometheus server can be pointed at it; null takes a free port when ``metrics``."""
+    """New: a fixed loopback ``host:port`` for ``/metrics`` (for Prometheus); null: a free port."""
 
     nvcf: NvcfConfig | None = None
     """New: this instance's NVCF keys over ``sidecar.nvcf``; only the keys it sets count."""
@@ -170,25 +153,22 @@ class SidecarInstanceConfig(SchemaModel):
         return split_listen(self.listen)[1]
 
 
-_DURATION_LIMITS: dict[str, tuple[float, float | None, str]] = {
-    # field: (exclusive lower bound or -1 for "any non-negative", exclusive upper bound, message)
+# field: (example, exclusive lower bound (-1: any non-negative), exclusive upper bound, message)
+_DURATIONS: dict[str, tuple[str, float, float | None, str]] = {
     "ping_interval": (
+        "60s",
         0.0,
         GLOBAL_ACCELERATOR_IDLE_TIMEOUT_SECONDS,
         "must be above 0 and below 340s (the idle limit it exists to beat); try '60s'",
     ),
-    "ping_timeout": (0.0, None, "must be above 0; try '15s'"),
+    "ping_timeout": ("15s", 0.0, None, "must be above 0; try '15s'"),
+    "shutdown_grace": ("60s", -1.0, None, ""),
     "max_conn_age": (
+        "50m",
         -1.0,
         LOAD_BALANCER_KEEP_ALIVE_SECONDS,
         "must be below 3600s (the load balancer's connection age limit); try '50m', or '0s' to disable",
     ),
-}
-_DURATION_EXAMPLES = {
-    "ping_interval": "60s",
-    "ping_timeout": "15s",
-    "shutdown_grace": "60s",
-    "max_conn_age": "50m",
 }
 
 
@@ -217,12 +197,10 @@ class H2PingSidecarConfig(SchemaModel):
     """On stop, let in-flight requests finish for up to this long; then SIGKILL (plus slack)."""
 
     retry_body_limit: int = 16 * 1024 * 1024
-    """Bodies up to this many bytes are buffered so a request refused by GOAWAY can be re-sent;
-    0 disables buffering."""
+    """Bodies up to this many bytes are buffered to re-send a request refused by GOAWAY; 0 disables."""
 
     max_conn_age: str = "50m"
-    """Move new requests to a fresh upstream connection after 90-100 % of this; below 3600s,
-    ``0``/``0s`` disables rotation."""
+    """Move new requests to a fresh connection after 90-100 % of this; below 3600s, ``0s`` disables."""
 
     insecure_skip_verify: bool = False
     """Skip upstream TLS verification. Tests only; prefer ``ca_file``."""
@@ -237,8 +215,7 @@ class H2PingSidecarConfig(SchemaModel):
     """How long all instances together may take to become ready; above 0."""
 
     log_dir: str | None = None
-    """Where logs, ready files and the state database go; default ``nemo_gym_log_dir``, then a
-    per-user temp dir. An empty string means the default, as in Gym."""
+    """Logs, ready files and the state database; default (also for "") ``nemo_gym_log_dir``, else tmp."""
 
     rewrite_base_urls: bool = True
     """Point every model ``*base_url`` aimed at an instance's upstream at that instance instead."""
@@ -247,8 +224,7 @@ class H2PingSidecarConfig(SchemaModel):
     """New: a PEM file of extra roots for the upstream's certificate (``-ca-file``)."""
 
     allow_non_loopback: bool = False
-    """New: say a listen off loopback is meant, which silences the warning NeMo Gym also prints for
-    it (the proxy authenticates nobody: whoever reaches the address uses the upstream)."""
+    """New: a listen off loopback is meant (the proxy authenticates nobody); silences Gym's warning."""
 
     exit_with_owner: bool = True
     """New: pass ``-exit-with-pid`` so a sidecar never outlives a killed launcher by more than its grace."""
@@ -257,48 +233,34 @@ class H2PingSidecarConfig(SchemaModel):
     """New: restart policy for a sidecar that dies while ready; default fails fast, as Gym does."""
 
     metrics: bool = True
-    """New: start each proxy with ``-metrics-listen 127.0.0.1:0`` and record the address, so
-    ``status`` and ``top`` show its live figures. The endpoint is loopback only and carries no
-    request data; false starts the proxies without it."""
+    """New: each proxy serves ``/metrics`` on loopback (no request data), read by ``status`` and ``top``."""
 
     upstream_check: str = "warn"
-    """New: after the proxies are ready, wait up to ``upstream_check_seconds`` for each one's
-    first upstream check (TLS, ALPN h2) and print its verdict. ``warn``: a failure is printed
-    and the start goes on (an endpoint may come up later); ``fail``: a failure fails the start,
-    nothing left running; ``off``: no wait. Needs ``metrics`` (the verdict is read from the
-    proxy's metrics listener)."""
+    """New: wait for each proxy's first upstream check (read from ``/metrics``): ``warn`` prints a
+    failure and goes on (an endpoint may come up later), ``fail`` fails the start, ``off`` skips."""
 
     upstream_check_seconds: float = 10.0
     """New: how long the start waits for all the upstream checks together; above 0."""
 
     access_log: bool = False
-    """New: each proxy writes one JSON line per request (time, method, path without the query,
-    status, ttfb_s, duration_s, bytes, retried, error) to ``h2ping-<instance>-<host>-<run>.access.log``
-    beside its log (``-access-log``); never a header value. Needs sidecar-fsm's proxy."""
+    """New: one JSON line per request (never a header value) beside the proxy's log; needs our proxy."""
 
     log_max_bytes: int = 100 * 1024 * 1024
-    """New: rotate the proxy's log and its access log when a write would take one past this many
-    bytes (a number, or ``100MiB``-style text); ``.log.1`` ... ``.log.<log_backups>`` keep the
-    older ones. 0 never rotates."""
+    """New: rotate the proxy's log and access log past this many bytes (or ``100MiB``); 0 never rotates."""
 
     log_backups: int = 5
-    """New: rotated files kept per log, 0 or more; a log never holds more than
-    ``log_max_bytes x (log_backups + 1)`` bytes. 0 cuts the log in place when it is full."""
+    """New: rotated files kept per log; 0 cuts the log in place when it is full."""
 
     nvcf: NvcfConfig = Field(default_factory=NvcfConfig)
-    """New: following NVCF's ``202`` past its poll window (``follow``, ``poll_window``,
-    ``budget``, ``status_url``); per instance too (``nvcf_of``)."""
+    """New: following NVCF's ``202`` past its poll window; per instance too (``nvcf_of``)."""
 
     @field_validator("ping_interval", "ping_timeout", "shutdown_grace", "max_conn_age", mode="before")
     @classmethod
     def _check_duration(cls, value: object, info: ValidationInfo) -> str:
-        field = str(info.field_name)
-        text, seconds = normalize_duration(value, _DURATION_EXAMPLES[field])
-        limits = _DURATION_LIMITS.get(field)
-        if limits is not None:
-            low, high, message = limits
-            if seconds <= low or (high is not None and seconds >= high):
-                raise ValueError(message)
+        example, low, high, message = _DURATIONS[str(info.field_name)]
+        text, seconds = normalize_duration(value, example)
+        if seconds <= low or (high is not None and seconds >= high):
+            raise ValueError(message)
         return text
 
     _check_number_type = field_validator(
@@ -392,8 +354,7 @@ class H2PingSidecarConfig(SchemaModel):
         return self
 
     def _check_metrics_listens(self, listens: list[tuple[int, tuple[str, int]]]) -> None:
-        """Each fixed ``metrics_listen`` must differ from every listen and every other one, and
-        needs ``metrics`` on (with it off nothing would bind it)."""
+        """Each fixed ``metrics_listen`` needs ``metrics`` and an address no other listen has."""
         seen: list[tuple[str, tuple[str, int]]] = [(f"instances[{i}].listen", a) for i, a in listens]
         for index, instance in enumerate(self.instances):
             if instance.metrics_listen is None:
@@ -450,11 +411,8 @@ class H2PingSidecarConfig(SchemaModel):
 
 
 def _warn_if_path_dropped(where: str, upstream: str) -> None:
-    """A ``ConfigWarning`` when ``upstream`` (valid) carries a path or query the config drops.
-
-    The proxy forwards each client's own path, so ``https://host/v1`` upstream plus a base URL
-    ending in ``/v1`` would otherwise look like it sends ``/v1/v1``: say which part is unused.
-    """
+    """A ``ConfigWarning`` when ``upstream`` carries a path or query: the proxy forwards each client's
+    own path, so ``https://host/v1`` plus a base URL ending in ``/v1`` would look like ``/v1/v1``."""
     parts = split_url(upstream.strip())
     dropped = [f"a path ('{parts.path}')"] if parts.path not in {"", "/"} else []
     if parts.query or parts.fragment:
@@ -473,11 +431,9 @@ def _warn_if_path_dropped(where: str, upstream: str) -> None:
 def h2_ping_sidecar_config_from_global_config(global_config_dict: Any) -> H2PingSidecarConfig:
     """The validated ``sidecar:`` block of a NeMo Gym global config; absent or null means disabled.
 
-    Accepts an OmegaConf ``DictConfig`` (interpolations such as ``${oc.env:NVCF_URL}`` are resolved
-    first, against the whole config) or a plain mapping. Read-only: the config is not changed.
-    Raises ``pydantic.ValidationError``, its first problem naming the field and value, for an
-    interpolation that cannot be resolved, a block that is not a mapping, and every rule of the
-    schema. Warns (``ConfigWarning``) for each upstream path it drops.
+    ``${...}`` is resolved first against the whole config, which is not changed. Raises
+    ``pydantic.ValidationError`` for an unresolvable interpolation, a block that is not a mapping,
+    and every rule of the schema.
     """
     block = _resolved_block(global_config_dict)
     if block is None:
@@ -501,11 +457,8 @@ def h2_ping_sidecar_config_from_global_config(global_config_dict: Any) -> H2Ping
 
 
 def misspelled_block(global_config_dict: Any) -> str | None:
-    """The top-level key that looks like a misspelled ``sidecar`` (``sidcar``, ``Sidecar``,
-    ``side_car``) when there is no ``sidecar`` key; None otherwise. Read-only.
-
-    An absent block means disabled, so a typo in its name would silently start nothing.
-    """
+    """The top-level key that looks like a misspelled ``sidecar`` (``sidcar``, ``side_car``) when
+    there is none; an absent block means disabled, so a typo would silently start nothing."""
     if not isinstance(global_config_dict, Mapping):
         return None
     keys = [str(key) for key in global_config_dict]
@@ -517,8 +470,6 @@ def misspelled_block(global_config_dict: Any) -> str | None:
 
 
 def _resolved_block(global_config_dict: Any) -> Any:
-    if global_config_dict is None:
-        return None
     if isinstance(global_config_dict, Mapping) and not isinstance(global_config_dict, DictConfig):
         block = global_config_dict.get(SIDECAR_KEY)
         if not _has_interpolation(block):

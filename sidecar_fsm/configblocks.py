@@ -1,11 +1,8 @@
 """The parts of the ``sidecar:`` schema that ``config`` builds on: the models' base, the numeric
 key rules, and the nested ``restart:`` and ``nvcf:`` blocks.
 
-Owns ``SchemaModel`` (every way of building a model raises our worded ``ValidationError``),
-``parse_duration_seconds`` (NeMo Gym's name, public through ``config``), the rules of the
-numeric keys, ``RestartPolicy`` and ``NvcfConfig``. ``config`` re-exports the public names, so
-``sidecar_fsm.config`` stays the one import path. Must not do I/O and must not import
-``config``: it sits below it.
+``config`` re-exports the public names, so ``sidecar_fsm.config`` stays the one import path.
+Must not do I/O and must not import ``config``: it sits below it.
 """
 
 from __future__ import annotations
@@ -34,12 +31,10 @@ NVCF_STATUS_EXAMPLE = "https://api.nvcf.nvidia.com/v2/nvcf/pexec/status/{reqid}"
 def parse_duration_seconds(
     value: str | int | float, field: str = "duration", *, example: str = "60s"
 ) -> float:
-    """Seconds in ``value``: a Go duration (``60s``, ``1m30s``, ``250ms``, ``1h``) or a number of seconds.
+    """Seconds in ``value``: a Go duration (``60s``, ``1m30s``) or a number of seconds (NeMo Gym's helper).
 
-    NeMo Gym's helper, with its meaning: a string needs its unit (``'60'`` is refused, as Go's
-    ``time.ParseDuration`` refuses it); a number is seconds. Pure. Raises ``ConfigError`` (a
-    ``ValueError``) naming ``field`` and the value for text that is not a duration and for a
-    negative one; ``example`` is the value the message suggests.
+    A string needs its unit (``'60'`` is refused, as Go refuses it). Raises ``ConfigError`` naming
+    ``field`` and the value, suggesting ``example``.
     """
     try:
         return duration_seconds(value, example)
@@ -153,30 +148,22 @@ class RestartPolicy(SchemaModel):
 
 
 class NvcfConfig(SchemaModel):
-    """New: what the proxy does with NVCF's ``202`` past its poll window (SPEC section "NVCF").
-
-    At the ``sidecar:`` level and per instance; an instance's block overrides only the keys it
-    sets (``H2PingSidecarConfig.nvcf_of``). Durations stay Go duration strings, passed to the
-    proxy's ``-nvcf-*`` flags as they are.
-    """
+    """New: what the proxy does with NVCF's ``202`` past its poll window (SPEC section "NVCF"); per
+    instance too, where a block overrides only the keys it sets (``H2PingSidecarConfig.nvcf_of``)."""
 
     _where: ClassVar[str] = f"{SIDECAR_KEY}.nvcf"
 
     follow: bool = True
-    """On a ``202`` carrying ``NVCF-REQID``, poll the status URL and give the client the real
-    answer; false passes the 202 through, as any proxy does."""
+    """On a ``202`` carrying ``NVCF-REQID``, poll the status URL for the real answer; false passes it."""
 
     poll_window: str | None = None
-    """Set ``NVCF-POLL-SECONDS`` to this (whole seconds, 1s to 3600s) on requests that lack it;
-    a client's own header wins. Null leaves it to each client (NVCF holds 60 s without it)."""
+    """``NVCF-POLL-SECONDS`` (whole seconds, 1s to 3600s) for requests that lack it; null: NVCF's 60 s."""
 
     budget: str = "60m"
-    """Past this, counted from the request, the client gets ``504`` with ``NVCF-REQID``; keep
-    it below the client's own timeout (openai-python's default is 600 s)."""
+    """Past this the client gets ``504`` with ``NVCF-REQID``; keep it below the client's own timeout."""
 
     status_url: str | None = None
-    """Where to poll: an https template with ``{reqid}``; null is the upstream's origin +
-    ``/v2/nvcf/pexec/status/{reqid}`` (the proxy decides, and says so in its log)."""
+    """Where to poll: an https template with ``{reqid}``; null: the upstream's NVCF status path."""
 
     @field_validator("poll_window", mode="before")
     @classmethod

@@ -1,12 +1,9 @@
 """Loading a NeMo Gym config from files and overrides, and writing the rewritten one back.
 
-Owns what ``gym env start --config A.yaml --config B.yaml key=value`` does before Gym sees the
-config: merging the YAML files in order with OmegaConf, applying ``key=value`` overrides
-(OmegaConf's dotlist), and writing the rewritten config atomically for ``--write-config``.
-Every failure is a ``ConfigError`` whose first line names the file (and line) or the override
-and what is wrong, so the CLI prints one line and exits 2 before anything starts.
-
-Must not validate the ``sidecar:`` block (``config`` does) or start anything.
+Owns what ``gym env start --config A.yaml key=value`` does before Gym sees the config (OmegaConf
+merge, then dotlist overrides) and ``--write-config``'s YAML. Every failure is a one-line
+``ConfigError`` naming the file (and line) or the override. Must not validate the ``sidecar:``
+block (``config`` does) or start anything.
 """
 
 from __future__ import annotations
@@ -61,10 +58,7 @@ EXAMPLE_MODEL_BASE_URL = "policy_model.responses_api_models.openai_model.base_ur
 
 
 def yaml_error_line(name: str, error: YAMLError) -> str:
-    """``FILE:LINE:COLUMN: not valid YAML: problem (context at line L column C)``, one line.
-
-    PyYAML's marks are 0-based; editors and compilers count from 1, so do we.
-    """
+    """``FILE:LINE:COLUMN: not valid YAML: problem (context at line L column C)``, counted from 1."""
     if isinstance(error, MarkedYAMLError):
         mark = error.problem_mark or error.context_mark
         where = f"{name}:{mark.line + 1}:{mark.column + 1}" if mark is not None else name
@@ -112,13 +106,11 @@ OVERRIDE_EXAMPLE = "sidecar.instances.0.upstream=https://api.example.com"
 
 
 def load_config(items: Sequence[str], where: str) -> DictConfig:
-    """Merge the YAML files, then apply the ``key=value`` overrides, in order, as ``gym env start`` does.
+    """Merge the YAML files (items without ``=``), then apply the ``key=value`` overrides, in order.
 
-    An item with ``=`` is an override, anything else a file. The files must come first: an
-    override applies to what is merged before it. Overrides are OmegaConf's dotlist in full:
-    list indices (``a.0.b=x`` or ``a[0].b=x``), YAML values (``k=[1,2]``, ``k={a: 1}``), new
-    keys. A value replaces what is there (a mapping merges into a mapping), so a list may
-    replace a mapping: ``OmegaConf.merge`` of a dotlist would refuse that.
+    Overrides are OmegaConf's dotlist (``a.0.b=x``, ``a[0].b=x``, ``k=[1,2]``, new keys), but a
+    value replaces what is there (a mapping merges into a mapping), so a list may replace a
+    mapping, which ``OmegaConf.merge`` of a dotlist would refuse.
     """
     files = [item for item in items if "=" not in item]
     overrides = [item for item in items if "=" in item]
@@ -154,12 +146,9 @@ def apply_override(config: DictConfig, override: str, where: str) -> None:
 
 
 def config_to_write(config: DictConfig, drop_keys: Sequence[str] = ()) -> str:
-    """The rewritten config as YAML for ``--write-config``, with ``sidecar.enabled: false``.
-
-    Its sidecars already run (``start`` supervises them), so ``gym env start --config OUT.yaml``
-    must use them through the rewritten base URLs, not start a second set. ``drop_keys`` are
-    top-level keys the caller added itself (a ``cache_dir`` the user did not write: Gym reads
-    that key for its own caches).
+    """The rewritten config as YAML for ``--write-config``, with ``sidecar.enabled: false``: its
+    sidecars already run, so Gym must use them, not start a second set. ``drop_keys`` are top-level
+    keys the caller added itself (a ``cache_dir`` the user did not write: Gym reads it too).
     """
     written = OmegaConf.create(OmegaConf.to_container(config, resolve=False))
     assert isinstance(written, DictConfig)

@@ -1,15 +1,8 @@
 """``sidecar-fsm demo``: the product's main job, shown end to end on this machine in ~10 s.
 
-Owns the demo's story and its narration: build (or find) the proxy, run the lab's TLS HTTP/2
-origin behind an idle-dropping relay (Global Accelerator's 340 s scaled down to 2 s), send a
-request whose first byte takes 3x the idle limit directly (it fails) and through a sidecar the
-launcher starts from a Gym-shaped config (it succeeds), then show NVCF's poll window the
-same way: work longer than the window answered with a 202 directly (metadata, not the answer) and
-with the answer through the sidecar, which follows the 202; then print the instance's persisted
-state history. On a failure it says, in the same voice, which step failed and why, and keeps
-its scratch folder (the sidecar's log and the state database) and names it. Must leave nothing
-running, whatever fails (everything is stopped in ``finally``), and must not touch state outside
-its own log dir (a scratch folder unless ``--log-dir`` is given).
+Owns the demo's story and its narration (the steps are its headings); a failure is told in the
+same voice, naming the step and keeping the scratch folder. Must leave nothing running whatever
+fails (everything is stopped in ``finally``), and must not touch state outside its own log dir.
 """
 
 from __future__ import annotations
@@ -169,12 +162,9 @@ def _why_the_sidecar_failed(manager: H2PingSidecarManager) -> str:
 
 def _through_sidecar(
     say: _Narrator, config: DictConfig, path: str, started: list[H2PingSidecarManager]
-) -> None:
-    """Start the sidecar with the launcher and send the request as Gym's aiohttp would.
-
-    The manager goes into ``started`` as soon as it exists, so the caller stops it whatever
-    happens next. Raises ``DemoFailed`` when the request does not succeed, saying why.
-    """
+) -> str:
+    """Start the sidecar with the launcher (into ``started`` at once, for the caller to stop) and
+    send the request as Gym's aiohttp would; returns the rewritten base URL."""
     say.step(
         f"[4/5] the same request through a sidecar (HTTP/1.1 in; HTTP/2, PING every {PING_INTERVAL}, out)"
     )
@@ -208,6 +198,7 @@ def _through_sidecar(
             f"the sidecar answered {status} after {elapsed:.1f}s: {text.splitlines()[0] if text else '-'}"
         )
     say.ok(f"status 200, {len(body)} bytes after {elapsed:.1f}s")
+    return base_url
 
 
 def _plain_request(
@@ -227,9 +218,8 @@ def _plain_request(
 
 
 def _nvcf_leg(say: _Narrator, relay_port: int, ca_file: str, base_url: str) -> None:
-    """A chat completion longer than NVCF's poll window: directly a 202 whose small metadata
-    body an OpenAI client would take for the completion; through the sidecar, the completion.
-    Raises ``DemoFailed`` when either is not what it should be."""
+    """A chat completion longer than NVCF's poll window: directly a 202 an OpenAI client would take
+    for the completion; through the sidecar, the completion."""
     say.step(
         f"[5/5] NVCF past its poll window: work of {NVCF_WORK_SECONDS:g}s, window {NVCF_WINDOW_SECONDS}s "
         "(NVCF's 60 s scaled down)"
@@ -283,11 +273,8 @@ def _step_name(step: str) -> str:
 
 
 def _tell_failure(say: _Narrator, step: str, why: str, scratch: str, run_id: str | None) -> bool:
-    """The failure's ending, in the voice of the success story: which step, why, what was kept.
-
-    True if the scratch folder holds something worth keeping (a log, the state database); an
-    empty one (a failure before the sidecar started) is not worth a line or a folder.
-    """
+    """The failure's ending: which step, why, what was kept. True if the scratch folder holds a log
+    or the state database; an empty one (a failure before the sidecar started) is not kept."""
     say.line()
     say.line(say._paint("result:", "1") + f" the demo failed at step {_step_name(step)}:")
     say.line(f"        {why}")
@@ -310,12 +297,8 @@ def run_demo(
     color: bool = False,
     stream: TextIO | None = None,
 ) -> int:
-    """Run the demo; 0 when the direct request failed and the sidecar's succeeded, else 1.
-
-    ``log_dir`` None means a scratch folder, removed after a success and kept (and named) after
-    a failure; a given one is always kept so ``sidecar-fsm status`` and ``history`` can be tried
-    on it. ``cache_dir`` None means the user's cache, as ``sidecar-fsm build`` uses.
-    """
+    """Run the demo; 0 when the direct request failed and the sidecar's succeeded, else 1. ``log_dir``
+    None means a scratch folder, removed after a success; a given one is always kept."""
     say = _Narrator(stream or sys.stdout, color)
     _introduce(say)
     own_log_dir = log_dir is None
@@ -346,17 +329,12 @@ def run_demo(
         pings_before = origin.pings
         upstream = f"https://localhost:{relay.port}"
         config = _demo_config(upstream, str(origin.ca_file), state_dir, cache)
-        _through_sidecar(say, config, path, started)
+        base_url = _through_sidecar(say, config, path, started)
         say.line(
             f"          the origin received {origin.pings - pings_before} PINGs while it waited; "
             f"the relay dropped {relay.drops - drops_before} connections"
         )
-        _nvcf_leg(
-            say,
-            relay.port,
-            str(origin.ca_file),
-            str(config.policy_model.responses_api_models[MODEL_SERVER].base_url),
-        )
+        _nvcf_leg(say, relay.port, str(origin.ca_file), base_url)
         started[0].check()
         started[0].stop()
         _print_history(say, state_dir, started[0].run_id, kept=keep)
@@ -418,8 +396,7 @@ def _tell_success(say: _Narrator, kept_log_dir: str | None) -> None:
 
 
 def _stop_all(started: list[H2PingSidecarManager], relay: IdleRelay | None, origin: TlsH2Origin) -> None:
-    """Stop everything the demo started; idempotent. The sidecar first (it holds a connection
-    through the relay), then the relay, then the origin."""
+    """Stop everything the demo started; idempotent. The sidecar first: it holds a connection to the relay."""
     for manager in started:
         with contextlib.suppress(Exception):
             manager.stop()

@@ -1,10 +1,8 @@
 """The exceptions and warnings a caller of sidecar-fsm can catch; every module raises these.
 
 ``SidecarError`` keeps NeMo Gym's name and base (``RuntimeError``) so existing ``except`` clauses
-keep working. A bad ``sidecar:`` block raises pydantic's ``ValidationError``, as Gym's schema
-does (``configerrors`` words it); ``ConfigError`` is bad input outside that schema (an argument,
-an environment variable, a model's base URL, a file the config names): the CLI exits 2 for both,
-1 for the rest, and the message is one line naming the field and the value.
+keep working. ``ConfigError`` is bad input outside the ``sidecar:`` schema (which raises pydantic's
+``ValidationError``, as Gym's does); the CLI exits 2 for both, 1 for the rest.
 """
 
 
@@ -25,11 +23,8 @@ class ConfigError(SidecarError, ValueError):
 
 
 class UnusableStateError(ConfigError):
-    """The log dir or state database cannot be used (a path through a file, no permission, a
-    read-only or full filesystem, a foreign or corrupt file); nothing was created or changed.
-
-    A ``ConfigError``: the remedy is another ``--log-dir`` / ``log_dir`` (the CLI exits 2).
-    """
+    """The log dir or state database cannot be used; nothing was created or changed. A
+    ``ConfigError``: the remedy is another ``--log-dir`` / ``log_dir``."""
 
 
 class SchemaTooNewError(UnusableStateError):

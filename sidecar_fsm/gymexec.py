@@ -1,16 +1,10 @@
 """``sidecar-fsm exec``: run a command with NeMo Gym's sidecar launcher resolved to sidecar-fsm's.
 
-Owns the command's environment (the bootstrap folder ``_gymboot`` put first on ``PYTHONPATH``;
-its ``sitecustomize`` redirects exactly :data:`REDIRECTED_MODULES`, see there) and the
-``execvpe`` that replaces this process with the command, the way ``ddtrace-run`` and
-``opentelemetry-instrument`` do. Exec rather than a child: the command gets this pid, so its
-exit status, a signal sent to the pid the user sees and job control reach it with no middleman
-to forward or distort them.
-
-Must not start the sidecars, touch state or import the launcher: the command does that, if it
-ever imports it. Python processes started with ``-I``/``-E``/``-S`` ignore ``PYTHONPATH`` or
-``sitecustomize`` and are not redirected; neither is an interpreter where sidecar_fsm is not
-importable (its launcher import then fails with one line saying so).
+Owns the command's environment (``_gymboot`` first on ``PYTHONPATH``; its ``sitecustomize`` does
+the redirecting) and the ``execvpe`` that replaces this process, as ``ddtrace-run`` does: the
+command gets this pid, so its exit status, signals and job control reach it with no middleman.
+Must not start the sidecars, touch state or import the launcher. Python run with ``-I``/``-E``/``-S``
+ignores ``PYTHONPATH`` or ``sitecustomize`` and is not redirected.
 """
 
 from __future__ import annotations
@@ -60,11 +54,8 @@ def command_environ(environ: Mapping[str, str]) -> dict[str, str]:
 
 
 def exec_command(command: Sequence[str], where: str = "sidecar-fsm exec") -> NoReturn:
-    """Replace this process with ``command`` (searched on PATH), its Python redirected.
-
-    Never returns on success. Raises ``ExecFailed`` (one line naming the command; nothing was
-    started, signal dispositions are back as they were) when it cannot be executed.
-    """
+    """Replace this process with ``command`` (searched on PATH), its Python redirected. Raises
+    ``ExecFailed`` when it cannot be executed, signal dispositions back as they were."""
     if not command:
         raise ValueError("exec_command: empty command")
     env = command_environ(os.environ)

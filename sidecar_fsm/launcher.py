@@ -1,14 +1,8 @@
 """NeMo Gym's launcher API (``nemo_gym.h2_ping_sidecar.launcher``), wired to sidecar-fsm's parts.
 
-Owns the order of a start, which is the guarantee callers rely on: every check that needs no
-side effect first (the ``sidecar:`` block, a dry-run rewrite that changes nothing, the CA file,
-the binary), then the processes, then the in-place rewrite of the caller's config with the addresses the
-proxies actually bound. A bad config therefore fails with nothing started and the config
-untouched, and any failure or ``KeyboardInterrupt`` once a process exists stops it first.
-
-Re-exports the rest of the public names from the modules that own them (config, rewrite,
-buildcache, command, supervise). Must not change instance state itself (``supervise`` fires events) nor
-parse config values (``config`` does).
+Owns the order of a start (``start_h2_ping_sidecar`` says it), the guarantee callers rely on, and
+re-exports Gym's other names from their owners. Must not change instance state itself
+(``supervise`` fires events) nor parse config values (``config`` does).
 """
 
 from __future__ import annotations
@@ -82,7 +76,6 @@ def _global_get(global_config_dict: Any, key: str) -> Any:
 
 
 def _say(line: str) -> None:
-    """A line of a running run (a restart), as ``start()`` prints its own."""
     print(f"h2-ping-sidecar {line}", flush=True)
 
 
@@ -91,17 +84,9 @@ def _progress(message: str) -> None:
 
 
 def resolve_binary(config: H2PingSidecarConfig, global_config_dict: Any) -> Path:
-    """The proxy executable: ``sidecar.binary`` if set, else the packaged one or the build cache.
-
-    ``sidecar.binary`` is built if missing and allowed; without it ``buildcache.choose_binary``
-    decides (the wheel's packaged binary when it was built from the installed sources, else the
-    cache's, built if missing and allowed). The cache lookup runs no subprocess when warm (the
-    Go version is remembered against the toolchain file). A build, when needed, runs under the
-    cache's lock so concurrent runs build once. Raises ``SidecarError`` when there is no usable
-    executable and none can be built, and ``ConfigError`` when another user could replace it:
-    it, or a folder from the cache root (``/`` for ``sidecar.binary`` and the packaged binary)
-    down to it, is not ours or root's or is writable by group or others. That check runs before
-    any build too, so a refused folder wastes none.
+    """The proxy executable: ``sidecar.binary`` (built if missing and allowed), else what
+    ``buildcache.choose_binary`` picks. Raises ``SidecarError`` when there is none and none can
+    be built, ``ConfigError`` when another user could replace it (checked before any build too).
     """
     if not config.binary:
         return choose_binary(
@@ -127,11 +112,8 @@ def resolve_binary(config: H2PingSidecarConfig, global_config_dict: Any) -> Path
 
 
 def resolve_log_dir(config: H2PingSidecarConfig, global_config_dict: Any) -> str:
-    """``sidecar.log_dir``, else the global ``nemo_gym_log_dir``, else ``<tmp>/nemo_gym_h2ping-<uid>``.
-
-    Absolute, so a later ``chdir`` of the caller does not move the logs. Read-only: the folder
-    is created when the run starts.
-    """
+    """``sidecar.log_dir``, else the global ``nemo_gym_log_dir``, else ``<tmp>/nemo_gym_h2ping-<uid>``;
+    absolute, so a later ``chdir`` of the caller does not move the logs."""
     configured = config.log_dir or _global_get(global_config_dict, NEMO_GYM_LOG_DIR_KEY)
     if configured:
         return os.path.abspath(os.path.expanduser(str(configured)))
@@ -141,12 +123,8 @@ def resolve_log_dir(config: H2PingSidecarConfig, global_config_dict: Any) -> str
 class H2PingSidecarManager:
     """Owns the sidecar processes of its runs: Gym starts it, polls ``check()``, calls ``stop()``.
 
-    ``start()`` prints one line per instance and may be called again after ``stop()`` or a
-    failed ``start()``, which starts a new run (a new ``run_id``), as NeMo Gym's manager can;
-    ``check()`` raises ``SidecarError`` naming every instance that stopped (after any restart
-    its policy allows); ``stop()`` drains and ends them all and is idempotent.
-    ``instances_actual`` gives the bound addresses (``:0`` resolved) once started; ``run_id``
-    names the current run in the state database under ``log_dir``.
+    ``start()`` after ``stop()`` or a failed ``start()`` starts a new run (a new ``run_id``), as
+    NeMo Gym's manager can; ``instances_actual`` gives the bound addresses once started.
     """
 
     def __init__(
@@ -180,10 +158,7 @@ class H2PingSidecarManager:
         return {} if self._sidecars is None else self._sidecars.routes
 
     def start(self) -> None:
-        """Start every instance as a new run and await them together; on any failure nothing is left running.
-
-        Raises ``SidecarError`` while this manager's previous run still runs (call ``stop()``).
-        """
+        """Start every instance as a new run and await them together; on a failure nothing is left running."""
         if self._sidecars is not None and self._sidecars.running:
             raise SidecarError(f"run {self.run_id}: already running; call stop() first")
         sidecars = NodeSidecars(
@@ -197,15 +172,11 @@ class H2PingSidecarManager:
         sidecars.notify = _say
         sidecars.start()
         for line in sidecars.upstream_verdicts:
-            print(f"h2-ping-sidecar {line}", flush=True)
+            _say(line)
 
     def _binary_flags(self) -> binaryflags.BinaryFlags | None:
-        """What a user-named binary accepts (remembered per file, so asked once); None for ours.
-
-        ``start_h2_ping_sidecar`` has already asked and printed the warnings; a manager built
-        directly by a caller is judged here, so Gym's binary never gets a flag it would exit on.
-        Raises ``ConfigError`` for a setting the binary cannot honour, before anything starts.
-        """
+        """What a user-named binary accepts (asked once per file); None for ours. A manager built
+        directly by a caller is judged here too, so Gym's binary never gets a flag it would exit on."""
         if not self.config.binary:
             return None
         flags, _ = binaryflags.check(self._binary, self.config, self.instances)
@@ -217,11 +188,8 @@ class H2PingSidecarManager:
             self._sidecars.check()
 
     def stop(self, hurry: Callable[[], bool] | None = None) -> None:
-        """SIGTERM every sidecar (it drains), SIGKILL after grace + slack, remove ready files. Idempotent.
-
-        ``hurry`` (optional, the CLI's second Ctrl-C) returning True sends each proxy still
-        draining its second SIGTERM, which ends its drain at once.
-        """
+        """SIGTERM every sidecar (it drains), SIGKILL after grace + slack; idempotent. ``hurry`` (the
+        CLI's second Ctrl-C) returning True sends a second SIGTERM, which ends a drain at once."""
         if self._sidecars is not None:
             self._sidecars.stop(hurry)
 
@@ -274,22 +242,14 @@ def _not_routed_warnings(instances: list[SidecarInstanceConfig], changes: list[R
 def start_h2_ping_sidecar(global_config_dict: DictConfig | dict[str, Any]) -> H2PingSidecarManager | None:
     """Start the sidecars when ``sidecar.enabled`` and point model base URLs at them, in place.
 
-    ``global_config_dict`` is a ``DictConfig`` or a plain ``dict`` (rewritten in place the same
-    way); anything else raises ``TypeError`` naming its type. Returns the manager to poll and
-    stop, or None when the block is absent or disabled. Call it before the config is serialized
-    for the servers. Order, which is the guarantee:
-    1. validate the block, dry-run the rewrite (unparseable URLs), check ``ca_file``,
-       resolve (and if needed build) the binary and, for a ``sidecar.binary``, learn its flags
-       (``binaryflags``: warnings printed, what it cannot honour refused): a failure here starts
-       no process and leaves ``global_config_dict`` exactly as it was;
+    Returns the manager to poll and stop, or None when disabled. Order, which is the guarantee:
+    1. every check with no side effect (the block, a dry-run rewrite, ``ca_file``, the binary and
+       its flags): a failure here starts nothing and leaves ``global_config_dict`` as it was;
     2. start every instance and await them together;
-    3. rewrite ``global_config_dict`` with the addresses actually bound (``:0`` resolved; a
-       listen off loopback keeps the host written), print each change, and warn by name for
-       each instance no base_url was pointed at.
-    Raises ``ConfigError`` (a ``SidecarError``) for bad input, ``SidecarError`` otherwise. Once a
-    process exists, any exception or ``KeyboardInterrupt`` stops every sidecar of this run
-    before it propagates; the config is only changed by step 3, which SIGINT cannot cut in half,
-    and an interrupt after it puts back what it changed.
+    3. rewrite ``global_config_dict`` with the bound addresses, print each change, and warn by
+       name for each instance no base_url points at.
+    Once a process exists, any exception or ``KeyboardInterrupt`` stops every sidecar of this run
+    before it propagates; SIGINT cannot cut step 3 in half, and one after it puts back its writes.
     """
     if not isinstance(global_config_dict, MutableMapping):
         raise TypeError(

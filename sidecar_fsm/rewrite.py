@@ -1,13 +1,9 @@
 """Base-URL rewriting: points the model servers' URLs at the sidecars, in a live ``DictConfig`` (or dict).
 
-Owns finding every ``*base_url`` of a model server (``<top-level>.responses_api_models.<server>``)
-whose resolved value is aimed at an instance's upstream origin, and replacing it with the
-instance's local ``http://`` address. Everything is matched by resolved value; whatever is written
-is a literal for that field only, so the keys a value was resolved from (``policy_base_url``, a
-list another field aliases, an environment variable) keep their meaning.
-
-Must not do I/O and must not print (the launcher reports the returned changes). It plans every
-change before making any, so a value that raises leaves the config exactly as it was.
+Owns matching every model server's ``*base_url`` by resolved value and writing a literal for that
+field only, so the keys a value was resolved from (``policy_base_url``, an aliased list, an
+environment variable) keep their meaning. No I/O, no printing (the launcher reports the changes);
+every change is planned before any is made, so a value that raises leaves the config as it was.
 """
 
 from __future__ import annotations
@@ -88,40 +84,6 @@ class _Unresolved:
 _UNRESOLVED = _Unresolved()
 
 
-@dataclasses.dataclass(frozen=True)
-class BaseUrlPlan:
-    """The model base URLs of one config that are aimed at the instances' upstreams, found once.
-
-    ``find_base_urls`` makes it before any process exists (so an unparseable URL fails first)
-    and ``apply`` writes the local URLs once the bound addresses are known: the config is
-    walked once per start, not twice. The config must not change in between.
-    """
-
-    _matches: tuple[_Match, ...]
-
-    def changes(self, instances: Sequence[SidecarInstanceConfig]) -> list[RewrittenUrl]:
-        """What ``apply`` would write for ``instances`` (their ``listen`` as given). Read-only."""
-        listens = _listens_by_name(instances)
-        return [RewrittenUrl(m.location, m.old, m.local_url(listens[m.instance])) for m in self._matches]
-
-    def apply(
-        self,
-        global_config_dict: DictConfig,
-        instances: Sequence[SidecarInstanceConfig],
-        undo: list[Undo] | None = None,
-    ) -> list[RewrittenUrl]:
-        """Write the local URLs into the config, in place; ``instances`` carry the bound addresses.
-
-        They must be the instances the plan was found for (matched by name), with any ``:0`` port
-        resolved. Every new value is computed before the first write. ``undo``, when given,
-        receives each write's previous raw value, for ``undo_writes`` to put back.
-        """
-        changes = self.changes(instances)
-        for match, change in zip(self._matches, changes, strict=True):
-            _apply(global_config_dict, match.path, change.new, undo)
-        return changes
-
-
 def rewrite_base_urls(
     global_config_dict: DictConfig | MutableMapping[Any, Any],
     instances: Sequence[SidecarInstanceConfig],
@@ -129,38 +91,28 @@ def rewrite_base_urls(
 ) -> list[RewrittenUrl]:
     """Point every model ``*base_url`` aimed at an instance's upstream at that instance, in place.
 
-    A value (a string, or each string of a list) matches when it is an https URL whose origin
-    equals an instance's ``upstream`` (host compared case-insensitively, port 443 the same as no
-    port); it becomes ``http://<listen><path>[?query][#fragment]``, userinfo kept, since a client
-    that authenticates with it must keep doing so. ``instances`` must carry the bound
-    addresses (port 0 already resolved). The first instance wins if two share an upstream.
-
-    Values are matched after resolution. An interpolated field gets the literal; a field whose
-    whole list is an alias gets a resolved copy of the list; a server block (or the dicts above
-    it) that is an alias is replaced by a resolved copy before a field inside it changes. So the
-    keys values come from are never changed. Values that cannot be resolved, non-strings and
-    non-https URLs are left alone. Raises ``ConfigError`` (a ``SidecarError``) naming the field
-    and value for a value that is not a parseable URL, before anything was changed. ``undo``
-    (or, when None, the list of an enclosing ``recording_undo``): see ``BaseUrlPlan.apply``.
-
-    A plain ``dict`` (what a Gym user may pass instead of a ``DictConfig``) is rewritten in place
-    the same way: its ``"${...}"`` strings mean what OmegaConf makes of them, and an object it
-    reaches from two places (a YAML anchor loaded by PyYAML) is copied for the field that
-    changes, as an alias is, so the other place keeps its value.
+    A string (or each string of a list) matches when it is an https URL with an instance's
+    ``upstream`` origin; it becomes ``http://<listen><path>[?query][#fragment]``, userinfo kept (a
+    client that authenticates with it must keep doing so). ``instances`` carry the bound addresses;
+    the first wins if two share an upstream. An alias on the way (the field, its list, its server
+    block) gets a resolved copy, and so does a plain dict's object reachable from two places (a
+    PyYAML anchor), so the place a value came from never changes. Unresolvable values, non-strings
+    and non-https URLs are left alone; an unparseable URL raises ``ConfigError`` before any write.
+    ``undo`` (default: an enclosing ``recording_undo``'s list) gets each replaced raw value.
     """
     if undo is None:
         undo = _RECORDING.get()
     if not isinstance(global_config_dict, DictConfig):
         return _rewrite_plain(global_config_dict, instances, undo)
-    return find_base_urls(global_config_dict, instances).apply(global_config_dict, instances, undo)
+    matches = _find(global_config_dict, instances)
+    changes = _changes(matches, instances)
+    for match, change in zip(matches, changes, strict=True):
+        _apply(global_config_dict, match.path, change.new, undo)
+    return changes
 
 
 def undo_writes(undo: list[Undo]) -> None:
-    """Put back, last first, every value a rewrite recorded in ``undo``; empties it.
-
-    For a start interrupted after its rewrite: its sidecars are stopped, so the caller's config
-    must not point at them.
-    """
+    """Put back, last first, every value a rewrite recorded in ``undo``; empties it."""
     while undo:
         container, key, raw = undo.pop()
         if isinstance(container, (DictConfig, ListConfig)):
@@ -179,10 +131,10 @@ def _rewrite_plain(
         raise ConfigError(
             f"global config: cannot be read as a config ({exc}); pass a DictConfig or a plain dict"
         ) from None
-    plan = find_base_urls(view, instances)
-    changes = plan.changes(instances)
+    matches = _find(view, instances)
+    changes = _changes(matches, instances)
     shared = _shared_containers(root)
-    for match, change in zip(plan._matches, changes, strict=True):
+    for match, change in zip(matches, changes, strict=True):
         _apply_plain(root, view, match.path, change.new, shared, undo)
     return changes
 
@@ -218,18 +170,13 @@ def _apply_plain(
         if isinstance(child, DictConfig):
             _apply(child, path[depth + 1 :], new, undo)  # a DictConfig inside the dict: its own rules
             return
-        if not isinstance(child, (MutableMapping, list)):
-            # A "${...}" string standing for a whole block: this field gets the resolved copy.
+        # A "${...}" string standing for a whole block gets the resolved copy; a container reached
+        # from another place too gets its own copy, as writing into it would change that place.
+        alias = not isinstance(child, (MutableMapping, list))
+        if alias or id(child) in shared:
             if undo is not None:
                 undo.append((container, key, child))
-            child = _resolved_copy(node[key])
-            container[key] = child
-        elif id(child) in shared:
-            # Reached from another place too: writing into it would change that place.
-            if undo is not None:
-                undo.append((container, key, child))
-            child = copy.deepcopy(child)
-            container[key] = child
+            container[key] = child = _resolved_copy(node[key]) if alias else copy.deepcopy(child)
         container, node = child, node[key]
     if undo is not None:
         undo.append((container, path[-1], container[path[-1]]))
@@ -239,30 +186,19 @@ def _apply_plain(
 def plan_base_urls(
     global_config_dict: DictConfig, instances: Sequence[SidecarInstanceConfig]
 ) -> list[RewrittenUrl]:
-    """The changes ``rewrite_base_urls`` would make, without making them. Read-only.
-
-    Same matching and the same ``ConfigError`` for an unparseable value.
-    """
-    return find_base_urls(global_config_dict, instances).changes(instances)
+    """The changes ``rewrite_base_urls`` would make (the same ``ConfigError``), without making them."""
+    return _changes(_find(global_config_dict, instances), instances)
 
 
-def find_base_urls(global_config_dict: DictConfig, instances: Sequence[SidecarInstanceConfig]) -> BaseUrlPlan:
-    """The fields ``rewrite_base_urls`` would change, to apply later. Read-only.
+def _changes(matches: list[_Match], instances: Sequence[SidecarInstanceConfig]) -> list[RewrittenUrl]:
+    listens = {instance.name: instance.listen for instance in instances}
+    return [RewrittenUrl(m.location, m.old, m.local_url(listens[m.instance])) for m in matches]
 
-    Raises the same ``ConfigError`` for an unparseable value, so the launcher refuses a bad
-    config before any process exists without a deep copy of the whole global config.
-    """
+
+def _find(root: DictConfig, instances: Sequence[SidecarInstanceConfig]) -> list[_Match]:
     by_origin: dict[Origin, SidecarInstanceConfig] = {}
     for instance in instances:
         by_origin.setdefault(parse_origin(instance.upstream), instance)
-    return BaseUrlPlan(tuple(_find(global_config_dict, by_origin)))
-
-
-def _listens_by_name(instances: Sequence[SidecarInstanceConfig]) -> dict[str, str]:
-    return {instance.name: instance.listen for instance in instances}
-
-
-def _find(root: DictConfig, by_origin: dict[Origin, SidecarInstanceConfig]) -> list[_Match]:
     matches: list[_Match] = []
 
     def consider(value: object, path: tuple[Key, ...], location: str) -> None:
@@ -299,17 +235,12 @@ def _match(
     """``url``'s match when it is aimed at an instance's upstream, else None."""
     try:
         parts = split_url(url)
-    except ValueError as exc:
-        raise ConfigError(f"{location}: '{without_userinfo(url)}' {exc}; {_FIX_HINT}") from None
-    if parts.scheme.lower() != "https":
-        return None
-    try:
-        origin = parse_origin(url)
-    except ValueError as exc:
         # An https URL whose host or port cannot be read might be aimed at an upstream; guessing
         # either way would route (or not route) a model's traffic silently.
+        https = parts.scheme.lower() == "https"
+        instance = by_origin.get(parse_origin(url)) if https else None
+    except ValueError as exc:
         raise ConfigError(f"{location}: '{without_userinfo(url)}' {exc}; {_FIX_HINT}") from None
-    instance = by_origin.get(origin)
     if instance is None:
         return None
     userinfo, at, _ = parts.netloc.rpartition("@")
@@ -322,11 +253,10 @@ def _match(
 
 
 def _resolved_items(container: DictConfig) -> Iterator[tuple[Key, Any]]:
-    """``container``'s keys with their values as ``_get`` gives them.
+    """``container``'s keys with their values as ``_get`` gives them, resolving only what needs it.
 
-    OmegaConf resolves a value on every access, about 25 us each even for a node that is not an
-    interpolation; only interpolations (``${...}``) and missing values (``???``) need it, and a
-    config is mostly neither. The walk before a start's first process got twice as fast.
+    OmegaConf resolves on every access (~25 us a node); a config is mostly plain values, so this
+    made the walk before a start's first process twice as fast.
     """
     for key, raw in container.items_ex(resolve=False):
         if isinstance(raw, str) and ("${" in raw or raw == "???"):
@@ -378,20 +308,15 @@ def _assign(container: Any, key: Key, value: Any) -> None:
 
 
 def _resolved_copy(node: Any) -> Any:
-    """A plain copy of ``node`` with every value resolved; one that cannot be is copied as written.
-
-    An unresolvable ``${oc.env:MISSING}`` stays an interpolation in the copy, so the server
-    reports it exactly as it would have.
-    """
-    if isinstance(node, DictConfig):
-        raw = OmegaConf.to_container(node, resolve=False)
-        assert isinstance(raw, dict)
-        return {key: _resolved_item(node, key, raw[key]) for key in node}
-    if isinstance(node, ListConfig):
-        raw_items = OmegaConf.to_container(node, resolve=False)
-        assert isinstance(raw_items, list)
-        return [_resolved_item(node, index, raw_items[index]) for index in range(len(node))]
-    return node
+    """A plain copy of ``node`` with every value resolved; one that cannot be (``${oc.env:MISSING}``)
+    is copied as written, so the server reports it exactly as it would have."""
+    if not isinstance(node, (DictConfig, ListConfig)):
+        return node
+    raw = OmegaConf.to_container(node, resolve=False)
+    if isinstance(raw, dict):
+        return {key: _resolved_item(node, key, value) for key, value in raw.items()}
+    assert isinstance(raw, list)
+    return [_resolved_item(node, index, value) for index, value in enumerate(raw)]
 
 
 def _resolved_item(container: Any, key: Key, raw: Any) -> Any:

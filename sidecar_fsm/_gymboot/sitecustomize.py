@@ -1,21 +1,12 @@
 """``sidecar-fsm exec``'s bootstrap: NeMo Gym's sidecar launcher resolves to sidecar-fsm's.
 
-Python imports ``sitecustomize`` at start-up from the first folder on ``sys.path`` that has one.
 ``sidecar-fsm exec`` puts this folder first on ``PYTHONPATH``, so every Python process of the
-command, and of the children it starts (they inherit the variable: Gym's servers, Ray workers),
-runs this before any code of its own. It installs two ``sys.meta_path`` finders, then runs the
-``sitecustomize`` that would have run without us:
-
-- first on the path, for exactly ``nemo_gym.h2_ping_sidecar.launcher`` and ``.config``: the
-  module is sidecar-fsm's own module object (``sidecar_fsm.launcher`` / ``.config``), so Gym's
-  ``except SidecarError`` and ``patch.object(launcher, ...)`` see the same classes and globals;
-- last on the path, for ``nemo_gym`` and ``nemo_gym.h2_ping_sidecar`` only when no one else
-  provides them: empty packages, so the launcher resolves without NeMo Gym installed. With it
-  installed, every other module of ``nemo_gym`` stays Gym's.
-
-Must stay cheap and import nothing of sidecar_fsm at start-up: most Python processes of a run
-never import the launcher, and sidecar_fsm may not be importable in every interpreter the
-command starts (that import then fails with one line saying so). Standard library only.
+command and its children (Gym's servers, Ray workers) runs this first. Two ``sys.meta_path``
+finders: first on the path, Gym's ``launcher`` and ``config`` *are* sidecar-fsm's module objects
+(so ``except SidecarError`` and ``patch.object(launcher, ...)`` see the same classes and globals);
+last, empty ``nemo_gym`` parents only when NeMo Gym is not installed. Then the ``sitecustomize``
+that would have run without us runs. Standard library only and cheap: most processes never
+import the launcher, and sidecar_fsm may not be importable in every interpreter.
 """
 
 from __future__ import annotations
@@ -29,8 +20,7 @@ import sys
 from collections.abc import Sequence
 from types import ModuleType
 
-# Mirrored by sidecar_fsm.gymexec.REDIRECTED_MODULES (a test keeps the two equal): this file
-# cannot import it without importing sidecar_fsm in every Python process.
+# Mirrored by sidecar_fsm.gymexec.REDIRECTED_MODULES (a test keeps the two equal).
 _ALIASES = {
     "nemo_gym.h2_ping_sidecar.launcher": "sidecar_fsm.launcher",
     "nemo_gym.h2_ping_sidecar.config": "sidecar_fsm.config",

@@ -35,10 +35,7 @@ def is_loopback_host(host: str) -> bool:
 
 def split_listen(listen: str) -> tuple[str, int]:
     """(host, port) of a ``host:port`` listen address; an IPv6 host comes without its brackets.
-
-    Raises ``ValueError`` with "what is wrong; what to do" (no field, no value) for a missing or
-    bad host, an unbracketed IPv6 address, or a port that is not a number in 0-65535.
-    """
+    Raises ``ValueError`` for a bad host, an unbracketed IPv6 address or a bad port."""
     text = listen.strip()
     if text.startswith("["):
         host, sep, port = text[1:].partition("]:")

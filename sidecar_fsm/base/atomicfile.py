@@ -23,13 +23,10 @@ def temp_prefix(path: Path) -> str:
 
 
 def write_atomically(path: str | Path, text: str, *, mode: int | None = None) -> None:
-    """Write ``text`` to ``path`` through a temp file in the same folder and a rename.
+    """Write ``text`` to ``path`` through a temp file in the same folder, fsync and a rename.
 
-    A reader sees the old file or the whole new one, never a mix; the fsync makes the rename
-    durable before the caller reports it. ``mode`` (e.g. 0o644) is set whatever the umask;
-    None keeps the temp file's 0o600. A failure removes the temp file; a SIGKILL between its
-    creation and the rename leaves it, named ``temp_prefix(path) + ...``, for
-    ``remove_stale_temps``.
+    ``mode`` is set whatever the umask; None keeps the temp file's 0o600. A failure removes the
+    temp file; one a SIGKILL leaves is for ``remove_stale_temps``.
     """
     target = Path(path)
     fd, temp = tempfile.mkstemp(prefix=temp_prefix(target), dir=target.parent)
@@ -48,11 +45,8 @@ def write_atomically(path: str | Path, text: str, *, mode: int | None = None) ->
 
 
 def remove_stale_temps(path: Path) -> None:
-    """Remove the temp files a killed ``write_atomically(path, ...)`` left.
-
-    Only for a caller that holds the lock every writer of ``path`` takes around its write: then
-    no temp file can belong to a write in progress.
-    """
+    """Remove the temp files a killed ``write_atomically(path, ...)`` left. Only for a caller that
+    holds the lock every writer of ``path`` takes: then none belongs to a write in progress."""
     for stale in glob.glob(os.path.join(glob.escape(str(path.parent)), glob.escape(temp_prefix(path)) + "*")):
         with contextlib.suppress(FileNotFoundError):
             os.unlink(stale)

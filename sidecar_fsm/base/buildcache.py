@@ -1,19 +1,15 @@
 """The build cache of the h2-ping-sidecar binary: find Go, hash the sources, build once, rename in.
 
-Layout: ``<cache_dir>/h2-ping-sidecar/<sources hash>/<go version>/h2-ping-sidecar``. The hash
-covers the Go sources, so a binary built from other sources is never reused; the Go version is
-part of the path, so a toolchain upgrade builds afresh instead of running an old build.
-
-Locks and temp files live in ``<cache_dir>/h2-ping-sidecar/.build/``, never beside a binary:
-the folder of a built binary holds only the binary.
+Layout: ``<cache_dir>/h2-ping-sidecar/<sources hash>/<go version>/h2-ping-sidecar``, so other
+sources or a toolchain upgrade build afresh. Locks and temp files live in ``.build/`` beside the
+hash folders: a built binary's folder holds only the binary.
 
 Owns choosing the binary a start runs (``choose_binary``: the wheel's packaged one while the
 sources hash as it was built from, else the cache's), the layout, hashing the sources, and
-building under a file lock into a temp file renamed into place (the toolchain is ``gotool``'s,
-the build's command line ``gobuild``'s): concurrent runs build once, nothing executes a
-half-written binary, and an interrupted build leaves no go process, work folder or temp file.
-``trust`` judges every binary before use. Must not start or signal sidecars, nor touch the
-state database.
+building under a file lock into a temp file renamed into place (toolchain: ``gotool``; command
+line: ``gobuild``): concurrent runs build once, nothing executes a half-written binary, and an
+interrupted build leaves no go process, work folder or temp file. ``trust`` judges every binary
+before use. Must not start or signal sidecars, nor touch the state database.
 """
 
 from __future__ import annotations
@@ -90,13 +86,8 @@ Progress = Callable[[str], None]
 
 
 def sources_hash(source_dir: Path = SIDECAR_SOURCE_DIR) -> str:
-    """A 16-hex-digit digest of what ``go build`` compiles: non-test ``*.go``, ``go.mod``, ``go.sum``.
-
-    Names and contents both count (a renamed file can change the build: ``_linux.go``). Folders
-    the go tool ignores (``testdata``, ``.x``, ``_x``) are skipped. Read-only. Raises
-    ``SidecarError`` when the folder holds no Go sources at all. Hashed afresh on every call
-    (0.2-0.3 ms for go/'s 100 KB), so it can never name sources that changed since.
-    """
+    """``gobuild.digest_of`` the sources, hashed afresh on every call (0.2-0.3 ms for go/'s
+    100 KB), so it never names sources that changed since. Raises ``SidecarError`` if none."""
     result = gobuild.digest_of(gobuild.source_files(source_dir))
     if result is None:
         raise SidecarError(
@@ -107,22 +98,15 @@ def sources_hash(source_dir: Path = SIDECAR_SOURCE_DIR) -> str:
 
 
 def cache_dir_of(global_config_dict: Any) -> Path:
-    """The cache folder: the global config's ``cache_dir`` key, else ``cache``, absolute against the cwd.
-
-    ``cache`` is NeMo Gym's default, kept by the Python API; the command line uses
-    :func:`user_cache_dir` instead.
-    """
+    """The global config's ``cache_dir``, else ``cache`` (NeMo Gym's default; the command line
+    uses :func:`user_cache_dir`), absolute against the cwd."""
     value = global_config_dict.get(CACHE_DIR_KEY) if global_config_dict is not None else None
     return Path(os.path.abspath(os.path.expanduser(str(value or DEFAULT_CACHE_DIR))))
 
 
 def user_cache_dir() -> Path:
-    """``$XDG_CACHE_HOME/sidecar-fsm``, else ``~/.cache/sidecar-fsm``: the command line's cache.
-
-    One per user whatever the working directory, so ``sidecar-fsm start`` run from another
-    folder finds the binary it built before. A relative ``XDG_CACHE_HOME`` is ignored, as the
-    XDG Base Directory spec requires. No I/O.
-    """
+    """``$XDG_CACHE_HOME/sidecar-fsm``, else ``~/.cache/sidecar-fsm``: the command line's cache,
+    one per user whatever the cwd. A relative ``XDG_CACHE_HOME`` is ignored, as the spec says."""
     xdg = os.environ.get("XDG_CACHE_HOME", "")
     base = Path(xdg) if os.path.isabs(xdg) else Path(os.path.expanduser("~")) / ".cache"
     return base / USER_CACHE_NAME
@@ -167,10 +151,8 @@ class BinaryChoice(NamedTuple):
 def packaged_binary(sources: str) -> tuple[Path | None, str]:
     """The wheel's own binary when it was built from sources ``sources``, else None; and why.
 
-    A wheel carries the proxy compiled at wheel-build time with the hash of the ``go/`` it was
-    built from; an editable install or a source checkout carries none (it builds from ``go/``),
-    and a ``go/`` changed since the wheel was built hashes differently, so the cache builds it.
-    Read-only: two stats and one small read.
+    An editable install or a checkout carries none, and a ``go/`` changed since the wheel was
+    built hashes differently, so the cache builds it.
     """
     binary = PACKAGED_BIN_DIR / PACKAGED_BINARY_NAME
     if not _is_executable_file(binary):
@@ -195,14 +177,9 @@ def _check_packaged(binary: Path) -> None:
 
 
 def default_binary_path(global_config_dict: Any) -> Path:
-    """The binary the launcher runs for the bundled sources (the build cache's may not exist yet).
-
-    The wheel's packaged binary when it was built from the installed sources (see
-    :func:`packaged_binary`). Else, in the configured cache, with Go: the path for the current
-    toolchain's version; without Go: the newest binary already built from these sources. Runs
-    ``go env`` only when the version memo is cold. Raises ``SidecarError`` when there is neither
-    Go nor a prebuilt binary.
-    """
+    """The binary the launcher runs for the bundled sources: the packaged one, else the cache's
+    path for this Go (maybe not built yet), else without Go the newest prebuilt. Raises
+    ``SidecarError`` when there is neither Go nor a prebuilt binary."""
     cache_dir = cache_dir_of(global_config_dict)
     sources = sources_hash()
     packaged, _ = packaged_binary(sources)
@@ -228,16 +205,13 @@ class _BuildPlaces(NamedTuple):
 
 
 def _build_places(output_path: Path) -> _BuildPlaces:
-    """The lock and temp places of a build of ``output_path``, none of them in its folder.
+    """The lock and temp places of a build of ``output_path``.
 
-    In the cache layout, ``<cache_dir>/h2-ping-sidecar/.build/<sources>-<version>.lock`` and
-    temp folders beside it: under the cache, so on its filesystem (the rename into place stays
-    atomic) and shared with every run (and host) that shares the cache. Any other output path
-    (``sidecar.binary``, or Gym's ``build_sidecar(path)``) takes the one lock of such builds in
-    the user's cache, ``.build/outside-cache.lock`` (a lock per path, named by its digest, piled
-    up one file per temp path a test or job built to; such builds are rare, so they take turns),
-    and a hidden temp folder beside the output, which exists only while a build runs: the
-    rename needs the same filesystem.
+    In the cache layout, ``.build/<sources>-<version>.lock`` and temp folders beside it: on the
+    cache's filesystem (the rename stays atomic) and shared by every run and host sharing it.
+    Any other output path (``sidecar.binary``, Gym's ``build_sidecar(path)``) takes the one
+    ``outside-cache.lock`` in the user's cache (per-path locks piled up; such builds are rare,
+    so they take turns) and a hidden temp folder beside the output.
     """
     version_dir = output_path.parent
     root = version_dir.parent.parent
@@ -267,12 +241,8 @@ def _remove_path_digest_locks(build_dir: Path) -> None:
 
 
 def _remove_stale_temps(places: _BuildPlaces) -> None:
-    """Remove temp folders left by a build that was SIGKILLed (no ``finally`` ran); under the lock.
-
-    In the cache the lock excludes every other build of this output, so all of them go. The
-    lock of a path outside the cache is per user and host: there only those older than the
-    build timeout go, as a younger one may belong to a build still running on another host.
-    """
+    """Remove temp folders a SIGKILLed build left; under the lock. Outside the cache the lock is
+    per user and host, so only those older than the build timeout go (another host may build)."""
     too_old = time.time() - places.stale_after_seconds
     for stale in places.temp_dir.glob(f"{glob.escape(places.temp_prefix)}*"):
         with contextlib.suppress(OSError):
@@ -281,12 +251,8 @@ def _remove_stale_temps(places: _BuildPlaces) -> None:
 
 
 def _clean_after_killed_build(output_path: Path) -> None:
-    """A warm start's cleanup of what a SIGKILLed build of ``output_path`` left (its temp folder,
-    go's work files in it), when the lock shows no build of it runs now.
-
-    The binary may exist (another run built it after the kill), so no build would ever come
-    to clean up. One ``listdir`` when nothing is left, which is the usual case; never waits.
-    """
+    """A warm start's cleanup of what a SIGKILLed build of ``output_path`` left, when the lock
+    shows no build runs: with the binary there, no build would come to clean up. Never waits."""
     places = _build_places(output_path)
     try:
         leftovers = [name for name in os.listdir(places.temp_dir) if name.startswith(places.temp_prefix)]
@@ -317,15 +283,11 @@ def _run_go_build(
     command: list[str], source_dir: Path, go_temp: Path, progress: Progress | None
 ) -> tuple[int, bytes]:
     """Run ``go build``; its exit code and output. ``progress`` hears the elapsed time every
-    ``BUILD_TICK_SECONDS``. Raises ``subprocess.TimeoutExpired`` (the build killed) past
-    ``_BUILD_TIMEOUT_SECONDS``.
+    ``BUILD_TICK_SECONDS``. Raises ``subprocess.TimeoutExpired`` (go killed) past the timeout.
 
-    go runs in its own session, dying with this thread (``procs.start_tied``): a Ctrl-C reaches
-    only us, and whatever ends the wait here (the timeout, ``KeyboardInterrupt``, a SIGTERM
-    raised as an exception) kills go and the compilers it started before the caller removes
-    ``go_temp``, so no compiler writes into a folder being removed. A SIGKILL of this process
-    kills go itself through the kernel; go's last compilers finish within seconds, and the next
-    start removes the temp folder (``_clean_after_killed_build``).
+    Whatever ends the wait (timeout, ``KeyboardInterrupt``, SIGTERM as an exception) kills go
+    and its compilers before the caller removes ``go_temp``. Our SIGKILL kills go through the
+    kernel (``procs.start_tied``); the next start removes the temp folder.
     """
     started = time.monotonic()
     env = gobuild.build_environment(go_env(), str(go_temp))
@@ -353,13 +315,9 @@ def _run_go_build(
 def _compile(
     go: Path, output_path: Path, source_dir: Path, places: _BuildPlaces, progress: Progress | None = None
 ) -> None:
-    """``go build`` into a private temp folder (``places``), then rename the file in.
-
-    The temp folder is on the same filesystem, so ``os.replace`` is atomic: the final path holds
-    nothing or a complete, fsynced, executable binary, never a half-written one, even if this
-    process dies mid-build. go's own work folder (``go-build*``) is made inside it too, and the
-    whole folder is removed on every path out, an interrupt included.
-    """
+    """``go build`` into a private temp folder on the same filesystem, then rename the file in:
+    the final path holds nothing or a complete, fsynced binary. go's work folder is made inside
+    it too, and the whole folder is removed on every path out."""
     temp_dir = Path(tempfile.mkdtemp(prefix=places.temp_prefix, dir=places.temp_dir))
     try:
         temp_binary = temp_dir / SIDECAR_BINARY_NAME
@@ -440,11 +398,8 @@ def build_sidecar(
 ) -> None:
     """Compile ``source_dir`` into ``output_path`` (NeMo Gym's name), safe against concurrent builds.
 
-    Under a file lock kept out of the output's folder (see ``_build_places``); after taking it,
-    an executable already at ``output_path`` is kept (a concurrent run built it) unless
-    ``force``. ``progress`` is told when a build really starts or has to wait for another one.
-    Raises ``SidecarError`` when no Go
-    is found or the build fails (compiler output on the lines after the first).
+    An executable already there once the lock is held is kept unless ``force``. Raises
+    ``SidecarError`` when no Go is found or the build fails (compiler output after line one).
     """
     go = find_go()
     if go is None:
@@ -464,18 +419,11 @@ def choose_binary(
 ) -> BinaryChoice:
     """The binary for ``source_dir`` and why: the packaged one, else the cache's, built if allowed.
 
-    The wheel's packaged binary when it was built from these very sources (no Go, no build).
-    Else the cache: warm path, hash the sources, read the version memo, stat the binary (a few
-    milliseconds, no subprocess); cold path, one build per cache however many processes ask at
-    once, the rest wait on the lock and find the file. Without Go, the newest binary already
-    built from these sources is used, and so it is when ``build_if_missing`` is false and this
-    Go's build is missing.
-
-    Trusted before it is used and before anything is built (``trust.binary_problem``, from the
-    cache root or ``/`` for the packaged one): a cache that another user can write raises
-    ``ConfigError`` in one line without spending a build. Raises ``SidecarError`` when there is
-    no Go and no prebuilt binary, when nothing was built from these sources and
-    ``build_if_missing`` is false, or when the build fails.
+    Warm path: hash, version memo, stat (no subprocess). Cold path: one build per cache, the
+    rest wait on the lock. Without Go, or with ``build_if_missing`` false, the newest binary
+    built from these sources under any Go. Trusted (``trust``) before use and before any build:
+    a cache others can write raises ``ConfigError`` without spending a build. Raises
+    ``SidecarError`` when there is nothing to run and nothing may be built, or the build fails.
     """
     cache_dir = Path(os.path.abspath(cache_dir))
     sources = sources_hash(source_dir)

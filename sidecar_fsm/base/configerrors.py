@@ -1,15 +1,11 @@
 """The words of a bad ``sidecar:`` block: each problem as one line, raised as pydantic's error.
 
-Owns every message the block produces, ``sidecar.<path>: '<value>' <what is wrong>; <what to do>``
-(the rare example after it goes on later lines), and the exception that carries them: a
-``pydantic.ValidationError``, as NeMo Gym's schema raises, so Gym's ``except ValidationError``
-and ``pytest.raises(ValidationError, match=...)`` keep working. Each error keeps pydantic's
-``type`` and ``loc``; its ``msg`` is our line; the bad input is shown only as that line quotes it
-(credentials masked), never by pydantic's ``input_value``. ``describe_error`` renders any config
-error, ours or a ``ConfigError``, as the text the CLI prints.
-
-Must not validate anything (``config`` and the value modules decide; this module words) and
-must not do I/O.
+Owns every message the block produces, ``sidecar.<path>: '<value>' <what is wrong>; <what to do>``,
+and the exception that carries them: a ``pydantic.ValidationError``, as NeMo Gym's schema raises,
+so Gym's ``except ValidationError`` keeps working. Each error keeps pydantic's ``type`` and
+``loc``; its ``msg`` is our line, which alone quotes the input (credentials masked).
+``describe_error`` renders any config error as the text the CLI prints. Must not validate
+anything (``config`` decides; this module words) nor do I/O.
 """
 
 from __future__ import annotations
@@ -44,13 +40,9 @@ OMIT = Omit()
 
 
 class Problem(ValueError):
-    """A validation failure already worded for the user, minus the field path and quoted value.
-
-    Raised inside validators (pydantic turns it into a ``value_error`` whose context keeps this
-    object), so the translator can prefix the full field path, which a validator cannot know.
-    ``path`` extends pydantic's location for model-level checks that blame one nested field,
-    whose ``value`` is then quoted instead of the model's input. A plain ``ValueError`` raised
-    by a field validator is worded the same way, with no path of its own.
+    """A validation failure already worded for the user, minus the field path and quoted value,
+    which the translator adds (a validator cannot know the path). ``path`` extends pydantic's
+    location for a model-level check that blames one nested field, whose ``value`` is quoted.
     """
 
     def __init__(self, what: str, *, path: tuple[str | int, ...] = (), value: object = None) -> None:
@@ -97,11 +89,8 @@ def translate(exc: ValidationError, root: type[BaseModel], where: str) -> Valida
 
 
 def describe_error(exc: BaseException) -> str:
-    """The text the CLI prints for a config error: the first problem on line one, then the rest.
-
-    Takes the ``ValidationError`` the schema raises (another model's is worded from its own
-    ``loc`` and ``msg``) or any other exception, such as ``ConfigError`` (its own text).
-    """
+    """The text the CLI prints for a config error (a ``ValidationError`` or any exception, such
+    as ``ConfigError``): the first problem on line one, then the rest."""
     if not isinstance(exc, ValidationError):
         return str(exc).strip() or type(exc).__name__
     lines = [_line_of(error) for error in exc.errors()]

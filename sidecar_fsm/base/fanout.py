@@ -1,13 +1,10 @@
 """Asking many local processes at once against one deadline: the start's verdicts, the scrapes.
 
-Owns the one fan-out the launcher and the views share: a daemon thread per item, every one
-against the same ``time.monotonic()`` deadline, so N sidecars cost the slowest answer, not the
-sum, and one that never answers (a SIGSTOPped proxy) costs the deadline, not a hang.
-
-A thread still blocked at the deadline is abandoned, not joined: the work's own socket timeout
-ends it shortly after, and being a daemon it can never hold the process open. Its late result
-is dropped, so the caller sees exactly what finished in time. Must not know what is asked:
-the work function and what a missing answer means are the caller's.
+Owns the one fan-out the launcher and the views share: a daemon thread per item against one
+deadline, so N sidecars cost the slowest answer, and one that never answers (a SIGSTOPped
+proxy) costs the deadline, not a hang. A thread still blocked then is abandoned (its socket
+timeout ends it; a daemon never holds the process open) and its late result dropped. Must not
+know what is asked: the work and what a missing answer means are the caller's.
 """
 
 from __future__ import annotations

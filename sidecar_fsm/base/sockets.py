@@ -1,18 +1,14 @@
 """Which TCP addresses a process itself listens on, from ``/proc``: proof that an address is its.
 
-A ready file (or a recorded metrics address) is only words in a file; anyone who can write the
-file, or who holds a port of their own, could name an address that is not the child's and have
-requests, with their ``Authorization`` headers, sent there. The kernel's word is not: a socket
-is the child's when one of ``/proc/<pid>/fd`` is that socket (``socket:[inode]``) and the
-kernel lists that inode as LISTEN on the address. The LISTEN table is asked over netlink
-(``sock_diag``, listening sockets only: well under a millisecond), falling back to
-``/proc/<pid>/net/tcp`` and ``tcp6``, which the kernel builds by walking every connection of
-the host (tens of milliseconds on a busy one: too slow to sit between a proxy's ready file and
-the start that waits for it).
+A ready file is only words (anyone who can write it could send requests, with their
+``Authorization`` headers, to a port of their own); the kernel's word is not. A socket is the
+child's when one of ``/proc/<pid>/fd`` is ``socket:[inode]`` and the kernel lists that inode as
+LISTEN on the address. The LISTEN table is asked over netlink (``sock_diag``: well under a
+millisecond), falling back to ``/proc/<pid>/net/tcp*``, which walks every connection of the host
+(tens of milliseconds on a busy one: too slow to sit between a ready file and the start).
 
-Owns reading those files and matching an address against them. Used through ``procs`` (the one
-place a process's identity is judged); must not signal, spawn or open a connection. Linux only;
-anything unreadable (a process gone, another user's) answers "not listening".
+Used through ``procs``; must not signal, spawn or open a connection. Linux only; anything
+unreadable (a process gone, another user's) answers "not listening".
 """
 
 from __future__ import annotations
@@ -76,13 +72,8 @@ def _listeners_by_netlink() -> dict[int, tuple[_IPAddress, int]] | None:
             link.settimeout(2.0)
             for sequence, family in enumerate((socket.AF_INET, socket.AF_INET6), start=1):
                 body = _DIAG_REQUEST.pack(family, socket.IPPROTO_TCP, 0, 0, _TCP_LISTEN_BIT)
-                flags = _NLM_F_REQUEST | _NLM_F_DUMP
-                link.send(
-                    _NLMSG_HEADER.pack(
-                        _NLMSG_HEADER.size + len(body), _SOCK_DIAG_BY_FAMILY, flags, sequence, 0
-                    )
-                    + body
-                )
+                size, flags = _NLMSG_HEADER.size + len(body), _NLM_F_REQUEST | _NLM_F_DUMP
+                link.send(_NLMSG_HEADER.pack(size, _SOCK_DIAG_BY_FAMILY, flags, sequence, 0) + body)
                 if not _read_dump(link, found):
                     return None
     except OSError:
@@ -110,12 +101,8 @@ def _read_dump(link: socket.socket, found: dict[int, tuple[_IPAddress, int]]) ->
 
 
 def listening(pid: int) -> set[tuple[_IPAddress, int]]:
-    """(address, port) of every TCP socket ``pid`` itself holds in LISTEN state. Read-only.
-
-    Empty when the process is gone or its descriptors cannot be read (another user's). The
-    listeners are read in this process's network namespace (the child was spawned in it), or
-    in the child's through ``/proc/<pid>/net`` where netlink cannot answer.
-    """
+    """(address, port) of every TCP socket ``pid`` itself holds in LISTEN state; empty when
+    unreadable. Netlink reads our network namespace (the child was spawned in it)."""
     inodes = _socket_inodes(pid)
     found: set[tuple[_IPAddress, int]] = set()
     if not inodes:
@@ -158,12 +145,10 @@ def _plain(address: _IPAddress) -> _IPAddress:
 
 
 def listens_on(pid: int, address: str) -> bool:
-    """True if ``pid`` itself listens on ``address`` (``host:port``). Read-only.
+    """True if ``pid`` itself listens on ``address`` (``host:port``); False if malformed or port 0.
 
-    A listener on the wildcard address of the family (``0.0.0.0``, ``::``, which also takes IPv4
-    unless v6-only) on that port counts: connections to the address reach it, and no other
-    user can bind a more specific address on a port a wildcard holds. Port 0 is never listened
-    on. A malformed address is False.
+    A wildcard listener (``0.0.0.0``, or ``::``, which also takes IPv4) on the port counts:
+    connections reach it, and no other user can bind a more specific address on that port.
     """
     try:
         host, port = split_listen(address)

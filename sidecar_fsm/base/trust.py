@@ -1,19 +1,15 @@
 """Who can write a path: the ownership and mode checks behind "trust only what only you can write".
 
-The log dir (its database, logs and ready files) decides which process is signalled and where
-requests go, and the binary decides what runs, so each is used only when no other user can
-write it, as OpenSSH's ``StrictModes`` judges a home folder: owned by this user or root, and not
-writable by group or others. A sticky folder (``/tmp``) above a binary is fine, since no one
-else can rename or delete what is in it; a sticky log dir is not, since anyone may still plant
-a new file there (a ready file before the proxy writes its own, a database before ours).
-A group that holds no other user is no other user (Debian's OpenSSH ``user-group-modes`` rule):
-what only this user's private group can write is trusted, so a tree made under umask 002, the
-default of Debian and Ubuntu for users with a private group, works unchanged.
+The log dir decides which process is signalled and where requests go, and the binary what
+runs, so each is used only when no other user can write it, as OpenSSH's ``StrictModes`` judges:
+owned by this user or root, not writable by group or others. A sticky folder (``/tmp``) above a
+binary is fine (no one else can rename what is in it); a sticky log dir is not (anyone may plant
+a new file). A group that holds no other user is no other user (Debian's ``user-group-modes``),
+so a tree made under umask 002, Debian's and Ubuntu's default, works unchanged.
 
-Owns those judgements and making folders writable by their owner only whatever the umask
-(``make_dirs``). Read-only otherwise: it never changes a mode or an owner (the fix is the
-user's call, so the message names it), never opens a file, and raises only ``SidecarError``
-subclasses with one line naming the path, its owner and mode, and the fix.
+Owns those judgements and ``make_dirs`` (owner-writable whatever the umask). Never changes a
+mode or an owner (the message names the fix), never opens a file, and raises only
+``SidecarError`` subclasses with one line naming the path, its owner and mode, and the fix.
 """
 
 from __future__ import annotations
@@ -28,8 +24,7 @@ from pathlib import Path
 from sidecar_fsm.errors import ConfigError, UnusableStateError
 
 # Folders this package makes: readable by all (a Prometheus server of its own user reads the
-# file_sd file; other users may run the cached binary), writable by their owner only. mkdir
-# applies the umask on top, which can only take bits away.
+# file_sd file; other users may run the cached binary), writable by their owner only.
 DIR_MODE = 0o755
 # Files this package makes (logs); the database and its -wal/-shm get SQLite's 0644.
 FILE_MODE = 0o644
@@ -64,12 +59,9 @@ def _group_name(gid: int) -> str:
 def other_group_members(gid: int) -> list[str] | None:
     """The users of group ``gid`` other than this one; None when it is this user's private group.
 
-    Debian's OpenSSH rule (``secure_permissions``, its user-group-modes patch): the group must
-    exist and have exactly one member, this user, counting both its listed members and every
-    account whose primary group it is. A group with no member at all is not private (set-gid
-    programs use those), nor is one NSS does not know. Accounts are read as ``getpwent`` lists
-    them (a directory service that does not enumerate shows only its local ones, as it does to
-    OpenSSH). Read-only; called only for a group-writable entry, so a start pays nothing else.
+    Debian's OpenSSH rule (``secure_permissions``): exactly one member, this user, counting
+    listed members and accounts whose primary group it is (as ``getpwent`` lists them). A group
+    with no member (set-gid programs use those) or unknown to NSS is not private.
     """
     try:
         group = grp.getgrgid(gid)
@@ -110,8 +102,7 @@ def _entry_problem(path: str, st: os.stat_result, *, sticky_ok: bool) -> str | N
 
 
 def _lstat(path: str) -> os.stat_result | None:
-    """None when ``path`` is missing or cannot be looked at (a file in the way, no permission):
-    nothing is there to trust or distrust, and the caller reports what it cannot use."""
+    """None when ``path`` is missing or cannot be looked at: the caller reports what it cannot use."""
     try:
         return os.lstat(path)
     except OSError:
@@ -121,10 +112,8 @@ def _lstat(path: str) -> os.stat_result | None:
 def folder_problem(path: str | os.PathLike[str]) -> str | None:
     """Why the folder at ``path`` must not hold our state, in words; None if it may or is missing.
 
-    Read-only. A symlink in its place must be ours or root's (another user could point it
-    elsewhere later); the folder it names is then judged. Sticky or not, a folder others may
-    write is refused: they could plant an entry under a name we are about to use. A file in the
-    way is not judged here (the caller reports it as unusable).
+    A symlink in its place must be ours or root's, then the folder it names is judged. Sticky or
+    not, a folder others may write is refused. A file in the way is the caller's to report.
     """
     text = os.path.abspath(path)
     st = _lstat(text)
@@ -144,17 +133,15 @@ def folder_problem(path: str | os.PathLike[str]) -> str | None:
 
 
 def file_problem(path: str | os.PathLike[str]) -> str | None:
-    """Why a file we are about to trust (a database) could have been written by another user;
-    None if it could not or does not exist. Read-only."""
+    """Why a file we are about to trust (a database) could have been written by another user."""
     text = os.path.abspath(path)
     st = _lstat(text)
     return None if st is None else _entry_problem(text, st, sticky_ok=False)
 
 
 def log_dir_problem(log_dir: str | os.PathLike[str], state_dir: str | None = None) -> str | None:
-    """One line on why ``log_dir`` (and ``state_dir`` inside it, if given) cannot be trusted, with
-    the fix; None when it can or does not exist yet. Read-only: for refusing (writers) and for
-    warning (``status``, ``history``, ``top``, ``query``)."""
+    """One line on why ``log_dir`` (and ``state_dir`` inside it) cannot be trusted, with the fix;
+    None when it can or does not exist yet. Writers refuse on it, readers warn."""
     for folder in (log_dir, state_dir):
         if folder is None:
             continue
@@ -180,9 +167,8 @@ def check_log_dir(log_dir: str | os.PathLike[str], state_dir: str | None = None)
 def make_dirs(path: str | os.PathLike[str]) -> list[Path]:
     """Make ``path`` and its missing parents with ``DIR_MODE`` (minus the umask); the ones made.
 
-    ``os.makedirs``/``Path.mkdir(parents=True)`` give the parents ``0o777`` minus the umask,
-    which under a umask of 0 is a folder anyone may write. A folder made concurrently by another
-    process is taken as it is (callers that trust it judge it after). Raises ``OSError``.
+    ``os.makedirs`` gives the parents ``0o777`` minus the umask: anyone's under a umask of 0. A
+    folder made concurrently is taken as it is (callers that trust it judge it after).
     """
     target = Path(os.path.abspath(path))
     missing: list[Path] = []
@@ -202,17 +188,9 @@ def make_dirs(path: str | os.PathLike[str]) -> list[Path]:
     return made
 
 
-def _chain(path: Path, root: Path) -> list[Path]:
-    """``root``, each folder below it and ``path`` itself, top down (``path`` must be under ``root``)."""
-    relative = path.relative_to(root)
-    chain = [root]
-    for part in relative.parts:
-        chain.append(chain[-1] / part)
-    return chain
-
-
 def _chain_problem(path: Path, root: Path) -> str | None:
-    for entry in _chain(path, root):
+    """The first problem from ``root`` down to ``path`` (which must be under it)."""
+    for entry in [*(root / above for above in reversed(path.relative_to(root).parents)), path]:
         st = _lstat(str(entry))
         if st is None:
             return None  # the caller reports a missing binary in its own words
@@ -225,11 +203,8 @@ def _chain_problem(path: Path, root: Path) -> str | None:
 def binary_problem(binary: str | os.PathLike[str], root: str | os.PathLike[str] = "/") -> str | None:
     """The first path that another user could change to swap ``binary``, in words; None if none.
 
-    Judged from ``root`` (the build cache's folder, or ``/``) down to the binary itself: each
-    must be owned by us or root and not writable by group or others, except that a sticky
-    folder above the binary is fine. Symlinks on the way are judged by their owner, then the
-    resolved path is judged the same way from ``/`` (or from the resolved root, when it is
-    under it). Read-only.
+    Judged from ``root`` (the build cache's folder, or ``/``) down to the binary; symlinks on the
+    way by their owner, then the resolved path from ``/`` (or the resolved root, if under it).
     """
     path = Path(os.path.abspath(binary))
     top = Path(os.path.abspath(root))

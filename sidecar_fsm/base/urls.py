@@ -33,12 +33,8 @@ _UPSTREAM_HINT = "use https://HOST[:PORT]"
 
 @dataclass(frozen=True)
 class Origin:
-    """The part of a URL that decides which server a request reaches.
-
-    ``host`` is lower-cased (IPv6 in its compressed form, without brackets) and ``port`` is the
-    effective port, so ``https://API.example.com`` and ``https://api.example.com:443`` compare
-    equal.
-    """
+    """The part of a URL that decides which server a request reaches: ``host`` lower-cased (IPv6
+    compressed, no brackets), ``port`` the effective one, so equal origins compare equal."""
 
     scheme: str
     host: str
@@ -59,8 +55,8 @@ class Origin:
 def parse_origin(url: str) -> Origin:
     """The origin of ``url``; raises ``ValueError`` whose text says what is wrong (no field, no value).
 
-    Read-only and pure. Userinfo, path, query and fragment are ignored. A scheme other than
-    http/https is accepted only with an explicit port, since there is no default to compare with.
+    Userinfo, path, query and fragment are ignored. A scheme other than http/https needs an
+    explicit port: there is no default to compare with.
     """
     parts = split_url(url.strip())
     scheme = parts.scheme.lower()
@@ -83,11 +79,8 @@ def parse_origin(url: str) -> Origin:
 
 
 def split_url(url: str) -> SplitResult:
-    """``urlsplit(url)``, raising ``ValueError`` with wording that does not change between Pythons.
-
-    urllib refuses unbalanced brackets and (newer releases) a bracketed host that is not an IP
-    address; its own messages differ from one release to the next.
-    """
+    """``urlsplit(url)``, raising ``ValueError`` with wording that does not change between Pythons
+    (urllib's messages for bad brackets differ from one release to the next)."""
     what = "is not a valid URL (bad IPv6 address in brackets)" if "[" in url else "is not a valid URL"
     try:
         parts = urlsplit(url)
@@ -116,11 +109,9 @@ def _normalize_host(parts: SplitResult) -> str:
 def upstream_origin(url: str, field: str = "upstream") -> str:
     """``url`` reduced to ``https://host[:port]``: host lower-cased, port 443 dropped, path dropped.
 
-    NeMo Gym's ``config.upstream_origin(url)``, plus the field to name. The proxy uses only the
-    origin of its upstream (a path would be silently prepended to every request otherwise), so
-    the config keeps only that. Raises ``ConfigError`` (a ``ValueError``, as Gym's raises)
-    naming ``field`` and the value (credentials masked) for a scheme other than https (HTTP/2 is
-    chosen by ALPN, so there is no cleartext variant), a missing host or a bad port.
+    NeMo Gym's ``config.upstream_origin(url)``, plus the field to name: the proxy uses only the
+    origin (a path would be silently prepended to every request). Raises ``ConfigError`` (a
+    ``ValueError``, as Gym's) naming ``field`` and the value, credentials masked.
     """
     try:
         return normalize_upstream(url)
@@ -129,11 +120,8 @@ def upstream_origin(url: str, field: str = "upstream") -> str:
 
 
 def normalize_upstream(url: str) -> str:
-    """As ``upstream_origin``, but raises ``ValueError`` with only "what is wrong; what to do".
-
-    For callers that put the field and the value in front themselves (the config schema, whose
-    field path is known only to its error translator).
-    """
+    """As ``upstream_origin``, but raises ``ValueError`` with only "what is wrong; what to do",
+    for callers that put the field and the value in front themselves (the config schema)."""
     scheme, sep, _ = url.strip().partition("://")
     if sep and scheme.lower() != "https":
         raise ValueError(f"must be https:// (HTTP/2 is chosen by ALPN); {_UPSTREAM_HINT}")
@@ -149,18 +137,12 @@ def is_valid_host_name(host: str) -> bool:
 
 
 def without_userinfo(url: str) -> str:
-    """``url`` with any ``user:password@`` replaced by ``***@``; for error messages.
-
-    Never raises, even for text that is not a URL: it is used on the bad values being reported.
-    """
+    """``url`` with any ``user:password@`` replaced by ``***@``; for error messages. Never raises,
+    even for text that is not a URL: it is used on the bad values being reported."""
     scheme, sep, rest = url.partition("://")
     if not sep:
         return url
-    end = len(rest)
-    for stop in "/?#":
-        i = rest.find(stop)
-        if i != -1:
-            end = min(end, i)
+    end = min((i for i in map(rest.find, "/?#") if i != -1), default=len(rest))
     authority = rest[:end]
     at = authority.rfind("@")
     if at == -1:

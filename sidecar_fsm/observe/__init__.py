@@ -1,11 +1,9 @@
 """The observation layer: what runs now, judged once, for every command that asks.
 
-Owns the verdicts on a recorded run against the machine as it is (``verdicts``: the owner's
-``Owner``, each instance's process as one closed set, ``Process``; the identity a signal must
-match; the proof that a proxy itself listens on its metrics address) and one run observed whole
-(``runs``: ``observe``, the sidecars no record names, whether a run ended with its owner).
-``status``, ``top``, ``history``, ``stop``, ``reap``, the Prometheus target file and ``status
---ray`` all read these, so no two of them can disagree on what runs: supervisor's lesson, a
+Owns the verdicts on a recorded run against the machine as it is (``verdicts``: ``Owner``,
+``Process``, the identity a signal must match, the proof of a metrics address) and one run
+observed whole (``runs``). ``status``, ``top``, ``history``, ``stop``, ``reap`` and the
+Prometheus targets all read these, so no two can disagree on what runs: supervisor's lesson, a
 judgement re-derived by each caller drifts apart.
 
 Read-only: never writes a row, changes a state or signals a process (``run`` acts on what is

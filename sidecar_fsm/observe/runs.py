@@ -1,11 +1,8 @@
 """One run observed whole: its owner's verdict, each instance's process, the sidecars no row names.
 
-Owns ``observe`` (a recorded run judged against the machine now, with ``verdicts``), the search
-for sidecars a killed launcher never recorded (``procs.find_ours``) and the judgements read off
-one observation by more than one command: which processes are ours to end (``to_end``: what
-``reap`` signals and what ``status`` calls running under a gone owner) and whether a run ended
-with its owner (nothing of it left running). Read-only; must not signal, change a state or
-word anything for people.
+Owns ``observe``, the search for sidecars a killed launcher never recorded, and the judgements
+more than one command reads off an observation (``to_end``, ``ended_with_owner``). Read-only;
+must not signal, change a state or word anything for people.
 """
 
 from __future__ import annotations
@@ -35,13 +32,10 @@ __all__ = ["RunObservation", "ended_with_owner", "found_ours", "listen_holder", 
 class RunObservation:
     """One run as it is now: the record, the verdict on its owner, its instances.
 
-    ``processes`` maps the id of each instance with a recorded process (``WITH_PROCESS`` and a
-    pid) to the verdict on that pid from its record alone. For a run whose owner is gone,
-    ``procs.find_ours`` also proves processes ours by the run's claim (executable, ready path in
-    argv, started after the run): ``claimed`` holds one at the recorded pid that the record
-    alone could not prove (no start time recorded), ``unrecorded`` the ones at pids no row names
-    (a launcher killed between a spawn and its commit). Either makes the instance running.
-    ``log_dir`` is where the run was read from, so every hint can name it.
+    ``processes``: instance id -> the verdict on its recorded pid from the record alone. For a
+    run whose owner is gone, the run's claim proves more ours: ``claimed``, one at the recorded
+    pid the record could not prove; ``unrecorded``, ones at pids no row names. Either makes the
+    instance running. ``log_dir`` is where the run was read from, so every hint can name it.
     """
 
     run: RunRecord
@@ -80,13 +74,8 @@ class RunObservation:
 
 
 def ended_with_owner(observed: RunObservation) -> bool:
-    """A run whose owner is gone and nothing of which runs any more: it ended by itself.
-
-    A launcher killed with -9 (or an actor ``ray.kill``ed) records nothing more, while its
-    sidecars, with ``exit_with_owner``, drain and exit by themselves. Nothing is left to end
-    (a process that cannot be proven ours might be, so it counts as left), and ``reap`` only
-    closes the record.
-    """
+    """A run whose owner is gone and nothing of which runs any more (an unproven process counts
+    as left): its sidecars drained and exited with their owner, and ``reap`` only closes it."""
     if not observed.owner_gone:
         return False
     return all(
@@ -95,13 +84,8 @@ def ended_with_owner(observed: RunObservation) -> bool:
 
 
 def found_ours(run: RunRecord, instances: Sequence[InstanceRecord]) -> dict[int, list[procs.ProcessIdentity]]:
-    """Per instance not yet terminal, the live processes its run's claim proves ours.
-
-    A launcher killed between a spawn and the commit of its pid leaves a sidecar behind a
-    ``configured`` row (or, mid-restart, behind the pid it replaced). One scan of the process
-    table for the whole run, so only asked for a run whose owner is gone: a live launcher
-    records its pids itself.
-    """
+    """Per instance not yet terminal, the live processes its run's claim proves ours. One scan of
+    the process table, so asked only when the owner is gone: a live launcher records its pids."""
     claims = {
         inst.id: procs.Claim(inst.binary, inst.ready_path, run.started_at)
         for inst in instances

@@ -1,12 +1,9 @@
 """The verdicts on one record: is its owner alive, what runs at its pid, may its metrics be asked.
 
-Owns the closed sets ``Owner`` and ``Process``, each decided through ``procs`` (pid, start time
-and executable, never the pid alone), the identity a signal to a recorded process must match,
-and the proof of a metrics address (the proxy itself listens on it: ``procs.listens_on``).
-A record that cannot prove its process (no start time recorded, or no executable) is
-``UNPROVEN``: never signalled, never taken for gone. Another host's pids mean nothing here, so
-its records are ``OTHER_HOST``, judged only on that host. Read-only; must not signal, open the
-database or word a verdict for people (``view`` does).
+Owns the closed sets ``Owner`` and ``Process``, each decided through ``procs``, the identity a
+signal to a recorded process must match, and the proof of a metrics address. Another host's pids
+mean nothing here (``OTHER_HOST``). Read-only; must not signal, open the database or word a
+verdict for people (``view`` does).
 """
 
 from __future__ import annotations
@@ -36,8 +33,8 @@ class Owner(_Verdict):
     DEAD = "dead"
     # The pid now belongs to another process (its start time or executable differ).
     REUSED = "reused"
-    # A process lives at the pid but no start time was recorded to prove it the owner: ``stop``
-    # does not signal it and ``reap`` does not reap it (it may still own the run).
+    # A process lives at the pid but no start time proves it the owner (it may still be one):
+    # ``stop`` does not signal it, ``reap`` does not reap it.
     UNPROVEN = "unproven"
     OTHER_HOST = "other host"
 
@@ -50,8 +47,8 @@ class Process(_Verdict):
     STOPPED = "stopped"
     GONE = "gone"
     REUSED = "reused"
-    # A process lives at the pid, but the record lacks the start time or executable to prove it
-    # ours: never signalled, and not taken for gone.
+    # A process lives at the pid, but no start time or executable proves it ours: never
+    # signalled, and not taken for gone.
     UNPROVEN = "unproven"
     OTHER_HOST = "other host"
 
@@ -116,10 +113,6 @@ def metrics_claimed(inst: InstanceRecord, process: Process | None) -> str | None
 
 
 def metrics_proven(inst: InstanceRecord) -> bool:
-    """True when ``inst``'s recorded process itself listens on its recorded metrics address.
-
-    The address is words a ready file gave, and a dead sidecar's port may belong to another
-    process by now: only a port the proxy itself holds is scraped or listed for Prometheus,
-    whose figures would otherwise be shown as the proxy's.
-    """
+    """True when ``inst``'s recorded process itself listens on its recorded metrics address: a dead
+    sidecar's port may be another process's by now, whose figures would pass for the proxy's."""
     return bool(inst.pid and inst.metrics and procs.listens_on(inst.pid, inst.metrics))

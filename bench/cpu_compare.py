@@ -1,5 +1,6 @@
-"""Two (or more) sidecar binaries side by side in one run: CPU µs per request, requests/s, p99
-and peak RSS under wrk keep-alive GET / at c=16 and c=128 (issue 38's table).
+"""Two (or more) sidecar binaries side by side in one run: CPU µs per request, requests/s, p50,
+p99 and peak RSS under wrk keep-alive GET / at c=16 and c=128 (issue 38's table), and the p50
+each adds over the origin called directly over HTTP/2 (h2load, one stream per connection).
 
 Each concurrency gets fresh sidecars (so VmHWM is that load's peak), one bench origin for all,
 a warm-up, then ``--reps`` rounds whose order rotates (A B, B A, ...). CPU is utime+stime from
@@ -22,6 +23,7 @@ import argparse
 import shlex
 import signal
 import statistics
+import subprocess
 import sys
 import tempfile
 import time
@@ -49,10 +51,12 @@ from bench.harness.waits import BenchError  # noqa: E402
 CONCURRENCIES = (16, 128)
 
 
-def measure(
-    args: argparse.Namespace, work: Path, conns: int
-) -> tuple[dict[str, list[WrkResult]], dict[str, float]]:
-    """Fresh sidecars for one concurrency: every round's wrk result, and each peak RSS (MiB)."""
+Run = tuple[dict[str, list[WrkResult]], dict[str, float], float]
+
+
+def measure(args: argparse.Namespace, work: Path, conns: int) -> Run:
+    """Fresh sidecars for one concurrency: every round's wrk result, each peak RSS (MiB), and
+    the direct HTTP/2 p50 (ms, median of rounds run after the sidecars')."""
     wrk = need_tool("wrk")
     lua = wrk_script(work)
     names = list(args.compare)
@@ -76,10 +80,31 @@ def measure(
                     raise BenchError(f"{k} c={conns}: {r.errors} wrk errors")
                 raw[k].append(r)
         rss = {k: mem_kib(sc.proc.pid, "VmHWM") / 1024 for k, sc in scs.items()}
-    return raw, rss
+        direct = [direct_p50_ms(origin.tls, conns, args.duration, work) for _ in range(args.reps)]
+    return raw, rss, statistics.median(direct)
 
 
-def table(names: list[str], runs: dict[int, tuple[dict[str, list[WrkResult]], dict[str, float]]]) -> str:
+def direct_p50_ms(origin: str, conns: int, duration: float, work: Path) -> float:
+    """p50 of the origin called directly over HTTP/2 with TLS: h2load, ``conns`` connections of
+    one stream each (wrk's shape), its per-request log read back (h2load prints no median)."""
+    log = work / "h2load.log"
+    argv = [
+        need_tool("h2load"),
+        f"-c{conns}",
+        "-m1",
+        f"-D{duration:g}",
+        f"--log-file={log}",
+        f"https://{origin}/",
+    ]
+    done = subprocess.run(argv, capture_output=True, text=True, timeout=duration + 30)
+    rows = [line.split("\t") for line in log.read_text().splitlines()] if log.exists() else []
+    times = [int(r[2]) / 1000 for r in rows if len(r) >= 3 and r[1] == "200"]
+    if done.returncode != 0 or not times:
+        raise BenchError(f"h2load {' '.join(argv)}: failed: {done.stderr.strip()[-300:]}")
+    return statistics.median(times)
+
+
+def table(names: list[str], runs: dict[int, Run]) -> str:
     base = names[0]
 
     def cell(k: str, attr: str, fmt: str) -> str:
@@ -109,10 +134,18 @@ def table(names: list[str], runs: dict[int, tuple[dict[str, list[WrkResult]], di
     for label, attr, fmt in (
         ("CPU µs/request", "cpu_us_per_req", ".1f"),
         ("requests/s", "rps", ",.0f"),
+        ("p50 ms", "p50_ms", ".2f"),
         ("p99 ms", "p99_ms", ".2f"),
     ):
         cells = [cell(k, attr, fmt) for k in names] + [ratio(k, attr) for k in names[1:]]
         lines.append(f"| {label} | " + " | ".join(cells) + " |")
+    added = [
+        " / ".join(
+            f"{statistics.median(r.p50_ms for r in runs[c][0][k]) - runs[c][2]:+.2f}" for c in CONCURRENCIES
+        )
+        for k in names
+    ]
+    lines.append("| p50 ms added over direct HTTP/2 | " + " | ".join(added) + " |" + " |" * (len(names) - 1))
     lines.append(
         "| peak RSS MiB | " + " | ".join([rss(k) for k in names] + [rss_ratio(k) for k in names[1:]]) + " |"
     )

@@ -470,8 +470,3 @@ def history_json(
             ],
         }
     )
-
-
-def empty_json(kind: str) -> str:
-    """The JSON of a command that found no state at all (``{"runs": []}``, ``{"transitions": []}``)."""
-    return dumps({kind: []})

@@ -1,8 +1,6 @@
 """What ``reap`` and ``reap --ray`` print: a block per reaped run, a row per node.
 
-Owns the human lines and the ``--json`` documents of a reap report (``run.reap.ReapReport``)
-and of a cluster-wide reap (``run.cluster.ClusterReap``). Must not read the database, inspect
-processes or print: it turns the reports into strings.
+Must not read the database, inspect processes or print: it turns the reports into strings.
 """
 
 from __future__ import annotations
@@ -107,11 +105,8 @@ def _node_result(node: NodeReap, dry_run: bool) -> Cell:
 
 
 def cluster_reap_lines(result: ClusterReap, *, color: bool = False) -> list[str]:
-    """What ``reap --ray`` did on each node: a table of nodes, then each node's reap block.
-
-    The blocks are exactly what ``reap`` prints on that host, indented under the node they came
-    from, so a run is always read next to the node (and database) that reaped it.
-    """
+    """What ``reap --ray`` did on each node: a table of nodes, then each node's ``reap`` block,
+    indented under it, so a run is always read next to the node that reaped it."""
     count = len(result.nodes)
     head = f"reap on {count} alive node{'s' if count != 1 else ''} of the Ray cluster at {result.address}"
     if not result.nodes:

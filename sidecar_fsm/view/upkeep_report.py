@@ -1,9 +1,6 @@
 """What ``stop``, ``prune`` and a draining ``start`` print, as lines and ``--json`` documents.
 
-Owns the words of a stop's outcome (how each instance ended), a prune's report, and the drain
-lines ``start`` prints at its first signal (requests in flight, the grace left). Must not read
-the database, judge processes or print: the CLI hands in what it read and decides where the
-lines go.
+Must not read the database, judge processes or print: the CLI hands in what it read.
 """
 
 from __future__ import annotations
@@ -114,12 +111,9 @@ def prune_json(report: PruneReport) -> str:
 def draining_lines(
     instances: Sequence[tuple[str, Scrape | None]], grace_seconds: float, signal_name: str
 ) -> list[str]:
-    """What ``start`` prints at its first signal: per instance, what it is waiting for.
-
-    ``draining nvcf: 1 request in flight, up to 60s; Ctrl-C again to stop now``. An instance
-    whose figures could not be read says so rather than guessing zero. "Ctrl-C again" only
-    after a Ctrl-C: a drain begun by SIGTERM (``sidecar-fsm stop``, a scheduler) may have no
-    terminal to press it in, and any second signal ends the drain.
+    """What ``start`` prints at its first signal: ``draining nvcf: 1 request in flight, up to
+    60s; Ctrl-C again to stop now`` per instance. "Ctrl-C again" only after a Ctrl-C: a drain
+    begun by SIGTERM may have no terminal to press it in.
     """
     grace = f"{grace_seconds:g}s"
     again = "Ctrl-C again to stop now" if signal_name == "SIGINT" else "a second signal stops it now"

@@ -5,8 +5,7 @@ Must not read the database, inspect processes or print: it turns the reports int
 
 from __future__ import annotations
 
-import json
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from sidecar_fsm.view.cells import STATE_STYLES, UNKNOWN, Cell, dumps, short_run_id, table
 
@@ -55,35 +54,36 @@ def reap_lines(report: ReapReport, *, color: bool = False) -> list[str]:
 
 def reap_json(report: ReapReport) -> str:
     return dumps(
+        {"dry_run": report.dry_run, "temp_files": list(report.temp_files), "runs": _runs_json(report)}
+    )
+
+
+def _runs_json(report: ReapReport) -> list[dict[str, Any]]:
+    """The ``runs`` of ``reap --json``, and of each node in ``reap --ray --json``."""
+    return [
         {
-            "dry_run": report.dry_run,
-            "temp_files": list(report.temp_files),
-            "runs": [
+            "run_id": run.run_id,
+            "host": run.host,
+            "owner_pid": run.owner_pid,
+            "owner": run.owner,
+            "reason": run.reason,
+            "ready_files": list(run.ready_files),
+            "instances": [
                 {
-                    "run_id": run.run_id,
-                    "host": run.host,
-                    "owner_pid": run.owner_pid,
-                    "owner": run.owner,
-                    "reason": run.reason,
-                    "ready_files": list(run.ready_files),
-                    "instances": [
-                        {
-                            "id": inst.instance_id,
-                            "name": inst.name,
-                            "state": inst.state,
-                            "pid": inst.pid,
-                            # status --json's word for what runs at the pid: the one verdict.
-                            "process": inst.process,
-                            "action": inst.action,
-                            "result": inst.result,
-                        }
-                        for inst in run.instances
-                    ],
+                    "id": inst.instance_id,
+                    "name": inst.name,
+                    "state": inst.state,
+                    "pid": inst.pid,
+                    # status --json's word for what runs at the pid: the one verdict.
+                    "process": inst.process,
+                    "action": inst.action,
+                    "result": inst.result,
                 }
-                for run in report.runs
+                for inst in run.instances
             ],
         }
-    )
+        for run in report.runs
+    ]
 
 
 # ------------------------------------------------------------------------------ reap --ray
@@ -138,19 +138,16 @@ def cluster_reap_lines(result: ClusterReap, *, color: bool = False) -> list[str]
 def cluster_reap_json(result: ClusterReap) -> str:
     """``{"address", "dry_run", "nodes": [...]}``; each node's ``runs`` are what ``reap --json``
     prints on that host (same keys), plus the node it came from and its error (or ``null``)."""
-    nodes = []
-    for node in result.nodes:
-        # Reusing reap_json keeps one definition of a reaped run's shape for both commands.
-        runs = json.loads(reap_json(node.report))["runs"] if node.report is not None else []
-        nodes.append(
-            {
-                "node_id": node.node_id,
-                "address": node.address,
-                "ray_hostname": node.ray_hostname,
-                "host": node.host,
-                "database": node.database,
-                "error": node.error,
-                "runs": runs,
-            }
-        )
+    nodes = [
+        {
+            "node_id": node.node_id,
+            "address": node.address,
+            "ray_hostname": node.ray_hostname,
+            "host": node.host,
+            "database": node.database,
+            "error": node.error,
+            "runs": _runs_json(node.report) if node.report is not None else [],
+        }
+        for node in result.nodes
+    ]
     return dumps({"address": result.address, "dry_run": result.dry_run, "nodes": nodes})

@@ -43,7 +43,8 @@ def stopped_lines(
             [
                 inst.name,
                 (inst.state, STATE_STYLES.get(inst.state)),
-                _exit_column(inst.exit_code),
+                # A process a signal ended shows the signal's name (SIGKILL), not a negative code.
+                UNKNOWN if inst.exit_code is None else signal_name(inst.exit_code) or str(inst.exit_code),
                 instance_detail(inst),
             ]
             for inst in instances
@@ -52,13 +53,6 @@ def stopped_lines(
         color=color,
     )
     return [head, *rows]
-
-
-def _exit_column(code: int | None) -> str:
-    """``0``, ``1``, or the signal's name (``SIGKILL``) for a process a signal ended."""
-    if code is None:
-        return UNKNOWN
-    return signal_name(code) or str(code)
 
 
 def live_runs_lines(runs: Sequence[RunRecord]) -> list[str]:

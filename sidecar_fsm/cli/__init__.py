@@ -1,16 +1,9 @@
-"""The ``sidecar-fsm`` command: arguments, subcommands and exit codes.
+"""The ``sidecar-fsm`` command: the parser and every outcome's exit code.
 
-Owns parsing the command line (global options before or after the command) and mapping every
-outcome to an exit code: 0 success, 1 a failure (a missing log dir or run included), 2 bad
-usage or config (``ConfigError``, ``SchemaTooNewError``, a bad argument), always with a
-one-line message on stderr, never a traceback. The commands live in one module per group
-(``launch``: start, exec, build, demo, lab; ``show``: status, top, history, logs; ``upkeep``:
-stop, reap, prune; ``query``; ``probe``), each of which parses, calls and prints, and decides
-nothing itself: what runs now is ``sidecar_fsm.observe``'s judgement (worded by
-``view.status``), the tables are ``view.render``'s, the work is the layers'.
-
-A new subcommand is a ``cmd_<name>(args) -> exit code`` function and an ``add_command`` call in
-its group's ``register``.
+0 success, 1 a failure (a missing log dir or run included), 2 bad usage or config, always with
+a one-line message on stderr, never a traceback. The commands live in one module per group,
+each of which parses, calls and prints, and decides nothing itself. A new subcommand is a
+``cmd_<name>(args) -> exit code`` function and an ``add_command`` call in its group's ``register``.
 """
 
 from __future__ import annotations
@@ -96,8 +89,7 @@ def run() -> NoReturn:
 def _closed_pipe() -> int:
     """The reader of stdout went away (``status | head``): quiet, as ``cat`` is, exit 141.
 
-    stdout is pointed at /dev/null so the interpreter's final flush does not print
-    "Exception ignored ... BrokenPipeError" on the way out.
+    stdout goes to /dev/null, or the final flush would print "Exception ignored ... BrokenPipeError".
     """
     with contextlib.suppress(OSError, ValueError):
         devnull = os.open(os.devnull, os.O_WRONLY)

@@ -1,14 +1,8 @@
 """What every ``sidecar-fsm`` command shares: the log dir, output, usage errors, finding a run.
 
-Owns the global options (``--log-dir``, ``--json``, accepted before or after the command), the
-one-line usage error (exit 2), printing to stdout and stderr, opening every host's database of
-a log dir for reading, and resolving a run id prefix. Must not judge processes (``sidecar_fsm.observe``)
-or format tables (``view.render``).
-
 Every command's parser is built on each start, ``--help`` included, so this module and the
 command modules import at their top only what building the parser needs; a command imports its
-layers (the store, the views, the launcher) inside its ``cmd_`` function
-(tests/unit/test_cli_imports.py holds ``--help`` to that).
+layers inside its ``cmd_`` function (tests/unit/test_cli_imports.py holds ``--help`` to that).
 """
 
 from __future__ import annotations
@@ -126,11 +120,8 @@ def warn_if_untrusted(log_dir: str, where: str) -> None:
 
 def require_log_dir(log_dir: str, where: str) -> None:
     """Raise unless ``log_dir`` is a directory: ``LookupError`` (exit 1) when nothing is there,
-    ``UsageError`` (exit 2) when it is, or runs through, a file. Read-only; creates nothing.
-
-    A missing log dir and a missing run answer alike: both mean "nothing was recorded where you
-    looked", most often a mistyped or forgotten ``--log-dir``, which no command may answer with
-    "nothing to do".
+    as for a missing run (most often a forgotten ``--log-dir``, never "nothing to do"), and
+    ``UsageError`` (exit 2) when it is, or runs through, a file. Creates nothing.
     """
     if os.path.isdir(log_dir):
         return
@@ -147,11 +138,7 @@ def require_log_dir(log_dir: str, where: str) -> None:
 
 @contextlib.contextmanager
 def all_stores(log_dir: str, where: str) -> Iterator[list[Store]]:
-    """Every host's database under ``log_dir``, read side; a missing log dir is a lookup failure.
-
-    See ``require_log_dir``: exit 1 for a missing log dir, 2 for one that is a file, as for an
-    unusable database. Opening creates nothing.
-    """
+    """Every host's database under ``log_dir``, read side, past ``require_log_dir``. Creates nothing."""
     require_log_dir(log_dir, where)
     from sidecar_fsm.state.store import open_all_hosts
 
@@ -219,10 +206,8 @@ def add_command(
 ) -> argparse.ArgumentParser:
     """Add subcommand ``name`` run by ``func(args) -> exit code``; its parser, to add arguments to.
 
-    ``--help`` shows ``help`` (one line), the options and ``example``. Every command takes the
-    global options (``--log-dir``, ``--json``) before or after its name, so ``top --json`` and
-    ``--json top`` meet the same check in ``main`` (one message: ``--json`` does not apply)
-    rather than two different errors; ``args.json`` is then always set.
+    Every command takes ``--json`` too, so ``top --json`` and ``--json top`` meet the same check
+    in ``main`` (``--json`` does not apply) rather than two different errors.
     """
     command: argparse.ArgumentParser = sub.add_parser(
         name,
@@ -234,6 +219,16 @@ def add_command(
     )
     command.set_defaults(func=func, accepts_json=json_option)
     return command
+
+
+def ray_options(command: argparse.ArgumentParser, ray_help: str) -> None:
+    """``--ray`` and ``--ray-address``: ``status`` and ``reap`` reach a Ray cluster alike."""
+    command.add_argument("--ray", action="store_true", help=ray_help)
+    command.add_argument(
+        "--ray-address",
+        metavar="ADDR",
+        help="the Ray cluster to join (implies --ray; default 'auto': $RAY_ADDRESS or the local cluster)",
+    )
 
 
 def only_instance(

@@ -1,9 +1,7 @@
 """The commands that start things: ``start``, ``exec``, ``build``, ``demo`` and ``lab``.
 
-``start`` is ``gym env start``'s sidecar step standalone: load the config (``configfile``),
-start the sidecars (``launcher``), print what was rewritten, run them in the foreground
-(``run.foreground``) until a signal or a failure, then drain them. Each command parses, calls
-and prints; the work lives in the modules it calls.
+``start`` is ``gym env start``'s sidecar step standalone: it supervises the sidecars in the
+foreground until a signal or a failure, then drains them.
 """
 
 from __future__ import annotations
@@ -29,8 +27,7 @@ from sidecar_fsm.cli.common import (
 )
 from sidecar_fsm.errors import ConfigError, SidecarError
 
-# The layers (omegaconf, the build cache, the launcher, the views) are imported inside each
-# cmd_ function: ``--help`` never loads them (cli/common says why).
+# The layers are imported inside each cmd_ function: ``--help`` never loads them (cli/common).
 
 # ``lab``'s default idle limit: long enough to type a request, short enough to watch it bite.
 LAB_IDLE_SECONDS = 20.0
@@ -127,10 +124,7 @@ def cmd_start(args: argparse.Namespace) -> int:
             err(f"{PROG} start: interrupted before the sidecars were ready; everything started was stopped")
             return 130
         signals.raise_in = None
-        if manager is None:  # pragma: no cover - enabled was checked above
-            raise UsageError(
-                f"{PROG} start: sidecar.enabled is not true in the config; set sidecar.enabled=true"
-            )
+        assert manager is not None  # enabled was checked above
         return _run_in_foreground(manager, signals, args.write_config, inject_cache_dir, config)
 
 
@@ -165,7 +159,11 @@ def _run_in_foreground(
         # proxy's own word, from its ready file; a binary that gives none (Gym's) gets none.
         routes = manager.routes
         instances = [
-            (inst.name, inst.listen, _with_route(inst.upstream, routes.get(inst.name)))
+            (
+                inst.name,
+                inst.listen,
+                inst.upstream if (route := routes.get(inst.name)) is None else f"{inst.upstream} ({route})",
+            )
             for inst in manager.instances_actual
         ]
         out(render.started_lines(manager.run_id, manager.log_dir, instances))
@@ -184,15 +182,8 @@ def _run_in_foreground(
         # Drain even when writing the config or printing failed: the sidecars must not
         # outlive this command unsupervised.
         manager.stop(hurry)
-    if hurried:
-        err("stopped now (drain cut short)" if not failed else "stopped after a failure")
-    else:
-        err("stopped" if not failed else "stopped after a failure")
+    err("stopped after a failure" if failed else "stopped now (drain cut short)" if hurried else "stopped")
     return 1 if failed else 0
-
-
-def _with_route(upstream: str, route: str | None) -> str:
-    return upstream if route is None else f"{upstream} ({route})"
 
 
 def cmd_lab(args: argparse.Namespace) -> int:
@@ -244,11 +235,9 @@ _EXAMPLE_LISTEN = "127.0.0.1:1250"
 
 
 def _lab_start_line(config: Path, upstream: str, ca_file: str, idle: float) -> str:
-    """A ``start`` of the example config that works against the lab as printed: its CA, its
-    upstream, a ping interval well below its idle limit (the example's 60s is for Global
-    Accelerator's 340s; the lab's relay would drop the connection first, and the request would
-    get a 502), and the model's base_url pointed at the upstream, so it is rewritten to the
-    sidecar rather than warned about."""
+    """A ``start`` of the example config that works against the lab as printed: a ping interval
+    below the relay's idle limit (the example's 60s would get the request a 502), and the model's
+    base_url pointed at the upstream, so it is rewritten to the sidecar rather than warned about."""
     from sidecar_fsm.configfile import EXAMPLE_MODEL_BASE_URL
 
     ping = min(idle / 4, 60.0)
@@ -317,24 +306,21 @@ def register(sub: Any) -> None:
         help="write the rewritten config here (atomically), with sidecar.enabled: false",
     )
 
-    cache_help = "build cache root (default: $XDG_CACHE_HOME/sidecar-fsm, else ~/.cache/sidecar-fsm)"
-    build = add_command(
-        sub,
-        "build",
-        cmd_build,
-        "build (or find) the h2-ping-sidecar binary and print its path",
-        example="sidecar-fsm build --cache-dir ~/.cache/sidecar-fsm",
-    )
-    build.add_argument("--cache-dir", metavar="DIR", help=cache_help)
-
-    demo = add_command(
-        sub,
-        "demo",
-        cmd_demo,
-        "show a long request failing directly and succeeding through a sidecar",
-        example="sidecar-fsm demo",
-    )
-    demo.add_argument("--cache-dir", metavar="DIR", help=cache_help)
+    for name, func, summary, example in (
+        (
+            "build",
+            cmd_build,
+            "build (or find) the h2-ping-sidecar binary and print its path",
+            " --cache-dir ~/.cache/sidecar-fsm",
+        ),
+        ("demo", cmd_demo, "show a long request failing directly and succeeding through a sidecar", ""),
+    ):
+        # Both build the proxy, so both take the cache to build it in.
+        add_command(sub, name, func, summary, example=f"sidecar-fsm {name}{example}").add_argument(
+            "--cache-dir",
+            metavar="DIR",
+            help="build cache root (default: $XDG_CACHE_HOME/sidecar-fsm, else ~/.cache/sidecar-fsm)",
+        )
 
     exec_ = add_command(
         sub,

@@ -1,13 +1,9 @@
 """``sidecar-fsm probe UPSTREAM``: does this path drop idle connections, and do PINGs keep them open?
 
-Parses and checks the arguments (exit 2, one line), finds the proxy binary as ``build`` does,
-runs its ``-probe`` mode (``run.probe``) and prints what it reports (``view.probe_report``): the
-progress on a terminal (stderr, one line rewritten in place, so a probe of 400 s does not look
-hung), then one line per connection, the request's and the verdict, or ``--json``. The verdict
-and the exit code are the probe's own: 0 the sidecar helps or is not needed, 1 it cannot help or
-the upstream could not be probed (one line naming why), 3 inconclusive (the path dropped the
-PINGed connection before its first PING; the verdict names an interval to try). ``--header``
-values are handed to the probe on its stdin and never printed or stored.
+Runs the proxy's ``-probe`` mode (``run.probe``) and prints what it reports, with progress on a
+terminal so a probe of 400 s does not look hung. The verdict and the exit code are the probe's
+own: 0 the sidecar helps or is not needed, 1 it cannot help or the upstream could not be probed,
+3 inconclusive. ``--header`` values go to the probe on its stdin, never printed or stored.
 """
 
 from __future__ import annotations
@@ -21,8 +17,7 @@ from typing import TYPE_CHECKING, Any
 
 from sidecar_fsm.cli.common import PROG, UsageError, add_command, err, out, seconds_option
 
-# The URL rules, the build cache (filelock, psutil), the child and the view are imported where
-# used: every command builds this parser, and --help must not pay for them.
+# The layers are imported where used: every command builds this parser (cli/common says why).
 if TYPE_CHECKING:
     from sidecar_fsm.run.probe import ProbeRequest
 

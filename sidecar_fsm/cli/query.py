@@ -1,7 +1,6 @@
 """The ``query`` command: one read-only SELECT over every host's database, as a table, JSON or CSV.
 
-Parses the statement and options, asks ``state.query`` to run it (all the SQL, and the refusal
-of writes, live there) and prints the rows. Decides nothing itself: a refused statement is bad
+All the SQL, and the refusal of writes, live in ``state.query``: a refused statement is bad
 usage (exit 2), a statement past its deadline a failure (exit 1).
 """
 
@@ -89,9 +88,8 @@ def _ctrl_c_cancels() -> Iterator[threading.Event]:
 
 
 def _cell(value: Any) -> str:
-    """A value as a table cell: NULL as ``-``, a float to 3 decimals (seconds to the millisecond;
-    under one, 3 significant digits),
-    a multi-line text's first line and ``...``."""
+    """A value as a table cell: NULL as ``-``, a float to 3 decimals, a multi-line text's first
+    line and ``...``."""
     if value is None:
         return cells.UNKNOWN
     if isinstance(value, float):

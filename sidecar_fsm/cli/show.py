@@ -1,9 +1,6 @@
 """The read commands: ``status``, ``top``, ``history`` and ``logs``.
 
-Each parses its options, reads every host's database of the log dir, asks ``view.status`` for
-what runs now (``sidecar_fsm.observe``'s verdicts, with the live figures), hands the result to
-``view.render`` and prints it. Reading never changes a state,
-writes a row or signals a process.
+Reading never changes a state, writes a row or signals a process.
 """
 
 from __future__ import annotations
@@ -25,6 +22,7 @@ from sidecar_fsm.cli.common import (
     log_dir_of,
     only_instance,
     out,
+    ray_options,
     seconds_option,
 )
 
@@ -47,7 +45,7 @@ def cmd_status(args: argparse.Namespace) -> int:
         if args.run:
             runs = [find_run(runs, args.run, "status --run", log_dir)]
         elif not runs:
-            out(render.empty_json("runs") if args.json else f"no runs recorded in {log_dir}")
+            out(render.status_json([]) if args.json else f"no runs recorded in {log_dir}")
             return 0
         else:
             runs = status.runs_to_show(runs, everything=args.all)
@@ -197,16 +195,7 @@ def register(sub: Any) -> None:
     )
     status_.add_argument("--run", metavar="ID", help="only this run (a unique prefix is enough)")
     status_.add_argument("--all", action="store_true", help="every recorded run")
-    status_.add_argument(
-        "--ray",
-        action="store_true",
-        help="every alive node of the Ray cluster this joins, one table with a node column",
-    )
-    status_.add_argument(
-        "--ray-address",
-        metavar="ADDR",
-        help="the Ray cluster to join (implies --ray; default 'auto': $RAY_ADDRESS or the local cluster)",
-    )
+    ray_options(status_, "every alive node of the Ray cluster this joins, one table with a node column")
 
     top_ = add_command(
         sub,

@@ -1,9 +1,7 @@
 """The commands that end and tidy up runs: ``stop``, ``reap`` (and ``reap --ray``), ``prune``.
 
-Each parses its options, calls the run layer (``run.remotestop``, ``run.reap``,
-``run.cluster``, ``run.prune``) that does the work, and prints its report. Must not judge or
-signal processes itself: ``run.reap`` and ``run.remotestop`` prove every process ours
-(``procs``) before it signals it.
+Must not judge or signal processes itself: the run layer proves every process ours before it
+signals it.
 """
 
 from __future__ import annotations
@@ -26,24 +24,20 @@ from sidecar_fsm.cli.common import (
     find_run,
     log_dir_of,
     out,
+    ray_options,
     require_log_dir,
     seconds_option,
 )
 from sidecar_fsm.errors import UnusableStateError
 from sidecar_fsm.view.cells import short_run_id
 
-# The run layer and the views are imported inside each cmd_ function: ``--help`` never loads
-# them (cli/common says why).
+# The run layer and the views are imported inside each cmd_ function (cli/common says why).
 
 
 def _usable_log_dir(log_dir: str, where: str) -> None:
-    """Raise unless ``reap``/``prune`` can act on ``log_dir``: never "nothing to do" for a log
-    dir that is not there (exit 1) or cannot be used (exit 2: a file, a state folder that is a
-    file or cannot be listed, a folder others can write), dry run or not. Read-only.
-
-    Without this, an operator who forgot ``--log-dir`` after a crash is told all is well: the
-    run layer finds no database where there is none, which is not the same as nothing to reap.
-    """
+    """Raise unless ``reap``/``prune`` can act on ``log_dir`` (exit 1 missing, 2 unusable or
+    writable by others), dry run or not: an operator who forgot ``--log-dir`` after a crash must
+    not be told there is nothing to reap. Read-only."""
     require_log_dir(log_dir, where)
     from sidecar_fsm.state.dbfile import DB_DIR_NAME, database_files
 
@@ -231,13 +225,6 @@ def register(sub: Any) -> None:
         example="sidecar-fsm reap --dry-run",
     )
     reap_.add_argument("--dry-run", action="store_true", help="print the plan, change nothing")
-    reap_.add_argument(
-        "--ray",
-        action="store_true",
-        help="reap on every alive node of the Ray cluster this joins (each node its own host's database)",
-    )
-    reap_.add_argument(
-        "--ray-address",
-        metavar="ADDR",
-        help="the Ray cluster to join (implies --ray; default 'auto': $RAY_ADDRESS or the local cluster)",
+    ray_options(
+        reap_, "reap on every alive node of the Ray cluster this joins (each node its own host's database)"
     )

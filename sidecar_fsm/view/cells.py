@@ -1,10 +1,7 @@
 """The building blocks of every table and JSON document: cells, columns, times, colour.
 
-Owns column layout (padded to the widest value, like ``supervisorctl status``), relative and
-absolute times, the ``-`` for an unknown value, colour on a terminal (decoration only) and the
-JSON encoding every ``--json`` command prints. Must not know what a run or a reap is beyond an
-instance's detail cell: the shapes of each command's output live in ``render`` and
-``reap_report``.
+Must not know what a run or a reap is beyond an instance's detail cell: the shapes of each
+command's output live in ``render`` and the reports.
 """
 
 from __future__ import annotations
@@ -27,7 +24,6 @@ _STYLE_CODES = {
     "green": "32",
     "red": "31",
     "yellow": "33",
-    "cyan": "36",
     "dim": "2",
     "bold": "1",
 }

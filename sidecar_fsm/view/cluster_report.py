@@ -1,10 +1,7 @@
 """What ``status --ray`` prints: every alive node's runs in one table, or one JSON document.
 
-Owns the shape of a cluster-wide status (``view.cluster_status.ClusterStatus``): a row per
-instance with its node, host and run in front, a row for a node with no runs, and a row for a
-node that did not answer (with its one-line reason), so a silent node is visible rather than
-missing. The cells of a run and an instance are ``render``'s, so a node's rows read as its own
-``status`` would. Must not reach the cluster, read a database or print.
+A node with no runs, or that did not answer, gets a row too: a silent node is shown, not
+missing. The cells are ``render``'s, so a node's rows read as its own ``status`` would.
 """
 
 from __future__ import annotations

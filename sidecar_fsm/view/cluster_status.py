@@ -1,11 +1,7 @@
-"""``status --ray``: what runs now on every alive node of a Ray cluster, in one table.
+"""``status --ray``: what runs now on every alive node of a Ray cluster.
 
-Owns the task each node runs (judge this host's runs in the shared log dir as plain ``status``
-does, ``sidecar_fsm.observe`` through ``view.status``: only a node can tell whether its own pids
-are still its sidecars, and scrape its own proxies' loopback ``/metrics``), and the shape the
-answers are gathered into.
-Reaching the nodes is ``run.cluster.on_every_node``'s job. Read-only on every node: opens no
-database for writing, changes no state, signals nothing.
+Each node judges its own host's runs as plain ``status`` does: only a node can tell whether its
+pids are still its sidecars, and reach its proxies' loopback ``/metrics``. Read-only everywhere.
 """
 
 from __future__ import annotations
@@ -49,8 +45,7 @@ class ClusterStatus:
 def _status_on_this_node(
     log_dir: str, everything: bool
 ) -> tuple[str, str, str, list[RunStatus] | None, str | None]:
-    """The Ray task body: this host's runs judged now (``run.cluster.on_this_node``). Runs in a
-    Ray worker, so it is a module-level function."""
+    """The Ray task body (module-level: a Ray worker imports it): this host's runs judged now."""
     from sidecar_fsm.state.store import Store
     from sidecar_fsm.view import status
 

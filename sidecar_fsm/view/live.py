@@ -1,15 +1,9 @@
 """What each running sidecar is doing now: its ``GET /metrics``, read under a deadline.
 
-Owns scraping the proxies' metrics listeners (every address at once, one thread each, one
-deadline for all; ``GET /upstream`` too for a proxy whose upstream is down, for the error's
-words) and turning the Prometheus text into ``Figures``, with prometheus-client's
-parser: a well-kept parser of the format beats our own. Must not read or write the database,
-judge or signal processes (the caller scrapes only instances ``procs`` proved are ours: a dead
-sidecar's port may belong to someone else by now) or format anything (``render`` does).
-
-A sidecar that does not answer in time (stopped, swapping, a full accept queue) is reported as
-``no answer``; it never delays the others nor the command past the deadline, and it is never
-an error of the command: ``status`` and ``top`` must work best exactly when something is wrong.
+The caller scrapes only instances proved ours: a dead sidecar's port may belong to someone else
+by now. A sidecar that does not answer in time reads ``no answer``; it never delays the others
+nor the command past the deadline, and is never an error of the command: ``status`` and
+``top`` must work best exactly when something is wrong.
 """
 
 from __future__ import annotations
@@ -28,13 +22,9 @@ from sidecar_fsm.base import fanout
 
 __all__ = ["NO_ANSWER", "SCRAPE_TIMEOUT_SECONDS", "Figures", "Scrape", "parse", "scrape_all"]
 
-# One deadline for the whole scrape. A healthy proxy answers from memory in about a
-# millisecond on an idle machine, but on a GPU node whose every core is busy (data loaders,
-# model servers, a trainer) the scheduler can hold it for hundreds of milliseconds, and a
-# healthy proxy that misses the deadline reads "no answer", which makes `status` exit 3 (a
-# false alarm to whatever watches that code). A second is long enough for a starved node and
-# still short for a person waiting on a stuck sidecar; only a proxy that does not answer costs
-# it, and only once per `status` or `top` frame.
+# One deadline for the whole scrape. A healthy proxy answers in a millisecond, but on a GPU node
+# whose every core is busy it can be held for hundreds, and a miss makes `status` exit 3 (a false
+# alarm). A second suits a starved node and still a person waiting on a stuck sidecar.
 SCRAPE_TIMEOUT_SECONDS = 1.0
 NO_ANSWER = "no answer"
 # /metrics is a few kilobytes; more than this is not our proxy, and is not read on.
@@ -128,7 +118,7 @@ def _host_port(address: str) -> tuple[str, int]:
 
 
 def _scrape_one(address: str, deadline: float) -> Scrape:
-    """GET /metrics at ``address``; each socket operation waits at most until ``deadline``."""
+    """GET /metrics at ``address``, each socket operation waiting at most until ``deadline``."""
     remaining = deadline - time.monotonic()
     if remaining <= 0:
         return Scrape(address, None, NO_ANSWER)
@@ -163,12 +153,10 @@ def _scrape_one(address: str, deadline: float) -> Scrape:
 
 
 def _upstream_report(conn: http.client.HTTPConnection) -> tuple[str | None, bool]:
-    """The proxy's last upstream error (``GET /upstream``'s ``last_error``) on the scrape's own
-    connection and deadline, and whether nothing was checked yet (``checked`` false and no
-    error); ``(None, False)`` when it cannot say (no answer in time).
+    """The proxy's last upstream error (``GET /upstream``'s ``last_error``, on the scrape's
+    connection) and whether nothing was checked yet; ``(None, False)`` when it cannot say.
 
-    Text, not a metric: an error's words would make an unbounded label value, so the proxy keeps
-    them beside /metrics, and they are asked for only when the upstream is not up.
+    Not a metric: an error's words would make an unbounded label value.
     """
     try:
         conn.request("GET", "/upstream")
@@ -189,10 +177,8 @@ def _upstream_report(conn: http.client.HTTPConnection) -> tuple[str | None, bool
 def scrape_all(addresses: Mapping[K, str], timeout: float = SCRAPE_TIMEOUT_SECONDS) -> dict[K, Scrape]:
     """Scrape every address at once; a ``Scrape`` per key within ``timeout`` seconds, whatever happens.
 
-    One daemon thread per address, all against one deadline: N sidecars take one timeout, not
-    N, and one that never answers (SIGSTOPped) reads ``no answer`` at the deadline. A thread
-    still blocked then is abandoned, not joined: its socket timeout ends it shortly after, and
-    being a daemon it can never hold the process open. Read-only; never raises for a sidecar.
+    One daemon thread per address, all against one deadline: N sidecars take one timeout, not N.
+    A thread still blocked then is abandoned, not joined (its socket timeout ends it soon after).
     """
     deadline = time.monotonic() + timeout
     results = fanout.each_by_deadline(

@@ -1,9 +1,6 @@
 """The proxies' logs of a run: the last lines of each, and following them as they grow.
 
-Owns reading the log files a run's instances write (paths from their rows): the last N lines
-of each, and a follower that returns the complete lines appended since its last read, across
-the proxy's size rotations. Must not
-open the database (the caller says when the run has ended), judge processes or print.
+Must not open the database (the caller says when the run has ended), judge processes or print.
 """
 
 from __future__ import annotations

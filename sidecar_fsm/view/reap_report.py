@@ -1,14 +1,11 @@
 """What ``reap`` and ``reap --ray`` print: a block per reaped run, a row per node.
 
-Owns the human lines and the ``--json`` documents of a reap report (``run.reap.ReapReport``)
-and of a cluster-wide reap (``run.cluster.ClusterReap``). Must not read the database, inspect
-processes or print: it turns the reports into strings.
+Must not read the database, inspect processes or print: it turns the reports into strings.
 """
 
 from __future__ import annotations
 
-import json
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from sidecar_fsm.view.cells import STATE_STYLES, UNKNOWN, Cell, dumps, short_run_id, table
 
@@ -57,35 +54,36 @@ def reap_lines(report: ReapReport, *, color: bool = False) -> list[str]:
 
 def reap_json(report: ReapReport) -> str:
     return dumps(
+        {"dry_run": report.dry_run, "temp_files": list(report.temp_files), "runs": _runs_json(report)}
+    )
+
+
+def _runs_json(report: ReapReport) -> list[dict[str, Any]]:
+    """The ``runs`` of ``reap --json``, and of each node in ``reap --ray --json``."""
+    return [
         {
-            "dry_run": report.dry_run,
-            "temp_files": list(report.temp_files),
-            "runs": [
+            "run_id": run.run_id,
+            "host": run.host,
+            "owner_pid": run.owner_pid,
+            "owner": run.owner,
+            "reason": run.reason,
+            "ready_files": list(run.ready_files),
+            "instances": [
                 {
-                    "run_id": run.run_id,
-                    "host": run.host,
-                    "owner_pid": run.owner_pid,
-                    "owner": run.owner,
-                    "reason": run.reason,
-                    "ready_files": list(run.ready_files),
-                    "instances": [
-                        {
-                            "id": inst.instance_id,
-                            "name": inst.name,
-                            "state": inst.state,
-                            "pid": inst.pid,
-                            # status --json's word for what runs at the pid: the one verdict.
-                            "process": inst.process,
-                            "action": inst.action,
-                            "result": inst.result,
-                        }
-                        for inst in run.instances
-                    ],
+                    "id": inst.instance_id,
+                    "name": inst.name,
+                    "state": inst.state,
+                    "pid": inst.pid,
+                    # status --json's word for what runs at the pid: the one verdict.
+                    "process": inst.process,
+                    "action": inst.action,
+                    "result": inst.result,
                 }
-                for run in report.runs
+                for inst in run.instances
             ],
         }
-    )
+        for run in report.runs
+    ]
 
 
 # ------------------------------------------------------------------------------ reap --ray
@@ -107,11 +105,8 @@ def _node_result(node: NodeReap, dry_run: bool) -> Cell:
 
 
 def cluster_reap_lines(result: ClusterReap, *, color: bool = False) -> list[str]:
-    """What ``reap --ray`` did on each node: a table of nodes, then each node's reap block.
-
-    The blocks are exactly what ``reap`` prints on that host, indented under the node they came
-    from, so a run is always read next to the node (and database) that reaped it.
-    """
+    """What ``reap --ray`` did on each node: a table of nodes, then each node's ``reap`` block,
+    indented under it, so a run is always read next to the node that reaped it."""
     count = len(result.nodes)
     head = f"reap on {count} alive node{'s' if count != 1 else ''} of the Ray cluster at {result.address}"
     if not result.nodes:
@@ -143,19 +138,16 @@ def cluster_reap_lines(result: ClusterReap, *, color: bool = False) -> list[str]
 def cluster_reap_json(result: ClusterReap) -> str:
     """``{"address", "dry_run", "nodes": [...]}``; each node's ``runs`` are what ``reap --json``
     prints on that host (same keys), plus the node it came from and its error (or ``null``)."""
-    nodes = []
-    for node in result.nodes:
-        # Reusing reap_json keeps one definition of a reaped run's shape for both commands.
-        runs = json.loads(reap_json(node.report))["runs"] if node.report is not None else []
-        nodes.append(
-            {
-                "node_id": node.node_id,
-                "address": node.address,
-                "ray_hostname": node.ray_hostname,
-                "host": node.host,
-                "database": node.database,
-                "error": node.error,
-                "runs": runs,
-            }
-        )
+    nodes = [
+        {
+            "node_id": node.node_id,
+            "address": node.address,
+            "ray_hostname": node.ray_hostname,
+            "host": node.host,
+            "database": node.database,
+            "error": node.error,
+            "runs": _runs_json(node.report) if node.report is not None else [],
+        }
+        for node in result.nodes
+    ]
     return dumps({"address": result.address, "dry_run": result.dry_run, "nodes": nodes})

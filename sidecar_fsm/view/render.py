@@ -1,10 +1,7 @@
 """What ``status``, ``top``, ``history`` and ``start`` print, as tables and ``--json`` documents.
 
-Owns the shape of each: a run's line and its instances' rows, the live figures' columns, a
-history's transitions, the summary ``start`` prints, and the stable JSON documents (ISO-8601
-UTC times). Must not read the database, inspect processes or print: it turns the status model
-(``view.status``) into strings, so the CLI decides where they go and the tests can compare
-them. Cells, times and colour are ``cells``'; the reap report is ``reap_report``'s.
+Must not read the database, inspect processes or print: it turns the status model
+(``view.status``) into strings, so the CLI decides where they go and the tests can compare them.
 """
 
 from __future__ import annotations
@@ -77,14 +74,6 @@ def pid_cell(status: RunStatus, inst: InstanceRecord) -> Cell:
     if process in (Process.GONE, Process.REUSED, Process.UNPROVEN):
         return (f"{inst.pid} ({process})", "red")
     return (str(inst.pid), None)
-
-
-def _detail_cell(status: RunStatus, inst: InstanceRecord) -> Cell:
-    note = process_note(status, inst)
-    if note is None:
-        return (instance_detail(inst), None)
-    detail = instance_detail(inst)
-    return (note if detail == UNKNOWN else f"{note}; {detail}", "red")
 
 
 RUN_HEADERS = ["RUN", "HOST", "OWNER", "STARTED", "INSTANCES", "RESULT"]
@@ -162,10 +151,8 @@ LIVE_HEADERS = ("IN FLIGHT", "OLDEST", "PINGS SENT/ACKED", "UPSTREAM")
 
 
 def upstream_words(scrape: Scrape) -> Cell:
-    """``up``, or ``down`` with the proxy's error counts by kind: ``down: dial 3, tls 1``.
-
-    The last error's words are long, so they go to DETAIL (``live_detail_cell``), not here.
-    """
+    """``up``, or ``down`` with the proxy's error counts by kind: ``down: dial 3, tls 1`` (the
+    last error's words are long: they go to DETAIL)."""
     figures = scrape.figures
     if figures is None:
         return (UNKNOWN, None)
@@ -199,8 +186,12 @@ def live_cells(scrape: Scrape | None) -> list[Cell]:
 
 
 def live_detail_cell(status: RunStatus, inst: InstanceRecord) -> Cell:
-    """DETAIL, with why the metrics could not be read when they could not."""
-    text, style = _detail_cell(status, inst)
+    """DETAIL: what is wrong with the process, then the record's detail, then why the metrics
+    could not be read or the upstream is down."""
+    note, text = process_note(status, inst), instance_detail(inst)
+    style = None if note is None else "red"
+    if note is not None:
+        text = note if text == UNKNOWN else f"{note}; {text}"
     scrape = status.live_of(inst)
     figures = scrape.figures if scrape is not None else None
     if figures is not None and not figures.upstream_up and figures.upstream_error:
@@ -280,12 +271,10 @@ def history_lines(
 ) -> list[str]:
     """The ``history`` table: every transition of the run (or one instance), oldest first.
 
-    ``transitions`` pairs each record with its instance's name. TIME is local wall-clock time
-    with milliseconds; AFTER is the offset from the first row, which is what a reader compares.
-    With ``status`` (what runs now), the header says whether the owner lives, and a line per
-    instance whose recorded-live process is gone says so, as ``status`` does. With ``traffic``
-    (by instance name) and ``status``, a line per instance after the table says what it carried
-    (``view.traffic``).
+    ``transitions`` pairs each record with its instance's name. AFTER, the offset from the first
+    row, is what a reader compares. With ``status``, the header says whether the owner lives and
+    which recorded-live process is gone; with ``traffic`` too, a line per instance says what it
+    carried.
     """
     started = format_local_time(run.started_at)
     head = [f"run {run.run_id} on {run.host}, {_owner_words(run, status)}, started {started}"]
@@ -317,11 +306,8 @@ def history_lines(
 
 
 def started_lines(run_id: str | None, log_dir: str, instances: Sequence[tuple[str, str, str]]) -> list[str]:
-    """What ``start`` prints once every sidecar is ready (the launcher has already printed each
-    rewritten base URL, as NeMo Gym's does): the run, its instances, and how to stop them.
-
-    ``instances`` holds ``(name, listen, upstream)`` with the bound address.
-    """
+    """What ``start`` prints once every sidecar is ready: the run, its instances (``(name,
+    listen, upstream)``, the bound address) and how to stop them."""
     lines = [f"run {run_id or UNKNOWN}: {len(instances)} sidecar(s) ready; state in {log_dir}"]
     lines += table(
         ["NAME", "LISTEN → UPSTREAM"],
@@ -338,8 +324,7 @@ def started_lines(run_id: str | None, log_dir: str, instances: Sequence[tuple[st
 def lab_lines(
     upstream: str, ca_file: str, idle: float, origin_url: str, start_line: str, request_line: str
 ) -> list[str]:
-    """What ``lab`` prints: the two values to put in a config, what is behind them, and the
-    two commands that try it: a ``start`` that works as printed, and a request through it."""
+    """What ``lab`` prints: the two values for a config, and two commands that try them."""
     return [
         f"upstream: {upstream}",
         f"ca_file: {ca_file}",
@@ -372,21 +357,14 @@ def run_json(run: RunRecord, owner: str | None = None) -> dict[str, Any]:
     }
 
 
-def _attention_json(status: RunStatus) -> dict[str, Any]:
-    return {"attention": needs_attention(status), "ended_with_owner": ended_with_owner(status)}
-
-
 def instance_json(
     inst: InstanceRecord,
     process: str | None = None,
     scrape: Scrape | None = None,
     unrecorded: Sequence[int] = (),
 ) -> dict[str, Any]:
-    """An instance's record plus what runs at its pid now: ``alive`` (true, false or null, see
-    ``process_alive``) and ``process`` (``observe.Process``: ``running``, ``gone``, ``reused``,
-    ``unproven``, ``other host``; or null),
-    ``unrecorded_pids`` (its processes that run although no record names their pid), and
-    ``live`` (see ``live_json``): what its proxy reported when asked just now."""
+    """An instance's record plus what runs at its pid now (``alive``, ``process``), its
+    processes no record names (``unrecorded_pids``) and what its proxy just reported (``live``)."""
     return {
         "alive": process_alive(process),
         "process": process,
@@ -414,7 +392,8 @@ def run_status_json(s: RunStatus) -> dict[str, Any]:
     """One run of ``status --json``: the run, its owner, what needs attention, its instances."""
     return {
         **run_json(s.run, s.owner),
-        **_attention_json(s),
+        "attention": needs_attention(s),
+        "ended_with_owner": ended_with_owner(s),
         "instances": [
             instance_json(i, s.process_of(i), s.live_of(i), s.unrecorded_pids(i)) for i in s.instances
         ],
@@ -437,9 +416,8 @@ def history_json(
     status: RunStatus | None = None,
     traffic: Mapping[str, InstanceTraffic] | None = None,
 ) -> str:
-    """``{"run", "instances", "transitions"}``: the run with its owner's status, each instance's
-    state and ``alive`` as ``status --json`` gives them (and with ``traffic`` its ``traffic``,
-    see ``view.traffic``), and the transitions oldest first."""
+    """``{"run", "instances", "transitions"}``: the run and each instance as ``status --json``
+    gives them (with ``traffic``, its ``traffic``), and the transitions oldest first."""
     return dumps(
         {
             "run": run_json(run, status.owner if status is not None else None),
@@ -470,8 +448,3 @@ def history_json(
             ],
         }
     )
-
-
-def empty_json(kind: str) -> str:
-    """The JSON of a command that found no state at all (``{"runs": []}``, ``{"transitions": []}``)."""
-    return dumps({kind: []})

@@ -1,14 +1,9 @@
-"""What runs now, as ``status``, ``top``, ``history`` and ``stop`` show it.
+"""What runs now, as ``status``, ``top``, ``history`` and ``stop`` show it: ``observe``'s
+verdicts plus each proxy's live figures, and the words for what needs attention.
 
-Owns the view's model of a run (``RunStatus``: the observation layer's ``RunObservation``
-plus each proxy's live figures), the words for a row that is no longer true and for what needs
-attention (the exit code of ``status``), and which runs to show. What runs is not decided here:
-the owner and process verdicts, the unrecorded sidecars and the proof of a metrics address are
-``sidecar_fsm.observe``'s, which ``reap``, ``stop`` and the target file read too, so the table,
-the JSON, the exit code and every other command agree.
-
-Read-only: never writes a row, changes a state or signals a process. Must not format a table
-(``render`` does) nor know about argv or exit codes (the CLI does).
+What runs is not decided here but in ``sidecar_fsm.observe``, which ``reap``, ``stop`` and the
+target file read too, so the table, the JSON, the exit code and every other command agree.
+Must not format a table (``render`` does) nor know about argv or exit codes (the CLI does).
 """
 
 from __future__ import annotations
@@ -101,17 +96,9 @@ def owner_refusal(status: RunObservation) -> str:
 
 
 def needs_attention(status: RunStatus) -> str | None:
-    """Why a live run needs an operator, in a few words; None when it is healthy or has ended.
-
-    What makes ``status`` exit 3, as ``systemctl status`` does for a unit that is not running
-    as it should: an owner gone (its sidecars, still running or not, are nobody's until
-    ``reap``), an instance that is not running (failed, stopped, or recorded
-    live with its process gone, reused or not provably ours), a ready proxy whose ``/metrics``
-    does not answer (stopped, wedged), an upstream a proxy reports down. An instance still
-    starting (configured, building, spawned) is not a problem yet. Under a gone owner, the
-    sidecars named running are exactly those ``reap`` ends (``RunObservation.to_end``). An
-    owner that cannot be proven (no start time recorded) may still own the run: it is judged as
-    a live one, as ``reap`` does (the table says ``unproven``; ``stop`` will not signal it).
+    """Why a live run needs an operator, in a few words (``status`` exits 3); None when it is
+    healthy or has ended. An instance still starting is not a problem yet. An owner that cannot
+    be proven may still own the run: it is judged as a live one, as ``reap`` does.
     """
     if status.run.ended_at is not None or ended_with_owner(status):
         return None
@@ -149,11 +136,8 @@ def observe(store: Store, run: RunRecord) -> RunStatus:
 def with_live(statuses: Sequence[RunStatus]) -> list[RunStatus]:
     """``statuses`` with the ``/metrics`` of every serving proxy scraped, all at once.
 
-    Only an address ``observe`` claims (``metrics_claimed``: a serving state, the recorded
-    process ours and running) is asked, and only once proven (``metrics_proven``: the process
-    itself listens there; otherwise its ``Scrape`` says so). These are exactly the targets the
-    Prometheus target file lists. One deadline for all (``live.SCRAPE_TIMEOUT_SECONDS``); one
-    that does not answer reads ``no answer`` and fails nothing.
+    Only an address ``observe`` claims is asked, and only once proven (the process itself
+    listens there; otherwise its ``Scrape`` says so): exactly the Prometheus target file's.
     """
     wanted = {
         (index, inst.id): inst

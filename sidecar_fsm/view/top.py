@@ -1,11 +1,8 @@
 """The ``top`` display: one frame of text redrawn in place on a terminal until Ctrl-C (printed
 frame after frame into a pipe or a log, where nothing can be redrawn).
 
-Owns rich's ``Live`` display, the pace of the frames and a clean end: on Ctrl-C (or SIGTERM)
-the display stops, the terminal is restored (cursor shown, last frame left in place) and the
-exit code is 0, since stopping ``top`` is how it is meant to end. Must not read state, scrape
-or lay out figures: it calls ``frame()`` for each frame's text (the CLI gathers it, ``render``
-lays it out, ANSI colour included).
+On Ctrl-C (or SIGTERM) the terminal is restored and the exit code is 0: stopping ``top`` is
+how it is meant to end. Must not read state or lay out figures: ``frame()`` gives each frame.
 """
 
 from __future__ import annotations

@@ -1,11 +1,7 @@
 """What each sidecar carried, where a person looks: ``history``'s traffic lines, ``status --all``.
 
-Owns reading a run's traffic figures from the database (``traffic_summary``'s rows, the one sum
-of each figure, docs/query.md) and their words and JSON: one line per instance in ``history``
-(requests, 502s, TTFB p50/p99, duration p99/max, upstream failures by kind) and a run's requests
-and 502s (its instances' rows added up) in ``status --all``. Read-only: the figures are as the last import
-left them (``run.traffic``: the supervise loop, ``check()``, stop, a restart, reap), since a read
-command never writes, so a live run's line says when its figures were taken.
+The figures are ``traffic_summary``'s rows (docs/query.md) as the last import left them (a read
+command never writes), so a live run's line says when its figures were taken.
 """
 
 from __future__ import annotations
@@ -52,9 +48,8 @@ def _seconds(value: float | None) -> str:
 def traffic_line(name: str, figures: InstanceTraffic | None) -> str:
     """``traffic policy: 10 requests, 2 502s, ttfb p50 50ms p99 1s, duration p99 10s max 12.8s,
     upstream failures dial 1 (per connection, the start's check included), final``; ``none
-    recorded`` for an instance without figures. Upstream failures are counted per connection,
-    not per request, so they are said apart from the 502s. No percentile reads above the maximum
-    (the view caps them)."""
+    recorded`` without figures. Upstream failures count connections, so they stand apart from
+    the 502s."""
     if figures is None:
         return f"traffic {name}: none recorded"
     kinds = ", ".join(f"{kind} {count}" for kind, count in _errors(figures).items() if count)

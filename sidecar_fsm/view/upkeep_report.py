@@ -1,9 +1,6 @@
 """What ``stop``, ``prune`` and a draining ``start`` print, as lines and ``--json`` documents.
 
-Owns the words of a stop's outcome (how each instance ended), a prune's report, and the drain
-lines ``start`` prints at its first signal (requests in flight, the grace left). Must not read
-the database, judge processes or print: the CLI hands in what it read and decides where the
-lines go.
+Must not read the database, judge processes or print: the CLI hands in what it read.
 """
 
 from __future__ import annotations
@@ -46,7 +43,8 @@ def stopped_lines(
             [
                 inst.name,
                 (inst.state, STATE_STYLES.get(inst.state)),
-                _exit_column(inst.exit_code),
+                # A process a signal ended shows the signal's name (SIGKILL), not a negative code.
+                UNKNOWN if inst.exit_code is None else signal_name(inst.exit_code) or str(inst.exit_code),
                 instance_detail(inst),
             ]
             for inst in instances
@@ -55,13 +53,6 @@ def stopped_lines(
         color=color,
     )
     return [head, *rows]
-
-
-def _exit_column(code: int | None) -> str:
-    """``0``, ``1``, or the signal's name (``SIGKILL``) for a process a signal ended."""
-    if code is None:
-        return UNKNOWN
-    return signal_name(code) or str(code)
 
 
 def live_runs_lines(runs: Sequence[RunRecord]) -> list[str]:
@@ -114,12 +105,9 @@ def prune_json(report: PruneReport) -> str:
 def draining_lines(
     instances: Sequence[tuple[str, Scrape | None]], grace_seconds: float, signal_name: str
 ) -> list[str]:
-    """What ``start`` prints at its first signal: per instance, what it is waiting for.
-
-    ``draining nvcf: 1 request in flight, up to 60s; Ctrl-C again to stop now``. An instance
-    whose figures could not be read says so rather than guessing zero. "Ctrl-C again" only
-    after a Ctrl-C: a drain begun by SIGTERM (``sidecar-fsm stop``, a scheduler) may have no
-    terminal to press it in, and any second signal ends the drain.
+    """What ``start`` prints at its first signal: ``draining nvcf: 1 request in flight, up to
+    60s; Ctrl-C again to stop now`` per instance. "Ctrl-C again" only after a Ctrl-C: a drain
+    begun by SIGTERM may have no terminal to press it in.
     """
     grace = f"{grace_seconds:g}s"
     again = "Ctrl-C again to stop now" if signal_name == "SIGINT" else "a second signal stops it now"

@@ -90,27 +90,54 @@ def test_an_idle_dropping_path_drops_the_silent_connection_and_keeps_the_pinged_
     assert relay.drops >= 1
 
 
-def test_a_drop_before_the_first_ping_names_the_limit_and_an_interval_to_try_exit_3(
-    tls_origin: TlsH2Origin, idle_relay: Callable[..., IdleRelay], log_dir: Path, probe_env: dict[str, str]
+@pytest.mark.parametrize(
+    ("exit_code", "pings", "idle", "args", "pinged", "verdict"),
+    [
+        pytest.param(
+            3,
+            "answer",
+            # The relay drops at 1.5 s, before the first PING at 2.5 s: nothing is known about PINGs.
+            1.5,
+            ["--for", "4s", "--ping-interval", "2.5s"],
+            rf"pinged  closed after {AT_1_5}s: EOF \(closed without GOAWAY\); 0 PINGs sent, 0 answered",
+            rf"verdict: the path dropped the PINGed connection after ~{AT_1_5}s, before its first PING "
+            rf"\(every 2\.5s\): inconclusive; a ping_interval under ~{AT_1_5}s should keep it open: "
+            r"try --ping-interval (0\.[7-9]|1(\.[0-2])?)s",
+            id="drop-before-the-first-ping-exit-3",
+        ),
+        pytest.param(
+            1,
+            "goaway",
+            None,
+            SHORT,
+            rf"pinged  closed after {AT_0_5}s: GOAWAY ENHANCE_YOUR_CALM; 1 PING sent, 0 answered",
+            rf"verdict: PINGs do not keep the connection open \(closed after {AT_0_5}s with GOAWAY "
+            r"ENHANCE_YOUR_CALM\): the sidecar cannot help here; ENHANCE_YOUR_CALM means the upstream "
+            r"refuses PINGs this often: try a longer --ping-interval",
+            id="goaway-names-the-remedy-exit-1",
+        ),
+    ],
+)
+def test_a_ping_that_does_not_keep_the_path_open_is_named_with_what_to_try(
+    exit_code: int,
+    pings: str,
+    idle: float | None,
+    args: list[str],
+    pinged: str,
+    verdict: str,
+    make_tls_origin: Callable[..., TlsH2Origin],
+    idle_relay: Callable[..., IdleRelay],
+    log_dir: Path,
+    probe_env: dict[str, str],
 ) -> None:
-    # The relay drops at 1.5 s, before the first PING at 2.5 s: nothing is known about PINGs.
-    relay = idle_relay(tls_origin, idle=1.5)
-    upstream = f"https://localhost:{relay.port}"
-    done = probe(
-        log_dir, probe_env, upstream, "--for", "4s", "--ping-interval", "2.5s", ca_file=tls_origin.ca_file
-    )
-    assert done.returncode == 3, done.stdout + done.stderr
-    assert matches(
-        rf"pinged  closed after {AT_1_5}s: EOF \(closed without GOAWAY\); 0 PINGs sent, 0 answered",
-        line_of(done.stdout, "pinged "),
-    )
-    assert matches(
-        rf"verdict: the path dropped the PINGed connection after ~{AT_1_5}s, before its first PING "
-        rf"\(every 2\.5s\): inconclusive; a ping_interval under ~{AT_1_5}s should keep it open: "
-        r"try --ping-interval (0\.[7-9]|1(\.[0-2])?)s",
-        line_of(done.stdout, "verdict: "),
-    )
-    assert "cannot help" not in done.stdout
+    origin = make_tls_origin(pings=pings)
+    upstream = origin.url if idle is None else f"https://localhost:{idle_relay(origin, idle=idle).port}"
+    done = probe(log_dir, probe_env, upstream, *args, ca_file=origin.ca_file)
+    assert done.returncode == exit_code, done.stdout + done.stderr
+    assert matches(pinged, line_of(done.stdout, "pinged "))
+    assert matches(verdict, line_of(done.stdout, "verdict: "))
+    if exit_code == 3:  # inconclusive is not "cannot help"
+        assert "cannot help" not in done.stdout
 
 
 def test_a_short_for_pings_a_quarter_of_it_by_default(
@@ -151,24 +178,6 @@ def test_an_origin_that_answers_no_ping_cannot_be_helped(
         == f"PINGs are not answered ({sent} sent, none answered): the sidecar cannot help here"
     )
     assert origin.pings >= 1  # the PINGs arrived; the origin kept its answer
-
-
-def test_a_goaway_answering_the_ping_is_named_with_the_remedy(
-    make_tls_origin: Callable[..., TlsH2Origin], log_dir: Path, probe_env: dict[str, str]
-) -> None:
-    origin = make_tls_origin(pings="goaway")
-    done = probe(log_dir, probe_env, origin.url, *SHORT, ca_file=origin.ca_file)
-    assert done.returncode == 1, done.stdout + done.stderr
-    assert matches(
-        rf"pinged  closed after {AT_0_5}s: GOAWAY ENHANCE_YOUR_CALM; 1 PING sent, 0 answered",
-        line_of(done.stdout, "pinged "),
-    )
-    assert matches(
-        rf"verdict: PINGs do not keep the connection open \(closed after {AT_0_5}s with GOAWAY "
-        r"ENHANCE_YOUR_CALM\): the sidecar cannot help here; ENHANCE_YOUR_CALM means the upstream "
-        r"refuses PINGs this often: try a longer --ping-interval",
-        line_of(done.stdout, "verdict: "),
-    )
 
 
 def test_a_dead_upstream_a_wrong_ca_and_an_http1_server_are_one_line_each(

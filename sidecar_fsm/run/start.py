@@ -15,7 +15,7 @@ import os
 from pathlib import Path
 
 from sidecar_fsm.base import procs
-from sidecar_fsm.base.ready import ReadyInfo, ReadyOutcome, ReadyWait, wait_all_ready
+from sidecar_fsm.base.ready import ReadyOutcome, ReadyWait, wait_all_ready
 from sidecar_fsm.errors import SidecarError
 from sidecar_fsm.run import crashpoints, targets, upcheck
 from sidecar_fsm.run.binaryflags import filter_command
@@ -266,11 +266,7 @@ def await_ready(run: SidecarRun, children: list[Child]) -> list[str]:
         if child.process
     ]
     outcomes = wait_all_ready(waits, timeout=float(run.config.startup_timeout_seconds))
-    bound: dict[str, ReadyInfo] = {}
-    for child in children:
-        outcome = outcomes.get(child.name)
-        if outcome is not None and outcome.info is not None:
-            bound[child.name] = outcome.info
+    bound = {name: outcome.info for name, outcome in outcomes.items() if outcome.info is not None}
     # One commit for every instance that came up, all or none: the caller gets its addresses
     # right after it. `metrics` is written even when None: a restarted proxy's old metrics
     # port is stale, and a binary without -metrics-listen has none.

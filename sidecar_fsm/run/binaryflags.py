@@ -1,19 +1,12 @@
 """Which flags a proxy binary accepts, and what follows for the argv and the config.
 
-A ``sidecar.binary`` built from NeMo Gym's sources knows only Gym's flags (``GYM_FLAGS``: no
-``-exit-with-pid``, ``-ca-file``, ``-metrics-listen``, ``-nvcf-*``) and writes a bare PID into its
-ready file, which never says which port a ``:0`` listen bound. Passing it one of our flags makes
-it exit 2 before it binds; this module lets the launcher pass only what the binary knows and
-refuse, before anything starts, the settings it cannot honour.
-
-Our own proxy is never asked: a binary that carries the stamp the build cache gives every build
-of these sources (``-X main.version=<sources hash>``, ``buildcache``) has every flag
-``sidecar_command`` passes, wherever the user put it. Any other binary is asked ``-describe``
-(go/describe.go: its flags, their types and the ready file's keys, as JSON) under a timeout, and
-the answer remembered per file identity (path, device, inode, size, mtime). A binary with no
-``-describe`` (Gym's exits 2 on it) is taken to accept Gym's flags, which is all Gym's launcher
-ever passed it. Must not start a sidecar, signal a process (the only child is the short-lived
-``-describe`` run, ended by ``subprocess`` on timeout), change state or read the config file.
+A ``sidecar.binary`` built from NeMo Gym's sources knows only ``GYM_FLAGS``, exits 2 on any
+other flag before it binds, and writes a bare PID into its ready file (so a ``:0`` listen's port
+is never learned). The launcher passes only what the binary knows and refuses, before anything
+starts, the settings it cannot honour. A binary with the build cache's stamp for these sources
+is ours and never asked; any other is asked ``-describe`` (go/describe.go) under a timeout, the
+answer remembered per file identity. One with no ``-describe`` (Gym's) is taken to accept Gym's
+flags, all Gym's launcher ever passed it. Runs no process but that short-lived ``-describe``.
 """
 
 from __future__ import annotations
@@ -97,12 +90,9 @@ _cache: dict[tuple[str, int, int, int, int], BinaryFlags | None] = {}
 
 
 def binary_flags(binary: str | os.PathLike[str]) -> BinaryFlags | None:
-    """The flags ``binary`` accepts, None for our own proxy; remembered while the file is unchanged.
-
-    The key includes the file's device, inode, size and mtime, so a binary rebuilt or replaced in
-    place is judged again. Failures are not remembered: a timeout on a loaded node may pass.
-    Thread-safe (two threads asking at once may both ask: same answer). Raises ``SidecarError``
-    (one line naming the path) when the binary cannot be run or does not answer in time.
+    """The flags ``binary`` accepts, None for our own proxy; remembered while the file (path,
+    device, inode, size, mtime) is unchanged. Failures are not remembered: a timeout on a loaded
+    node may pass. Thread-safe. Raises ``SidecarError`` when it cannot be run or does not answer.
     """
     path = os.path.abspath(os.fspath(binary))
     try:
@@ -167,12 +157,10 @@ def _ask(path: str) -> BinaryFlags:
 
 
 def filter_command(command: Sequence[str], flags: BinaryFlags) -> list[str]:
-    """``command`` (``sidecar_command``'s argv) without the flags ``flags`` does not accept.
+    """``command`` (``sidecar_command``'s argv) without the flags ``flags`` does not accept. Pure.
 
-    Pure. ``command[0]`` is the binary and is kept; a dropped flag takes its value with it
-    (``-flag value`` or ``-flag=value``); a dropped flag followed by another flag (a boolean such
-    as ``-nvcf-follow``) takes nothing. Which settings may be dropped silently is decided by
-    :func:`refusals` and :func:`warnings`, which the caller checks first.
+    A dropped flag takes its value with it, unless followed by another flag (a boolean). Which
+    settings may be dropped is for :func:`refusals` and :func:`warnings`, checked first.
     """
     kept = [command[0]]
     index = 1
@@ -201,15 +189,11 @@ def filter_command(command: Sequence[str], flags: BinaryFlags) -> list[str]:
 def refusals(
     config: H2PingSidecarConfig, instances: Sequence[SidecarInstanceConfig], flags: BinaryFlags
 ) -> list[str]:
-    """One line per setting ``flags``' binary cannot honour; empty when it can run this config.
+    """One line per setting ``flags``' binary cannot honour (bad config: exit 2); pure.
 
-    Pure. The caller raises these before anything starts (a refusal is bad config: exit 2):
-    a binary without ``-listen``/``-upstream``/``-ready-file`` is not a sidecar; a listen with
-    port 0 needs a ready file that names the bound port; ``ca_file`` needs ``-ca-file`` (passing
-    nothing would make every request fail certificate verification hours later, at the upstream);
-    ``access_log: true`` needs ``-access-log`` (the log asked for would silently never appear).
-    The traffic file and log rotation flags are dropped without a word: such a run simply has no
-    traffic figures, and its log grows as NeMo Gym's always did.
+    Dropping ``-ca-file`` would fail every request's certificate check hours later, dropping
+    ``-access-log`` would silently lose the log asked for. The traffic file and log rotation
+    flags are dropped without a word: no figures, and the log grows as NeMo Gym's always did.
     """
     lines = [
         f"sidecar.binary: '{flags.path}' has no -{name} flag, so it is not an h2-ping-sidecar; "
@@ -277,12 +261,9 @@ def check(
 ) -> tuple[BinaryFlags | None, list[str]]:
     """Learn ``binary``'s flags and judge ``config`` against them: (flags, warnings to print).
 
-    The launcher's one call, before any process starts, for a ``sidecar.binary`` the user
-    named; each spawn then runs ``filter_command(sidecar_command(...), flags)`` unless flags is
-    None: our own proxy (stamped, or the build cache's, which is not asked at all) has every
-    flag ``sidecar_command`` passes, so it has nothing to refuse or warn about. Raises
-    ``ConfigError`` with every refusal, one per line, the first being the one-line message;
-    ``SidecarError`` when the binary cannot be asked. Read-only apart from the ``-describe`` run.
+    The launcher's one call, before any process starts; flags None is our own proxy, which has
+    nothing to refuse or warn about. Raises ``ConfigError`` with every refusal, one per line;
+    ``SidecarError`` when the binary cannot be asked.
     """
     flags = binary_flags(binary)
     if flags is None:

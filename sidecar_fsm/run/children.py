@@ -2,11 +2,7 @@
 
 Owns ``Child`` (an instance's machine, paths and current process) and ``SidecarRun`` (the run's
 config, id, store and children, and whether it started, stopped or can still record), with the
-per-child steps all three jobs take: naming a child in messages, the facts of its process, and
-failing it. ``start`` spawns and awaits, ``watch`` checks and restarts, ``stop`` drains and
-kills; ``supervise.NodeSidecars`` is the public face over them.
-Never sets a state (it fires ``fail`` on the machine, which records it), never writes SQL and
-never signals a process. Every fire here is followed by ``crashpoints.hit``.
+per-child steps all three jobs take: naming a child, the facts of its process, failing it.
 """
 
 from __future__ import annotations
@@ -77,10 +73,9 @@ class Child:
 class SidecarRun:
     """The state of one run's children that starting, watching and stopping them share.
 
-    ``store`` and ``run_id`` may be given by a caller that already holds them (tests, the CLI);
-    otherwise the start opens this process's ``shared_store(log_dir)``. ``flags``, what a
-    user-named binary accepts (``binaryflags.check``), trims every command to them; None passes
-    the whole command (our own binary knows every flag).
+    ``store`` and ``run_id`` may be given by a caller that holds them (tests, the CLI); else the
+    start opens ``shared_store(log_dir)``. ``flags`` (``binaryflags.check``) trims every command
+    to what a user-named binary accepts; None passes it whole.
     """
 
     def __init__(
@@ -116,11 +111,9 @@ class SidecarRun:
         self.unrecordable: SidecarError | None = None
         # When ``traffic.poll`` next imports the proxies' figures (time.monotonic()).
         self.traffic_due = 0.0
-        # Where a line the operator must see while the run goes on is said (a restart; each
-        # "listening on" line as soon as every proxy is ready, before the upstream check's
-        # wait, and that wait once it passes 2 s); the launcher prints it. Called in the thread
-        # that drives the run (the check's notice: from a timer thread while that thread
-        # waits), never in a handler.
+        # Where a line the operator must see while the run goes on is said (a restart, the
+        # "listening on" lines, a slow upstream check); the launcher prints it. Called in the
+        # driving thread (or the check's timer thread while it waits), never in a handler.
         self.notify: Callable[[str], None] = _say_nothing
 
     @property

@@ -1,18 +1,11 @@
 """Reaching every alive node of a Ray cluster: a function run on each node, results gathered here.
 
-Owns joining the cluster (the only module that imports ``ray``, and only when called), listing
-its alive nodes, pinning one task to each (``NodeAffinitySchedulingStrategy(soft=False)``: a
-task that cannot run on its node fails rather than answering for some other host), and
-gathering each node's answer, or its one-line error, with the node it came from
-(:func:`on_every_node`). ``reap --ray`` is built on it here (each node reaps its own host's
-database in the shared log dir, because a reap can signal only processes on its own host);
-``status --ray`` in ``view.cluster_status``. Must not reap, signal or write anything on the
-calling host itself, nor read another host's database: every node judges its own owners and
-ends its own processes.
-
-Several nodes on one machine share a host name, and so a database, unless each sets
-``SIDECAR_FSM_HOST`` (``hostname.host_name``); reaping one database twice is safe, since
-``reap`` is idempotent under its file lock, and the second node then reports nothing to reap.
+The only module that imports ``ray`` (only when called). One task is pinned to each alive node
+(``soft=False``: a task that cannot run there fails rather than answer for another host), and
+each answer or one-line error is gathered with its node (:func:`on_every_node`). ``reap --ray``
+is built on it here (a reap can signal only its own host's processes, so each node reaps its
+own database); ``status --ray`` in ``view.cluster_status``. Nodes on one machine share a host
+name, and so a database, unless each sets ``SIDECAR_FSM_HOST``: reaping it twice is safe.
 """
 
 from __future__ import annotations
@@ -48,11 +41,8 @@ class ClusterUnavailableError(SidecarError):
 
 @dataclass(frozen=True)
 class NodeReap:
-    """What one node's reap did: the node, the database it reaped, and the report or the error.
-
-    ``host`` and ``database`` are what the node itself resolved (``None`` when it never ran);
-    ``error`` is one line and set exactly when ``report`` is ``None``.
-    """
+    """What one node's reap did: the node, the database it reaped (as the node resolved it;
+    None when it never ran), and the report or a one-line error."""
 
     node_id: str
     address: str
@@ -95,12 +85,9 @@ def _import_ray(command: str) -> Any:
 
 
 def _bootstrap_address(ray: Any, address: str, command: str) -> str:
-    """``host:port`` of the cluster's GCS, resolved the way ``ray.init`` would resolve it.
-
-    ``auto`` means ``$RAY_ADDRESS``, then the cluster the last ``ray start`` on this machine
-    recorded, then any local GCS process. That lookup is Ray's private API; if it moves, the
-    address goes to ``ray.init`` unresolved and only the reachability probe is skipped.
-    """
+    """``host:port`` of the cluster's GCS, resolved as ``ray.init`` would (``auto``: the
+    environment, the last ``ray start``, a local GCS). That is Ray's private API; if it moves,
+    the address goes to ``ray.init`` unresolved and only the reachability probe is skipped."""
     try:
         from ray._private.services import canonicalize_bootstrap_address
     except ImportError:
@@ -187,13 +174,11 @@ def on_every_node(
 ) -> tuple[str, list[NodeAnswer]]:
     """Run ``task_body(*args)`` once on every alive node; (the cluster's address, every answer).
 
-    ``task_body`` must be a module-level function (workers import it by name) returning a
-    picklable value; its first element, when it returns a tuple, may be the node id it ran on,
-    which is then checked against the node it was pinned to. Raises ``ClusterUnavailableError``
-    (naming ``command``) when ray is missing or nothing answers at ``address``, checked before
-    ``ray.init``, which would otherwise retry for minutes. A node that fails, dies, or does not
-    answer within ``timeout`` gets its error in its ``NodeAnswer`` and the other nodes' answers
-    are still returned: a partial answer is reported, never hidden, and never hangs the command.
+    ``task_body``: a module-level function (workers import it by name); a tuple it returns
+    may start with the node id it ran on, checked against the node it was pinned to. Raises
+    ``ClusterUnavailableError`` when ray is missing or nothing answers at ``address`` (checked
+    before ``ray.init``, which would retry for minutes). A node that fails or stays silent past
+    ``timeout`` gets its error in its ``NodeAnswer``; the others' answers are still returned.
     """
     ray = _import_ray(command)
     from ray.exceptions import RayError
@@ -255,11 +240,8 @@ def reap_cluster(
     dry_run: bool = False,
     timeout: float = NODE_TIMEOUT_SECONDS,
 ) -> ClusterReap:
-    """Reap ``log_dir`` on every alive node of the Ray cluster at ``address``; every node's result.
-
-    ``log_dir`` is made absolute here, since Ray workers do not share this process's cwd. See
-    :func:`on_every_node` for what a missing cluster or a silent node gives.
-    """
+    """Reap ``log_dir`` (made absolute: workers do not share our cwd) on every alive node of the
+    Ray cluster at ``address``; every node's result (:func:`on_every_node`)."""
     bootstrap, answers = on_every_node(
         _reap_on_this_node,
         (os.path.abspath(log_dir), dry_run),
@@ -269,10 +251,9 @@ def reap_cluster(
     )
     nodes = []
     for answer in answers:
-        where = {"node_id": answer.node_id, "address": answer.address, "ray_hostname": answer.ray_hostname}
-        if answer.error is not None:
-            nodes.append(NodeReap(**where, host=None, database=None, report=None, error=answer.error))
-            continue
-        _, host, database, report, error = answer.value
-        nodes.append(NodeReap(**where, host=host, database=database or None, report=report, error=error))
+        host, database, report, error = None, None, None, answer.error
+        if error is None:
+            _, host, database, report, error = answer.value
+        where = (answer.node_id, answer.address, answer.ray_hostname)
+        nodes.append(NodeReap(*where, host, database or None, report, error))
     return ClusterReap(address=bootstrap, dry_run=dry_run, nodes=nodes)

@@ -26,17 +26,10 @@ def sidecar_command(
 ) -> list[str]:
     """The proxy's argv for ``instance``: every tuning flag from ``config``, explicit, nothing implied.
 
-    Pure apart from reading our own pid: with ``exit_with_owner`` the child gets
-    ``-exit-with-pid <this process>``, so a launcher killed with SIGKILL (no ``stop()``) leaves a
-    sidecar that drains and exits by itself instead of holding the port forever. With
-    ``metrics`` it gets ``-metrics-listen`` with the instance's ``metrics_listen``, else
-    ``127.0.0.1:0``: a free port each, named in its ready file, so N sidecars on a host never
-    compete for one. The traffic file, the access log (with ``access_log``) and the log the
-    proxy rotates itself (``-log-file``, the one the launcher also points its stdout and stderr
-    at) sit beside ``ready_path``, named as ``runfiles.sibling`` names them. The ``-nvcf-*``
-    flags are the instance's (``nvcf_of``), each only when it differs from the proxy's default
-    (``_nvcf_flags``). A binary that lacks
-    a flag (NeMo Gym's has none of these) gets this argv through ``binaryflags.filter_command``.
+    Pure apart from reading our own pid: ``-exit-with-pid`` makes a sidecar whose launcher was
+    SIGKILLed drain and exit by itself instead of holding the port forever. Its files sit beside
+    ``ready_path`` (``runfiles.sibling``); the log it rotates (``-log-file``) also takes its
+    stdout and stderr. A binary that lacks a flag gets this through ``binaryflags.filter_command``.
     """
     command = [
         str(binary),
@@ -97,11 +90,9 @@ def _nvcf_flags(nvcf: NvcfConfig) -> list[str]:
 def sidecar_env(config: H2PingSidecarConfig) -> dict[str, str]:
     """The child's environment: ours, plus the Go runtime limits, minus any ``http2debug`` in GODEBUG.
 
-    ``GODEBUG=http2debug=1`` makes net/http log every HTTP/2 frame, Authorization headers
-    included; the proxy refuses to start with it, so it is removed here rather than turned into a
-    startup failure caused by a debugging variable the user set for something else.
-    ``HTTPS_PROXY``/``NO_PROXY`` (and their lower-case forms) pass through unchanged: they are
-    the user's, and the proxy dials its upstream through that egress proxy as any Go program would.
+    ``http2debug`` logs every HTTP/2 frame, Authorization headers included, so the proxy refuses
+    to start with it: removing it here spares a startup failure over a variable the user set for
+    something else. ``HTTPS_PROXY``/``NO_PROXY`` pass through: the proxy dials through them.
     """
     env = dict(os.environ)
     godebug = env.pop("GODEBUG", None)
@@ -125,8 +116,8 @@ def config_summary(
 ) -> dict[str, Any]:
     """What the run row keeps about what its sidecars were started with: shape and tuning, never credentials.
 
-    Upstreams are origins already (config drops paths) and are redacted once more so that
-    no userinfo or query can reach the database whatever the config module accepts.
+    Upstreams are redacted once more, so no userinfo or query reaches the database whatever
+    the config module accepts.
     """
     c = config
     return {

@@ -1,19 +1,11 @@
 """Crash points: every place of a start, a stop or a reap where the process may die, by name.
 
-Owns the one list of points (``POINTS``) and ``hit(point)``, which the lifecycle modules call
-right after each commit, spawn or signal whose aftermath a crash could leave half done, and
-between the other steps of a start. A point is inert unless a test enables it. TEST ONLY: the
-environment variable ``SIDECAR_FSM_CRASH_AT=<point>[:<n>][@SIGNAL][,...]`` (read once, at the
-first ``hit``) makes the n-th hit of that point (default the first) send SIGNAL to this process
-(default SIGKILL; several points: a Ctrl-C, then another during the cleanup it caused). So a
-test can check that ``status`` tells the truth and ``reap`` leaves nothing behind from exactly
-there (SIGKILL: a real crash runs no ``finally`` and no ``atexit``), or that a Ctrl-C there
-(``@SIGINT``, ``@SIGTERM``) ends the start within a second and leaves nothing. A signal other
-than SIGKILL is announced on stderr with the CLOCK_MONOTONIC time it was sent, so the test can
-measure how long its answer took; ``@MARK`` only announces the point (a benchmark's signal from
-outside then aims at what follows). Must not decide or record anything; a test
-(``test_crash_points``) fails when a commit, spawn or signal site of the lifecycle modules is
-not followed by a point, or a point is listed but never hit.
+The lifecycle modules call ``hit(point)`` right after each commit, spawn or signal whose
+aftermath a crash could leave half done (``test_crash_points`` checks every site). Inert unless
+a test sets ``SIDECAR_FSM_CRASH_AT=<point>[:<n>][@SIGNAL][,...]`` (read at the first ``hit``): the
+n-th hit (default the first) sends SIGNAL (default SIGKILL: a real crash runs no ``finally``) to
+this process. Any other signal is announced on stderr with its CLOCK_MONOTONIC time, so a test
+can time the answer; ``@MARK`` only announces the point.
 """
 
 from __future__ import annotations

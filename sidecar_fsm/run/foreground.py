@@ -1,13 +1,10 @@
 """Running a started set of sidecars in the foreground until a signal or a failure.
 
 Owns the signals of ``sidecar-fsm start`` from its first spawn to its last drain, and its wait:
-call ``check()`` every interval, and wake at once when SIGINT or SIGTERM arrives. A self-pipe
-does the waking: once the start has returned, the handler only records the signal and writes a
-byte, so nothing runs inside a handler that could interleave badly with ``check()`` (which
-writes the database), and a Ctrl-C is answered at once, not after the interval.
-
-Must not stop the sidecars (the caller's ``stop()`` does, in its ``finally``), print, or decide
-exit codes.
+``check()`` every interval, woken at once by SIGINT or SIGTERM through a self-pipe. Once the
+start has returned the handler only records the signal and writes a byte, so nothing runs in a
+handler that could interleave badly with ``check()``'s database writes. Stopping the sidecars,
+printing and exit codes are the caller's.
 """
 
 from __future__ import annotations
@@ -31,12 +28,8 @@ STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM)
 
 @dataclass
 class Signals:
-    """The stop signals received while :func:`catching_stop_signals` is active, oldest first.
-
-    ``raise_in``: while it is set, a signal that arrives while that code object is running
-    (anywhere up the stack) is also raised there as ``KeyboardInterrupt`` (see
-    :func:`catching_stop_signals`).
-    """
+    """The stop signals received while :func:`catching_stop_signals` is active, oldest first;
+    ``raise_in``: see there."""
 
     received: list[signal.Signals] = field(default_factory=list)
     raise_in: CodeType | None = None
@@ -61,14 +54,10 @@ def catching_stop_signals(raise_in: CodeType | None = None) -> Iterator[Signals]
     on exit. Main thread only (Python delivers signals there).
 
     ``raise_in`` (e.g. ``start_h2_ping_sidecar.__code__``): a signal that arrives while that
-    function runs is recorded and raised there as :class:`Interrupted`, so it cleans up as for
-    Ctrl-C; one that arrives after it returned is only recorded, even before its caller has
-    stored the result (the manager of running sidecars), so nothing it returns is lost. One
-    handler from start to end: no moment between two handlers when a signal meets the default
-    disposition.
-
-    A SIGINT ignored when this begins (a script's background job, ``nohup``) stays ignored, as
-    POSIX shells and Python intend; SIGTERM is always caught.
+    function runs (anywhere up the stack) is also raised there as :class:`Interrupted`, so it
+    cleans up as for Ctrl-C; one after it returned is only recorded, so the manager it returns
+    is never lost. One handler throughout: no moment when a signal meets the default. A SIGINT
+    ignored when this begins (a background job, ``nohup``) stays ignored, as POSIX intends.
     """
     read_fd, write_fd = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
     signals = Signals(raise_in=raise_in, _wake_fd=write_fd, _read_fd=read_fd)
@@ -107,11 +96,8 @@ def _running(frame: FrameType | None, code: CodeType) -> bool:
 def watch_until_signal(
     check: Callable[[], None], signals: Signals, interval: float = CHECK_INTERVAL_SECONDS
 ) -> SidecarError | None:
-    """Call ``check()`` every ``interval`` until a stop signal arrives or it raises.
-
-    Returns the ``SidecarError`` that ended the watch (a sidecar stopped and was not brought
-    back), or None when a signal did (``signals.received`` names it).
-    """
+    """Call ``check()`` every ``interval`` until a stop signal arrives or it raises; the
+    ``SidecarError`` that ended the watch, or None when a signal did (``signals.received``)."""
     while not signals.received:
         try:
             check()

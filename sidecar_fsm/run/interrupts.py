@@ -21,11 +21,9 @@ _DEFERRED_SIGNALS = (signal.SIGINT, signal.SIGTERM)
 def interrupts_deferred() -> Iterator[None]:
     """Hold SIGINT and SIGTERM for the body; then run their handlers for what arrived, in order.
 
-    An exception raised by a signal handler between ``fork`` and the assignment that keeps the
-    ``Popen`` (Python's ``KeyboardInterrupt``, a CLI's SIGTERM-to-exception handler) would leave
-    a sidecar that ``stop()`` cannot see. Only Python-level handlers are held (a default or
-    ignored disposition has no exception to defer), and only in the main thread, where Python
-    runs them. Keep the body short: the caller's Ctrl-C waits for it.
+    Only Python-level handlers are held (a default or ignored disposition raises nothing to
+    defer), and only in the main thread, where Python runs them. Keep the body short: the
+    caller's Ctrl-C waits for it.
     """
     if threading.current_thread() is not threading.main_thread():
         yield

@@ -1,9 +1,7 @@
 """The wording of a run's failures: one first line naming the instance and what to do, then its log tail.
 
-Owns the messages ``supervise`` raises and records (exit before ready, unexpected exit, a port
-already in use and by whom, a log that cannot be created) and reading the end of a log for them.
-Must not change state or signal anything; who holds a port is ``observe``'s judgement, asked as
-a diagnosis that never fails the caller.
+Owns the messages the run raises and records, and reading the end of a log for them. Who holds
+a port is ``observe``'s judgement, asked as a diagnosis that never fails the caller.
 """
 
 from __future__ import annotations
@@ -23,10 +21,8 @@ _LOG_TAIL_BYTES = 16384
 
 
 def log_tail(log_path: str, lines: int = LOG_TAIL_LINES) -> str:
-    """The last ``lines`` lines of a child's log, for error messages; never raises.
-
-    Reads only the end of the file: a sidecar that ran for days has a long log.
-    """
+    """The last ``lines`` lines of a child's log, for error messages; never raises. Reads only
+    the end of the file: a sidecar that ran for days has a long log."""
     try:
         with open(log_path, "rb") as log:
             log.seek(0, os.SEEK_END)
@@ -60,9 +56,8 @@ EXIT_LISTEN_IN_USE, EXIT_METRICS_IN_USE = 3, 4
 def address_taken(exit_code: int, before_ready: bool, listen: str, codes_known: bool) -> str | None:
     """Which address a proxy that exited found taken: ``"listen"``, ``"metrics"`` or None.
 
-    Our proxy says so by its exit code (``codes_known``: ours, or one that describes itself).
-    A binary without those codes (NeMo Gym's exits 1 on any failure) is judged by the kernel:
-    its listen address still refuses a bind (errno ``EADDRINUSE``), never by its log's words.
+    By its exit code when ``codes_known`` (ours, or one that describes itself); else (NeMo
+    Gym's exits 1 on any failure) by whether its listen address still refuses a bind.
     """
     if codes_known:
         return {EXIT_LISTEN_IN_USE: "listen", EXIT_METRICS_IN_USE: "metrics"}.get(exit_code)
@@ -90,12 +85,9 @@ def exit_message(place: str, exit_code: int, before_ready: bool, log_path: str) 
 
 
 def exit_words(exit_code: int) -> str:
-    """``exited with code 1``, or ``exited with code 137 (killed by SIGKILL)`` for a signal.
-
-    128 + N is how a shell, Docker and Kubernetes report a death by signal N, never Python's -N;
-    the words "exited with code ..." are also what the instance_summary view's reason reads
-    ("exited while ready", "drain failed"), in every database already written.
-    """
+    """``exited with code 1``, or ``exited with code 137 (killed by SIGKILL)`` for a signal:
+    128 + N as a shell, Docker and Kubernetes say it, never Python's -N. The instance_summary
+    view reads these words in every database already written: keep them."""
     name = signal_name(exit_code)
     if name is None:
         return f"exited with code {exit_code}"

@@ -1,12 +1,8 @@
 """``sidecar-fsm probe``'s child: the proxy binary in its ``-probe`` mode, and its JSON lines.
 
-Owns starting ``h2-ping-sidecar -probe`` (go/probe.go: the two idle connections, the PINGs, the
-optional request, the verdict; the route and the TLS rules are the proxy's own), handing it the
-request headers on stdin (never on its command line, which any user can read in ``ps``), and
-reading its events one line at a time. The child ends by itself after ``--for``; it also ends at
-once when its stdin closes, which is how this module stops it early (an interrupt, a reader of
-stdout gone): no signal is sent, so nothing here needs ``procs``. Must not print, judge or store
-anything: header values go to the child's stdin and nowhere else.
+The probe itself is go/probe.go. Request headers go on the child's stdin and nowhere else
+(never its command line, which any user can read in ``ps``). The child ends after ``--for``, or
+at once when its stdin closes, which is how it is stopped early: no signal, so no ``procs``.
 """
 
 from __future__ import annotations
@@ -61,9 +57,8 @@ class ProbeEnded(Exception):
 def probe_events(binary: str, request: ProbeRequest) -> Iterator[dict[str, Any]]:
     """Run the probe; yield each event (``start``, ``progress``, then ``result`` or ``error``).
 
-    Raises ``ProbeEnded`` when the child exits without a ``result`` or ``error`` line (its
-    usage errors, exit 2). Closing the generator early (an exception in the caller, Ctrl-C)
-    closes the child's stdin, which ends it, and waits for it: no child outlives the call.
+    Raises ``ProbeEnded`` when the child exits without a ``result`` or ``error`` line. Closing
+    the generator early ends the child and waits for it: no child outlives the call.
     """
     process = subprocess.Popen(
         request.argv(binary),

@@ -1,13 +1,10 @@
 """Pruning: removing ended runs, and what crashed launchers left, from this host's log dir.
 
-Owns the plan and its execution: every run of this host's database that ended more than the
-given age ago loses its rows (run, instances, transitions, traffic: ``Store.delete_ended_run``,
-which checks again under the write lock that the run has ended) and its instances' files (log
-and access log with their rotations, ready and traffic files: ``runfiles.instance_files``);
-database temp files whose creator was SIGKILLed go too (``tempfiles``). A live run is never
-touched, however old: its owner may still be writing, and ``reap`` is what closes a run whose
-owner died. Only this host's database is written (another host's is that host's to
-prune). Must not judge or signal processes; must not print.
+A run that ended more than the given age ago loses its rows (``Store.delete_ended_run`` checks
+again under the write lock that it ended) and its instances' files (``runfiles.instance_files``);
+database temp files whose creator was SIGKILLed go too. A live run is never touched, however
+old: its owner may still be writing (``reap`` closes a run whose owner died). Only this host's
+database is written. Must not judge or signal processes; must not print.
 """
 
 from __future__ import annotations
@@ -23,9 +20,6 @@ from sidecar_fsm.run.runfiles import instance_files
 from sidecar_fsm.state import tempfiles
 from sidecar_fsm.state.hostname import host_name
 from sidecar_fsm.state.store import RunRecord, Store, database_path
-
-# ``prune``'s default age: a week of runs stays for ``status --all`` and ``history``.
-DEFAULT_OLDER_THAN_SECONDS = 7 * 24 * 3600.0
 
 
 @dataclass(frozen=True)
@@ -45,10 +39,8 @@ class PruneReport:
 
 
 def _files_of(store: Store, run: RunRecord) -> list[str]:
-    paths = []
-    for inst in store.instances_of(run.run_id):
-        paths += instance_files(inst.log_path, inst.ready_path)
-    return paths
+    instances = store.instances_of(run.run_id)
+    return [path for inst in instances for path in instance_files(inst.log_path, inst.ready_path)]
 
 
 def prune(
@@ -77,12 +69,14 @@ def prune(
                     os.unlink(path)
             store.delete_ended_run(run.run_id)
         report.runs.append(PrunedRun(run, files))
-    if dry_run:
-        temps = tempfiles.abandoned_temp_files(log_dir, store.host)
-    else:
-        temps = tempfiles.remove_abandoned_temp_files(log_dir, store.host)
-    report.temp_files = [str(path) for path in temps]
+    report.temp_files = take_temp_files(log_dir, store.host, dry_run)
     return report
+
+
+def take_temp_files(log_dir: str | Path, host: str, dry_run: bool) -> list[str]:
+    """The database temp files of killed creators (``tempfiles``), removed unless ``dry_run``."""
+    take = tempfiles.abandoned_temp_files if dry_run else tempfiles.remove_abandoned_temp_files
+    return [str(path) for path in take(log_dir, host)]
 
 
 _AGE_PART = re.compile(r"(\d+(?:\.\d+)?)([smhdw])")
@@ -106,13 +100,6 @@ def prune_here(log_dir: str, *, older_than_seconds: float, dry_run: bool = False
     (only a killed creator's temp files can be there)."""
     host = host_name()
     if not database_path(log_dir, host).exists():
-        if dry_run:
-            temps = tempfiles.abandoned_temp_files(log_dir, host)
-        else:
-            temps = tempfiles.remove_abandoned_temp_files(log_dir, host)
-        return PruneReport(dry_run, older_than_seconds, temp_files=[str(path) for path in temps])
-    store = Store.open(log_dir)
-    try:
+        return PruneReport(dry_run, older_than_seconds, temp_files=take_temp_files(log_dir, host, dry_run))
+    with Store.open(log_dir) as store:
         return prune(store, log_dir, older_than_seconds=older_than_seconds, dry_run=dry_run)
-    finally:
-        store.close()

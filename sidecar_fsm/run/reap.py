@@ -1,20 +1,12 @@
 """Reaping: closes the runs whose launcher is gone and ends only the sidecars proven to be theirs.
 
-Observe, then act on the plan. What runs is ``sidecar_fsm.observe``'s judgement (the owner's
-verdict, each instance's process verdict, the sidecars no row names), the very one ``status``
-shows; ``plan_run`` turns one observation into what to do, without touching anything; the
-rest carries the plan out: SIGTERM (then SIGKILL after the recorded grace) through
-``procs.terminate``, the ``fail`` event through the state machine, removal of stale ready files
-and ``store.end_run(run, "reaped")``. Must not signal a process itself (``procs`` does, after
-proving pid, start time and executable again), set a state column (``fsm`` does), touch a run
-whose owner is alive or cannot be proven gone, or reach another host: only this host's database
-is reaped, because a reap can only signal processes on its own host.
-
-An instance's processes are its recorded one and every one ``procs.find_ours`` proves ours
-without a pid (``RunObservation.to_end``): a launcher killed between a spawn and its commit, or
-mid-restart, leaves exactly such a process, in any state. The search is what makes "every
-process a run may have started can be found" hold at every instant, which no order of commits
-can: a pid exists only after the spawn.
+Observe, then act: ``observe``'s judgement (the one ``status`` shows) becomes a pure plan
+(``plan_run``), carried out through ``procs.terminate`` (SIGTERM, SIGKILL after the recorded
+grace), the ``fail`` event and ``store.end_run(run, "reaped")``. Never touches a run whose owner
+is alive or not proven gone, nor another host's database (a reap can signal only its own host).
+An instance's processes include each one ``procs.find_ours`` proves ours without a pid
+(``RunObservation.to_end``): a launcher killed between a spawn and its commit leaves one, which
+no order of commits can prevent, since a pid exists only after the spawn.
 """
 
 from __future__ import annotations
@@ -36,9 +28,7 @@ from sidecar_fsm.errors import ConfigError
 from sidecar_fsm.observe.runs import RunObservation, observe
 from sidecar_fsm.observe.verdicts import Owner, Process
 from sidecar_fsm.run import crashpoints, targets, traffic
-from sidecar_fsm.state import tempfiles
-
-# Imported for their types and machines; each owns its concern (SQL, state changes).
+from sidecar_fsm.run.prune import take_temp_files
 from sidecar_fsm.state.fsm import DRAINABLE, TERMINAL, InstanceMachine
 from sidecar_fsm.state.hostname import host_name
 from sidecar_fsm.state.store import InstanceRecord, RunRecord, Store, database_path
@@ -90,11 +80,8 @@ def _reason(run: RunRecord, owner: Owner) -> str:
 
 
 def recorded_grace_seconds(run: RunRecord) -> float:
-    """The run's ``shutdown_grace`` from its config summary; the config default when absent.
-
-    The grace is what the sidecar was told it may spend draining, so reap waits that long
-    before SIGKILL, exactly as the launcher's ``stop()`` would have.
-    """
+    """The run's recorded ``shutdown_grace`` (default when absent): what its sidecars were told
+    they may spend draining, so reap waits that long before SIGKILL, as ``stop()`` would have."""
     summary: dict[str, Any] = dict(run.config_summary or {})
     for key in ("shutdown_grace_seconds", "shutdown_grace"):
         value = summary.get(key)
@@ -135,11 +122,7 @@ class InstancePlan:
 
 
 def plan_instance(observed: RunObservation, inst: InstanceRecord, self_draining: bool) -> InstancePlan:
-    """What to do with ``inst``, from the observation alone. Pure: reads and signals nothing.
-
-    Any state may have a process: a launcher killed between a spawn and its commit leaves one
-    behind a ``configured`` row (or a ``ready`` row naming the process a restart replaced).
-    """
+    """What to do with ``inst`` (in any state: see the module), from the observation alone. Pure."""
     process = observed.process_of(inst)
     ends = observed.to_end(inst)
     draining = self_draining or inst.state == "draining"
@@ -175,9 +158,8 @@ def _stale_ready_files(instances: list[InstanceRecord]) -> list[str]:
 
 
 def _traffic_temp_files(instances: Sequence[InstanceRecord]) -> list[str]:
-    """The temp files of proxies killed while replacing their traffic file (SIGKILL past the
-    grace can land in that write). Half a write holds no figure the import could use: they
-    are removed without a word, as ``prune`` would remove them with the run."""
+    """Temp files of proxies SIGKILLed while replacing their traffic file: half a write holds
+    no figure, so they go without a word, as ``prune`` would remove them with the run."""
     return [
         path
         for inst in instances
@@ -194,13 +176,9 @@ def reap_lock_path(store: Store) -> Path:
 def reap(store: Store, *, dry_run: bool = False) -> ReapReport:
     """Reap every open run of ``store`` whose owner is gone; with ``dry_run``, only say what.
 
-    Idempotent. The plan is made and carried out under a file lock next to the database, and
-    the open runs are read only after the lock is held: a second reaper waiting on the lock
-    then finds the runs the first one closed already ended, and does nothing. An instance is
-    marked ``failed`` (with the reason) whether we ended its process or it had exited by itself
-    (``exit_with_owner``); a pid that is not provably ours is never signalled. Each transition
-    is persisted before the signal it announces, so a reaper killed midway leaves the record
-    saying what it was about to do, and the next reap finishes the job.
+    Idempotent: the open runs are read only once the file lock is held, so a second reaper
+    finds them ended. A pid not provably ours is never signalled; each transition is committed
+    before the signal it announces, so the next reap finishes what a killed one began.
     """
     # 0o644, not 0o666 minus the umask: nothing in the log dir is writable by others.
     with FileLock(str(reap_lock_path(store)), mode=0o644):
@@ -217,31 +195,19 @@ def reap(store: Store, *, dry_run: bool = False) -> ReapReport:
 
 def reap_here(log_dir: str, *, dry_run: bool = False) -> ReapReport:
     """``reap`` of this host's database under ``log_dir``, plus the database temp files a
-    launcher killed while creating it left behind. A missing database is not created: there is
-    nothing to reap and nothing to write (but its creator's temp files may be there)."""
+    launcher killed while creating it left behind. A missing database is not created."""
     host = host_name()
-    if dry_run:
-        temps = tempfiles.abandoned_temp_files(log_dir, host)
-    else:
-        temps = tempfiles.remove_abandoned_temp_files(log_dir, host)
+    temps = take_temp_files(log_dir, host, dry_run)
     if not database_path(log_dir, host).exists():
-        return ReapReport(
-            dry_run=dry_run, runs=[], temp_files=[str(path) for path in temps], any_recorded=False
-        )
-    store = Store.open(log_dir)
-    try:
+        return ReapReport(dry_run=dry_run, runs=[], temp_files=temps, any_recorded=False)
+    with Store.open(log_dir) as store:
         report = reap(store, dry_run=dry_run)
-    finally:
-        store.close()
-    return dataclasses.replace(report, temp_files=[str(path) for path in temps])
+    return dataclasses.replace(report, temp_files=temps)
 
 
 def _drains_by_itself(run: RunRecord) -> bool:
-    """True when the run's sidecars were started with ``-exit-with-pid`` of its (gone) owner.
-
-    Such a sidecar began draining the moment its owner died; a SIGTERM from us would be its
-    second signal, which ends the drain at once and cuts the requests it is finishing.
-    """
+    """True when the run's sidecars got ``-exit-with-pid``: each began draining when its owner
+    died, and a SIGTERM from us would end that drain at once, cutting its requests."""
     return bool(dict(run.config_summary or {}).get("exit_with_owner", False))
 
 
@@ -283,12 +249,10 @@ def _reap_instance(store: Store, plan: InstancePlan, reason: str, grace: float) 
         if machine.state in DRAINABLE:
             machine.fire("drain", detail=f"reap: {reason}")
             crashpoints.hit("reap-drain-recorded")
-        # A row the launcher left `draining` had its SIGTERM sent (the drain is committed just
-        # before it): a second SIGTERM would end that drain at once and cut the requests it is
-        # finishing, so reap waits out the grace, as stop() would have, then SIGKILLs. Only a
-        # launcher killed in the few lines between the commit and the signal leaves a draining
-        # row whose process got none: it serves until the same deadline, then is killed. A
-        # sidecar whose -exit-with-pid owner died drains by itself: the same wait.
+        # A row left `draining` had its SIGTERM sent (committed just before it), and a sidecar
+        # whose -exit-with-pid owner died drains by itself: a second SIGTERM would cut the drain,
+        # so reap waits out the grace, then SIGKILLs (a launcher killed between that commit and
+        # its signal leaves a process that got none: it serves until the same deadline).
         launcher_drain = inst.state == "draining"
         outcomes: list[str] = []
         for identity in plan.ends:

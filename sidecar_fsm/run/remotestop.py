@@ -1,12 +1,8 @@
 """Stopping a run from another process: ``sidecar-fsm stop``.
 
-Owns the stop use-case (``stop_run``): asking a run's owner (the launcher that started it:
-``sidecar-fsm start``, or Gym) to stop as a Ctrl-C would, and waiting until the run is closed on
-record; the CLI picks the run and prints the outcome. The signal goes through
-``procs`` after the owner's identity (pid and start time, ``observe.verdicts.owner_identity``)
-is proven, so a pid reused since the run started is never hit. The owner does the drain itself
-(it owns the children); this module never signals a sidecar, never writes a row and never
-decides what a stopped run looks like.
+Asks a run's owner (``sidecar-fsm start``, or Gym) to stop as a Ctrl-C would, once its identity
+(pid and start time) is proven so a reused pid is never hit, then waits until the run is closed
+on record. The owner drains its own children: this never signals a sidecar or writes a row.
 """
 
 from __future__ import annotations
@@ -79,11 +75,8 @@ def ask_owner_to_stop(run: RunRecord) -> bool:
 
 def wait_closed(store: Store, run: RunRecord, timeout: float) -> StopResult:
     """Read ``run``'s row until it has ended, its owner is gone, or ``timeout`` seconds passed.
-
-    The owner is checked after each read that finds the run open, and the row read once more
-    when the owner is gone: an owner that closed the run and exited between two reads counts
-    as closed, not gone. Read-only.
-    """
+    Read again once the owner is gone: one that closed the run and exited between two reads
+    counts as closed."""
     started = time.monotonic()
     deadline = started + timeout
     while True:

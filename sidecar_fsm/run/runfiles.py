@@ -1,12 +1,7 @@
 """A run's files in the log dir: their names, creating its logs, removing them and its ready files.
 
-Owns the naming ``h2ping-<instance>-<host>-<run id>.log`` / ``.ready`` / ``.traffic.json`` /
-``.access.log`` (the run id keeps runs that share a log dir from ever touching one another's
-files; each instance's files share one stem, so one is derived from another: ``sibling``), the
-list of every file an instance may leave (``instance_files``: with the proxy's rotations and
-temp files), creating every log of a start
-(all or none) and removing ready files with any temp file a proxy left beside them. Must not
-start or signal processes, or record state.
+Owns the naming ``h2ping-<instance>-<host>-<run id>.<suffix>``: the run id keeps runs that share
+a log dir from ever touching one another's files, and an instance's files share one stem.
 """
 
 from __future__ import annotations
@@ -38,10 +33,7 @@ def run_file(log_dir: str, instance: str, host: str, run_id: str, suffix: str) -
 
 def sibling(path: str, suffix: str) -> str:
     """The instance's file with ``suffix`` beside ``path``, its ``.log`` or ``.ready`` file. Pure.
-
-    A path with neither suffix (a caller's own ready path) gets ``suffix`` appended, so every
-    file of one instance still shares its stem and never another instance's.
-    """
+    A path with neither (a caller's own ready path) gets ``suffix`` appended: still one stem."""
     for known in (READY, LOG):
         if path.endswith(known):
             return path[: -len(known)] + suffix
@@ -73,12 +65,9 @@ def instance_files(log_path: str | None, ready_path: str | None) -> list[str]:
 def create_logs(log_dir: str, paths: list[str]) -> list[int]:
     """Create (O_EXCL) and open for appending every log in ``paths``: all, or none and ``SidecarError``.
 
-    A log dir or log that cannot be made (a path through a file, an entry in the way, no
-    permission, a read-only or full file system) raises one line naming the path and the
-    reason, with every file made here removed again; a log dir another user can write
-    (``trust``) raises ``UnusableStateError`` before any file is made. O_EXCL: the names
-    carry the run id, so a file already there is not ours and is neither written nor removed.
-    The descriptors are close-on-exec and the caller's to close.
+    The error is one line naming the path and the reason; a log dir another user can write
+    raises ``UnusableStateError`` first. O_EXCL: the names carry the run id, so a file already
+    there is not ours and is neither written nor removed. The descriptors are the caller's.
     """
     opened: list[tuple[str, int]] = []
     path = log_dir

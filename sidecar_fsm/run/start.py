@@ -1,19 +1,11 @@
 """Starting one run's children: record the run, spawn every instance, await them together.
 
-Owns ``start`` (the ``NodeSidecars.start()`` of ``supervise``) and the steps a restart reuses:
-``launch`` (one process on a child's address, remembered, not yet recorded) and ``await_ready``
-(every given child at once, ``ready`` or ``failed``). The command line and environment are
-``command``'s, the files ``runfiles``', the open database ``sharedstore``'s.
-
-Once a process exists, any exception or ``KeyboardInterrupt`` out of ``start`` stops every
-child first. The few lines between creating a process and recording it run with SIGINT held
-(``interrupts_deferred``), since an interrupt there would leak a child nothing knows, and so
-does creating the logs; an interrupt that lands after the run's commit but before the run has
-taken it in still closes the run (``_adopt_if_recorded``). SIGKILL cannot be held: a launcher
-killed there leaves a process no row names yet, which ``reap`` still finds and proves ours
-(``procs.find_ours``: the binary and this run's ready path in its argv).
-Never sets a state, never writes SQL outside ``store`` and never signals except through
-``stop.kill``; every commit and spawn is followed by ``crashpoints.hit``.
+Owns ``start`` (``NodeSidecars.start()``) and the steps a restart reuses: ``launch`` (one process,
+remembered, not yet recorded) and ``await_ready`` (every given child at once). Any exception out
+of ``start`` stops every child first. Creating the logs, and each process with its record, run
+with SIGINT held (``interrupts_deferred``): an interrupt there would leak a child nothing knows.
+SIGKILL cannot be held: a launcher killed there leaves a process no row names yet, which ``reap``
+still finds and proves ours (``procs.find_ours``). Signals only through ``stop.kill``.
 """
 
 from __future__ import annotations
@@ -23,7 +15,7 @@ import os
 from pathlib import Path
 
 from sidecar_fsm.base import procs
-from sidecar_fsm.base.ready import ReadyInfo, ReadyOutcome, ReadyWait, wait_all_ready
+from sidecar_fsm.base.ready import ReadyOutcome, ReadyWait, wait_all_ready
 from sidecar_fsm.errors import SidecarError
 from sidecar_fsm.run import crashpoints, targets, upcheck
 from sidecar_fsm.run.binaryflags import filter_command
@@ -40,10 +32,7 @@ from sidecar_fsm.state.store import InstanceRecord, NewInstance
 
 
 def start(run: SidecarRun) -> list[str]:
-    """Start every instance and wait until all are ready; one summary line per instance.
-
-    See ``NodeSidecars.start`` for the guarantees.
-    """
+    """Start every instance and wait until all are ready (``NodeSidecars.start``); one line each."""
     if run.started:
         raise SidecarError(f"run {run.run_id}: already started; create a new NodeSidecars for another run")
     run.started = True
@@ -86,11 +75,8 @@ def start(run: SidecarRun) -> list[str]:
 
 def _check_upstreams(run: SidecarRun) -> list[str]:
     """Await every proxy's first upstream check (``upcheck``); one line each, [] when ``off``.
-
-    With ``upstream_check: fail`` an instance whose check failed (or gave no verdict) is ended
-    and ``failed`` with the reason, and ``SidecarError`` names each such instance; the caller's
-    cleanup then stops the rest.
-    """
+    With ``fail``, each instance whose check failed is ended and failed, and ``SidecarError``
+    names them (the caller's cleanup then stops the rest)."""
     if run.config.upstream_check == "off":
         return []
     why = "metrics: false" if not run.config.metrics else "its binary serves no metrics"
@@ -119,18 +105,15 @@ def _spawn_all(run: SidecarRun, env: dict[str, str]) -> None:
         # names otherwise); the step is a few opens.
         with interrupts_deferred():
             logs = create_logs(run.log_dir, paths)
-        # The run with its instances is recorded before any process exists, so a crash
-        # leaves the run on record; each instance's `build` and `spawn` (one commit)
-        # right after its own launch, so a launcher killed between two launches leaves
-        # every running sidecar recorded with its pid, for `reap`. `build` is recorded
-        # with `spawn` because the binary was resolved (or built) before the run.
+        # The run is recorded before any process exists, and each instance's `build` and
+        # `spawn` (one commit) right after its own launch: a launcher killed between two
+        # launches leaves every running sidecar recorded with its pid, for `reap`.
         try:
             crashpoints.hit("logs-created")
             _open_run(run)
         except BaseException:
-            # Nothing names these logs unless the run row was committed (an interrupt can
-            # land after the commit, before the run knows it): a start that did not record
-            # its run leaves no file.
+            # Nothing names these logs unless the run row was committed (an interrupt can land
+            # after the commit, before the run knows it): a start that recorded none leaves none.
             with contextlib.suppress(Exception):
                 _adopt_if_recorded(run)
             if not run.run_created:
@@ -156,13 +139,10 @@ def _fail_all(run: SidecarRun, message: str) -> None:
 
 
 def _open_run(run: SidecarRun) -> None:
-    """Record the run and every instance (state ``configured``) in one transaction.
-
-    All or nothing: an interrupted start never leaves a run with half its instances on record.
-    """
-    if run.store is None:
-        run.store = shared_store(run.log_dir)
+    """Record the run and every instance (``configured``) in one transaction: an interrupted
+    start never leaves a run with half its instances on record."""
     store = run.store
+    assert store is not None  # start() opened it
     owner = owner_identity()
     # The start's first write waits for another process's write lock no longer than the
     # start itself may take: a stuck holder fails the start at its deadline, naming it.
@@ -207,11 +187,8 @@ def _adopt(run: SidecarRun, records: list[InstanceRecord]) -> None:
 
 
 def _adopt_if_recorded(run: SidecarRun) -> None:
-    """After an interrupt: adopt the run if its row was committed but the run does not know it.
-
-    A KeyboardInterrupt can land between the COMMIT of ``_open_run`` and the lines that take
-    its result; without this, ``stop()`` would see no run and leave it live on record.
-    """
+    """After an interrupt between ``_open_run``'s COMMIT and the lines that take its result:
+    adopt the recorded run, or ``stop()`` would see none and leave it live on record."""
     if run.run_created or run.store is None:
         return
     records = run.store.instances_of(run.run_id)
@@ -240,17 +217,14 @@ def launch(
 ) -> None:
     """Start ``child``'s process on ``child.listen``; remembers it, records nothing yet.
 
-    Callers hold SIGINT (``interrupts_deferred``) around this and the event that records it,
-    so a process never exists without ``child.process`` naming it; ``stop()`` ends a
-    launched child whose spawn was not recorded (that write failed). ``log`` is the log
-    ``create_logs`` opened (a start; it stays the caller's to close), else it is opened
-    here (a restart). A log that cannot be opened or an executable that cannot be started
-    fails the instance and raises ``SidecarError``.
+    Callers hold SIGINT around this and the event that records it, so a process never exists
+    without ``child.process`` naming it. ``log``: the caller's open log (a start), else it is
+    opened here (a restart). A failure to open the log or start the binary fails the instance
+    and raises ``SidecarError``.
     """
     if restart_of is not None:
-        # The dead process's ready file; wait_all_ready insists on the new pid anyway, this
-        # just keeps the directory honest. A start's ready files are named after its run
-        # id: any file there is not ours, is ignored by that pid check and goes at stop().
+        # The dead process's ready file: wait_all_ready insists on the new pid anyway, this
+        # just keeps the directory honest.
         Path(child.ready_path).unlink(missing_ok=True)
     instance = child.instance
     if child.listen != instance.listen:  # a restart on the port the first process bound
@@ -292,11 +266,7 @@ def await_ready(run: SidecarRun, children: list[Child]) -> list[str]:
         if child.process
     ]
     outcomes = wait_all_ready(waits, timeout=float(run.config.startup_timeout_seconds))
-    bound: dict[str, ReadyInfo] = {}
-    for child in children:
-        outcome = outcomes.get(child.name)
-        if outcome is not None and outcome.info is not None:
-            bound[child.name] = outcome.info
+    bound = {name: outcome.info for name, outcome in outcomes.items() if outcome.info is not None}
     # One commit for every instance that came up, all or none: the caller gets its addresses
     # right after it. `metrics` is written even when None: a restarted proxy's old metrics
     # port is stale, and a binary without -metrics-listen has none.

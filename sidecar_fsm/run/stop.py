@@ -1,10 +1,8 @@
 """Ending one run's children: drain them together, kill what outlives the grace, close the run.
 
-Owns ``stop`` (the ``NodeSidecars.stop()`` of ``supervise``) and ``kill``, the one SIGKILL of a
-child, which a start that timed out uses too. A state write that fails never keeps a process
-alive: every process is ended first and the error raised after. Never sets a state (it fires
-``drain``, ``stop`` and ``fail``), never signals except through ``procs``; every fire and signal
-is followed by ``crashpoints.hit``.
+Owns ``stop`` (``NodeSidecars.stop()``) and ``kill``, the one SIGKILL of a child, which a start
+that timed out uses too. A state write that fails never keeps a process alive: every process is
+ended first and the error raised after.
 """
 
 from __future__ import annotations
@@ -32,12 +30,7 @@ _CLEAN_STOP_CODES = (0, -signal.SIGTERM)
 
 
 def stop(run: SidecarRun, hurry: Callable[[], bool] | None = None) -> None:
-    """Drain and end every child, remove ready files and end the run row. Idempotent.
-
-    See ``NodeSidecars.stop`` for the guarantees; the steps are ``_begin_drains`` (record
-    each drain, or settle a child with nothing to drain), the SIGTERMs back to back,
-    ``_await_drains`` against one deadline and ``_record_drained``.
-    """
+    """Drain and end every child, remove ready files and end the run row (``NodeSidecars.stop``)."""
     if run.stopped:
         return
     run.stopped = True
@@ -127,12 +120,8 @@ def _begin_drains(run: SidecarRun, problems: list[BaseException]) -> list[Child]
 def _await_drains(
     run: SidecarRun, draining: list[Child], hurry: Callable[[], bool] | None
 ) -> BaseException | None:
-    """Wait for ``draining`` against one deadline; the ``KeyboardInterrupt`` that cut it short.
-
-    ``hurry``, asked every ``HURRY_POLL_SECONDS`` while the drains run, returns True once the
-    caller wants them cut short (a second Ctrl-C): every proxy still draining then gets its
-    second SIGTERM, which ends its drain at once, closing the requests still in flight.
-    """
+    """Wait for ``draining`` against one deadline, asking ``hurry`` every ``HURRY_POLL_SECONDS``
+    (``NodeSidecars.stop``); the ``KeyboardInterrupt`` that cut the wait short."""
     deadline = time.monotonic() + run.config.shutdown_grace_seconds + run.stop_slack_seconds
     hurried = hurry is None
     try:

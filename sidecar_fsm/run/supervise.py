@@ -1,15 +1,8 @@
 """One run's sidecar children on this host, as the launcher and NeMo Gym drive them: ``NodeSidecars``.
 
-Owns the public face of a run's children; the jobs live beside it: ``start`` (record the run,
-spawn, await readiness), ``watch`` (notice exits, restart), ``stop`` (drain, kill, close the
-run), over the state they share in ``children``. The command line and environment are
-``command``'s, the files ``runfiles``', the wording of failures ``messages``', the open database
-``sharedstore``'s.
-Each decision becomes an event fired on the instance's ``InstanceMachine`` with the facts it
-establishes (pid, start time, exit code, error, restart count, bound address) as arguments:
-the run layer never sets a state, never writes SQL (``store`` does, inside the transition) and
-never signals a process except through ``procs``. It does not build the binary (``buildcache``),
-parse the config (``config``) or touch the caller's global config (``launcher``/``rewrite``).
+The public face over the jobs beside it (``start``, ``watch``, ``stop``) and the state they share
+(``children``). Each decision is an event fired on the instance's ``InstanceMachine`` with the
+facts it establishes (pid, exit code, bound address...); SQL is ``store``'s, signals ``procs``'.
 ``sidecar_command``, ``sidecar_env`` and ``shared_store`` stay importable from here.
 """
 
@@ -32,22 +25,16 @@ __all__ = ["NodeSidecars", "shared_store", "sidecar_command", "sidecar_env"]
 class NodeSidecars(SidecarRun):
     """The sidecar processes one run owns on this host: one child per instance.
 
-    ``start()`` records the run and its instances in the host's database, spawns every instance
-    and awaits them together; ``failures()`` reports (or restarts) children that stopped;
-    ``stop()`` drains and ends them all. Not thread-safe: one thread drives a run (Gym's poll
-    loop). The constructor is ``SidecarRun``'s: ``store`` and ``run_id`` may be given by a
-    caller that already holds them (tests, the CLI); ``flags`` trims every command to what a
-    user-named binary accepts.
+    Not thread-safe: one thread drives a run (Gym's poll loop). The constructor is
+    ``SidecarRun``'s.
     """
 
     def start(self) -> list[str]:
         """Start every instance and wait until all are ready; one summary line per instance.
 
-        Then, unless ``upstream_check: off``, await each proxy's first upstream check: one line
-        each in ``upstream_verdicts``; with ``fail``, a failed check fails the start.
-
-        All children are spawned first and awaited together, so N instances take one startup
-        (plus a launch each), not N.
+        All are spawned first and awaited together, so N instances take one startup, not N.
+        Then, unless ``upstream_check: off``, each proxy's first upstream check is awaited (one
+        line each in ``upstream_verdicts``; with ``fail``, a failed check fails the start).
         Raises ``SidecarError`` naming every instance that exited or missed
         ``startup_timeout_seconds`` (with its log tail); before any exception leaves, including
         ``KeyboardInterrupt``, every child of this run has been stopped.
@@ -60,15 +47,11 @@ class NodeSidecars(SidecarRun):
         A ``ready`` child whose process exited is restarted when ``restart.max_restarts`` allows
         (after ``restart.backoff``, on the address it had bound, awaited like a start); otherwise,
         or when the restart fails, it is ``failed`` with its exit code and log tail. Failed
-        instances are reported on every call. Empty after ``stop()``.
-
-        A transition that cannot be recorded (the filesystem is full, the write lock is held past
-        the busy timeout, the database file was deleted or replaced) stops every sidecar of the
-        run and raises ``SidecarError`` with one line saying why: a sidecar the record does not
-        show could outlive a crash of this process with nothing left to reap it.
-
-        About once a minute it also brings the proxies' traffic figures into the database
-        (``traffic.poll``): NeMo Gym's poll loop and the CLI's supervise loop both call this.
+        instances are reported on every call. Empty after ``stop()``. A transition that cannot be
+        recorded (disk full, a lock held too long, the database deleted or replaced) stops every
+        sidecar and raises ``SidecarError`` saying why: a sidecar the record does not show could
+        outlive a crash of this process with nothing left to reap it. Also imports the proxies'
+        traffic figures about once a minute (``traffic.poll``).
         """
         traffic.poll(self)
         return watching.failures(self)
@@ -82,17 +65,15 @@ class NodeSidecars(SidecarRun):
     def stop(self, hurry: Callable[[], bool] | None = None) -> None:
         """Drain and end every child, remove ready files and end the run row. Idempotent.
 
-        ``hurry``, asked while the drains are awaited, returns True once the caller wants them
-        cut short (a second Ctrl-C): every proxy still draining then gets its second SIGTERM,
-        which ends its drain at once (closing the requests still in flight).
-
         Instances with no process go straight to ``stopped``. The rest get ``drain`` and SIGTERM
         together and are awaited against one deadline (``shutdown_grace`` + slack); any still
-        running then is SIGKILLed and ``failed`` ("killed after grace"). A ``KeyboardInterrupt``
-        during the wait skips to SIGKILL for the rest and propagates after the cleanup. A state
-        write that fails never keeps a process alive: processes are ended first, the error is
-        raised after. After ``failures()`` met a transition it could not record, or when the
-        database file was deleted or replaced since, nothing more is recorded (the run's rows
-        stay as they were until ``reap`` closes them) and the latter raises its one line.
+        running then is SIGKILLed and ``failed`` ("killed after grace"). ``hurry``, asked during
+        that wait, returns True once the caller wants it cut short (a second Ctrl-C): each proxy
+        still draining then gets a second SIGTERM, which ends its drain at once. A
+        ``KeyboardInterrupt`` during the wait skips to SIGKILL and propagates after the cleanup.
+        A state write that fails never keeps a process alive: processes are ended first, the
+        error raised after. Once the database cannot take the run's rows (``failures()`` met a
+        failed write, or the file was deleted or replaced, which raises its one line), nothing
+        more is recorded: ``reap`` closes the rows later.
         """
         stopping.stop(self, hurry)

@@ -1,20 +1,11 @@
 """The Prometheus file_sd target file of a host: every live sidecar with metrics, one entry each.
 
-Owns ``<log_dir>/sidecar-fsm/prometheus/<host>.json`` (SPEC, "Prometheus"), in Prometheus'
-``file_sd_configs`` format: ``[{"targets": ["127.0.0.1:PORT"], "labels": {"run", "sidecar",
-"upstream", "host"}}]``. ``refresh`` rewrites it from the database (``Store.metrics_targets``)
-and what runs now, as ``sidecar_fsm.observe`` judges it for ``status`` too: only a sidecar
-proven running that itself listens on the address is listed, exactly those ``status`` scrapes.
-It is called at every start, restart, stop and reap, so one scrape config finds every sidecar
-on a node, and a start drops the targets a launcher killed with -9 left behind.
-
-The file is written to a temp name in its folder and renamed over the old one, so Prometheus
-(which re-reads it on every change) never reads half a file; the temp name does not end in
-``.json``, so a ``*.json`` pattern never picks it up. Launchers of one host rewrite it under a
-file lock and read the database inside it: without it, two runs stopping at once could rename
-an older reading over a newer one, and a stopped sidecar would stay listed until the next
-rewrite. Must not change state, signal, or fail a start or stop: a file that cannot be written
-costs Prometheus its targets, not the run its sidecars, so ``refresh`` returns a warning.
+Owns ``<log_dir>/sidecar-fsm/prometheus/<host>.json`` (SPEC, "Prometheus"), rewritten at every
+start, restart, stop and reap with exactly the sidecars ``status`` scrapes, so a start also drops
+the targets a launcher killed with -9 left. Written atomically (a temp name not ending in
+``.json``) under a file lock with the database read inside it: otherwise two runs stopping at
+once could rename an older reading over a newer one. A file that cannot be written costs
+Prometheus its targets, never the run its sidecars: ``refresh`` returns a warning.
 """
 
 from __future__ import annotations
@@ -72,11 +63,8 @@ def target_entries(store: Store) -> list[dict[str, Any]]:
 
 def refresh(store: Store) -> str | None:
     """Rewrite ``store``'s host's target file from what runs now; None, or the one-line warning
-    (also printed on stderr) when it could not be.
-
-    Idempotent. Never raises for the file (an ``OSError``, a lock held too long) nor for a
-    database read that fails.
-    """
+    (also printed on stderr) when it could not be. Idempotent; a file or database read that
+    fails never raises."""
     path = target_file(store)
     try:
         # Readable by all (a Prometheus server of another user must list it), written by us only,

@@ -1,21 +1,13 @@
 """Bringing each proxy's traffic figures into the state database.
 
-The proxy writes what it carried beside its log, ``h2ping-<instance>-<host>-<run>.traffic.json``
-(``-traffic-file``, record versions 1 and 2: go/traffic.go, docs/query.md), atomically (temp
-file, rename) every ``-traffic-interval`` and once more when its drain ends. This module reads
-that file, checks it, and hands it to ``Store.record_traffic``, which keeps it as written, one
-row per (instance, pid): a re-import changes nothing, a restart's processes add up. No thread of
-ours runs in NeMo Gym's process: ``check()`` (Gym's poll loop, every few seconds) and the CLI's
-supervise loop call ``poll``, throttled to one import a minute per run (once a second until the
-first figures); ``stop`` imports after the drain, a restart before it spawns the new process
-(which writes the same path), ``reap`` after the sidecars ended.
-
-Owns the file's validation (one warning per file that is not a traffic record of a known version
-of one of the instance's processes, naming it; the file is then ignored), the throttle, and the
-trust rule: a file is read only from a log dir, and only as a file, that no other user can write
-(``trust``), as the database and ready files are. Never raises: a traffic file, a full disk or a
-locked database never breaks ``check``, ``stop``, ``reap`` or ``prune`` (the figures then stay
-as the last import left them). Must not set a state, signal a process or write any file.
+The proxy writes its ``-traffic-file`` beside its log atomically, every ``-traffic-interval`` and
+once more when its drain ends (go/traffic.go, docs/query.md). This module checks it and hands it
+to ``Store.record_traffic`` (one row per instance and pid: a re-import changes nothing). No thread
+of ours runs in NeMo Gym's process, so ``check()`` and the supervise loop call ``poll``,
+throttled; ``stop`` imports after the drain, a restart before its new process writes the same
+path, ``reap`` after the sidecars ended. A file is read only where no other user can write
+(``trust``). Never raises: a bad file, a full disk or a locked database never breaks ``check``,
+``stop``, ``reap`` or ``prune`` (a bad file gets one warning and is ignored).
 """
 
 from __future__ import annotations
@@ -46,9 +38,8 @@ FORMAT_VERSIONS = (1, 2)
 # proxy writes every 30 s by default. A minute keeps `query` at most about a minute behind (the
 # issue's bound) for one small read and at most one commit per instance.
 POLL_SECONDS = 60.0
-# A proxy writes its first file just after it starts, off its start-up path, so the first
-# poll after a start may come too early: until some figures are found, look again this soon
-# (an open() that fails, per instance; a run of NeMo Gym's binary, which writes none, pays that).
+# The first poll after a start may come before the proxy's first file: until figures are found,
+# look again this soon (an open() that fails, per instance: what a NeMo Gym binary's run pays).
 RETRY_SECONDS = 1.0
 # A record is a few KB (two histograms of a few dozen buckets); anything much larger is not one,
 # and is not read into memory whole.
@@ -83,10 +74,8 @@ def parse(text: str | bytes) -> TrafficRecord:
     """The record in a traffic file's text, checked. Pure; raises ``NotFigures`` saying why not.
 
     The counters are not listed here (the documented views name them): every field but the
-    header is a figure by its shape, a count (a whole number >= 0; seconds where the name ends
-    in ``_s``), an object of counts (``upstream_errors``), or a histogram (``bounds`` increasing,
-    one more count, ``count`` their sum). Anything else (a string, a list, null) is refused, so a
-    record holds nothing but numbers and the two times.
+    header must be a figure by its shape (``_figure``), so a record holds nothing but numbers
+    and the two times.
     """
     try:
         document = json.loads(text)
@@ -115,7 +104,8 @@ def parse(text: str | bytes) -> TrafficRecord:
 
 
 def _figure(value: Any, name: str) -> None:
-    """Check one field of the record by its shape (see ``parse``)."""
+    """Check one field by its shape: a histogram, an object of counts (``upstream_errors``),
+    seconds (a name ending in ``_s``), else a count (a whole number >= 0)."""
     if isinstance(value, dict) and "bounds" in value:
         _histogram(value, name)
     elif isinstance(value, dict):
@@ -178,11 +168,8 @@ def _histogram(value: Mapping[str, Any], key: str) -> None:
 def read(path: str, pids: Iterable[int]) -> TrafficRecord | None:
     """The record at ``path`` if it is a traffic record of one of ``pids``; else None.
 
-    None without a word when there is no file yet (a proxy writes its first after one
-    interval) or the log dir or the file could have been written by another user (the
-    database and ready files are not trusted there either; ``status`` says so). Any other
-    file (corrupt, foreign, another version, another process) is ignored with one warning
-    naming it, once per path in this process.
+    None without a word when there is no file yet or another user could have written it
+    (``status`` says so); any other file is ignored with one warning, once per path.
     """
     folder = os.path.dirname(path) or "."
     if trust.log_dir_problem(folder) is not None or trust.file_problem(path) is not None:
@@ -190,14 +177,10 @@ def read(path: str, pids: Iterable[int]) -> TrafficRecord | None:
     try:
         # O_NOFOLLOW: the name is ours; a link in its place was not made by the proxy.
         fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK)
-    except FileNotFoundError:
-        return None
-    except OSError as exc:
-        _warn(path, exc.strerror or str(exc))
-        return None
-    try:
         with os.fdopen(fd, "rb") as file:
             text = file.read(MAX_FILE_BYTES + 1)
+    except FileNotFoundError:
+        return None
     except OSError as exc:
         _warn(path, exc.strerror or str(exc))
         return None
@@ -233,12 +216,8 @@ def import_instances(store: Store, instances: Iterable[InstanceRecord]) -> None:
 
 
 def import_children(run: SidecarRun, children: Iterable[Child] | None = None) -> None:
-    """Import the figures of ``run``'s ``children`` (default: all): ``stop``, a restart. Never raises.
-
-    The pid each is checked against is its current process's; a restart calls this before it
-    spawns the new process, so the dead one's last figures are taken while the file is still
-    its own.
-    """
+    """Import the figures of ``run``'s ``children`` (default: all), each checked against its
+    current process's pid: ``stop``, a restart (before its spawn). Never raises."""
     if run.store is None or run.unrecordable is not None:
         return  # nothing recorded this run, or its database is gone: nowhere to put them
     chosen = run.children if children is None else list(children)
@@ -259,12 +238,9 @@ def poll(run: SidecarRun) -> None:
 
 
 def _import(store: Store, wanted: list[tuple[int, str | None, set[int]]]) -> int:
-    """Read each (instance id, log path, pids) file and record what is new, in one commit; how
-    many instances had figures (recorded or unchanged).
-
-    A pid whose figures are already stored for the instance counts too: after a restart the
-    file still holds the dead process's figures until the new one writes its first.
-    """
+    """Record what is new in each (instance id, log path, pids) file, in one commit; how many
+    instances had figures. A pid already stored counts too: after a restart the file holds the
+    dead process's figures until the new one writes its first."""
     try:
         found = []
         for instance_id, log_path, pids in wanted:

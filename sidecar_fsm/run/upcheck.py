@@ -1,19 +1,12 @@
 """The start's upstream check: each proxy's first upstream dial, awaited and put in words.
 
-Right after its ready file a proxy dials its upstream once and sends one PING on that connection
-(go/upcheck.go), and keeps the verdict at ``GET /upstream`` on its metrics listener (JSON:
-``checked``, ``ok``, ``error`` in the proxy's own words, ``seconds``; ``ping`` null until sent,
-then ``pending``, ``answered`` with ``ping_rtt_seconds``, or a failure in ``ping_error``). A path
-that passes TLS and HTTP/2 but answers no PING fails the check: every long wait through it would
-be cut at the PING timeout. This module waits for those verdicts, every proxy at once against one
-deadline (``upstream_check_seconds``: four unreachable upstreams cost one wait, not four), says
-once when the wait passes ``SLOW_NOTICE_SECONDS``, and words one line per instance. What a
-failure means for the start (``warn`` or ``fail``) is the caller's decision; ``off`` never calls
-here.
-
-Must not start, signal or judge processes, fire events or open the database: it reads loopback
-HTTP answers and returns values. A proxy without a metrics listener (``metrics: false``, or
-NeMo Gym's binary, which has no ``-metrics-listen``) is "not checked", never an error.
+Right after its ready file a proxy dials its upstream once, sends one PING on that connection and
+keeps the verdict at ``GET /upstream`` on its metrics listener (go/upcheck.go, go/procmetrics.go). A
+path that passes TLS and HTTP/2 but answers no PING fails: every long wait through it would be
+cut at the PING timeout. Every proxy is awaited at once against one deadline, so four unreachable
+upstreams cost one wait, not four. What a failure means for the start is the caller's decision.
+Only reads loopback HTTP: starts, signals and records nothing. A proxy without a metrics listener
+(``metrics: false``, NeMo Gym's binary) is "not checked", never an error.
 """
 
 from __future__ import annotations
@@ -24,7 +17,7 @@ import threading
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Literal
+from typing import Any, Literal
 
 from sidecar_fsm.base import fanout
 
@@ -33,9 +26,8 @@ __all__ = ["CheckTarget", "Verdict", "await_verdicts", "waiting_line"]
 # Between two asks of one proxy that answered at once (a build without ``?wait``, or one whose
 # listener failed): a faster poll only costs CPU the proxies are starting on.
 POLL_SECONDS = 0.025
-# How long one ask lets the proxy hold its answer until the check has ended (``?wait``), so the
-# verdict arrives the moment it is known rather than at the next poll; a proxy that ignores the
-# parameter answers at once and is polled.
+# How long one ask lets the proxy hold its answer until its check ends (``?wait``): the verdict
+# comes when known, not at the next poll (a proxy that ignores it answers at once, and is polled).
 _WAIT_SECONDS = 0.5
 # One ask's own limit beyond that hold: a proxy that does not answer its metrics listener in
 # time is asked again (until the deadline) rather than holding the wait.
@@ -59,6 +51,9 @@ class CheckTarget:
     upstream: str
     metrics: str | None
     unchecked_because: str = "metrics: false"
+
+    def verdict(self, outcome: Outcome, *args: Any, **kwargs: Any) -> Verdict:
+        return Verdict(self.name, self.upstream, outcome, *args, **kwargs)
 
 
 @dataclass(frozen=True)
@@ -108,11 +103,8 @@ class Verdict:
 
 
 class _NotAnswered(Exception):
-    """The proxy did not give a verdict this time; the text says what it did instead.
-
-    ``timed_out``: the ask ran out of time. ``no_endpoint``: the proxy has no ``GET /upstream``
-    (an older build), so asking again cannot help.
-    """
+    """No verdict this time; the text says what happened instead. ``no_endpoint``: the proxy has
+    no ``GET /upstream`` (an older build), so asking again cannot help."""
 
     def __init__(self, words: str, *, timed_out: bool = False, no_endpoint: bool = False) -> None:
         super().__init__(words)
@@ -139,6 +131,10 @@ def _number(value: object) -> float | None:
     return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else None
 
 
+def _text(value: object) -> str | None:
+    return None if value is None else str(value)
+
+
 def _ask(address: str, timeout: float, wait: float = 0.0) -> _Answer:
     """GET /upstream once, letting the proxy hold the answer up to ``wait`` seconds until its
     check ends. Raises ``_NotAnswered``."""
@@ -162,16 +158,15 @@ def _ask(address: str, timeout: float, wait: float = 0.0) -> _Answer:
         raise _NotAnswered(words, timed_out=isinstance(exc, TimeoutError)) from None
     finally:
         conn.close()
-    error, ping, ping_error = document.get("error"), document.get("ping"), document.get("ping_error")
     return _Answer(
         bool(document.get("checked")),
         bool(document.get("ok")),
-        str(error) if error is not None else None,
+        _text(document.get("error")),
         _number(document.get("seconds")),
         "ping" in document,
-        str(ping) if ping is not None else None,
+        _text(document.get("ping")),
         _number(document.get("ping_rtt_seconds")),
-        str(ping_error) if ping_error is not None else None,
+        _text(document.get("ping_error")),
     )
 
 
@@ -181,11 +176,8 @@ def ping_unanswered(timeout: float) -> str:
 
 
 def _wait_one(target: CheckTarget, deadline: float, timeout: float) -> Verdict:
-    """Ask ``target`` until it has a verdict or ``deadline`` (monotonic) passes. Bounded.
-
-    A dial that worked with its PING still out at the deadline is a failure in its own words
-    (``ping_unanswered``), not "no verdict": the path answered everything but the PING.
-    """
+    """Ask ``target`` until it has a verdict or ``deadline`` (monotonic) passes. A dial that
+    worked with its PING still out then is a failure, not "no verdict": only the PING failed."""
     assert target.metrics is not None
     last: str | None = None
     dialled: _Answer | None = None
@@ -193,29 +185,21 @@ def _wait_one(target: CheckTarget, deadline: float, timeout: float) -> Verdict:
         remaining = deadline - time.monotonic()
         if remaining <= 0:
             if dialled is not None:
-                return Verdict(
-                    target.name,
-                    target.upstream,
-                    "failed",
-                    ping_unanswered(timeout),
-                    dialled.seconds,
-                    ping_failed=True,
-                )
-            return Verdict(target.name, target.upstream, "no verdict", last)
+                return target.verdict("failed", ping_unanswered(timeout), dialled.seconds, ping_failed=True)
+            return target.verdict("no verdict", last)
         wait = min(_WAIT_SECONDS, max(0.0, remaining - 0.05))
         asked = time.monotonic()
         budget = min(remaining, _ASK_TIMEOUT_SECONDS)
         try:
             answer = _ask(target.metrics, budget, wait)
         except _NotAnswered as exc:
-            # An ask the start's own deadline cut short timed out because the time was up,
-            # not because the proxy failed it: on a busy node the last ask, with a few
-            # milliseconds left, often does. Said as "last: timed out", it would send the
-            # user looking at a healthy metrics listener.
+            # An ask cut short by the start's own deadline timed out because the time was up,
+            # not because the proxy failed (the busy node's last ask often does): said as
+            # "last: timed out", it would send the user looking at a healthy listener.
             if not (exc.timed_out and budget < _ASK_TIMEOUT_SECONDS):
                 last = str(exc)
             if exc.no_endpoint:
-                return Verdict(target.name, target.upstream, "not checked", str(exc))
+                return target.verdict("not checked", str(exc))
         else:
             verdict = _verdict_of(target, answer)
             if verdict is not None:
@@ -232,21 +216,15 @@ def _verdict_of(target: CheckTarget, answer: _Answer) -> Verdict | None:
     if not answer.checked:
         return None
     if not answer.ok:
-        return Verdict(target.name, target.upstream, "failed", answer.error or None, answer.seconds)
+        return target.verdict("failed", answer.error or None, answer.seconds)
     if not answer.has_ping:  # a proxy that sends no PING: its dial is the whole check
-        return Verdict(target.name, target.upstream, "ok", None, answer.seconds)
+        return target.verdict("ok", None, answer.seconds)
     if answer.ping == "answered":
-        return Verdict(target.name, target.upstream, "ok", None, answer.seconds, answer.ping_seconds)
+        return target.verdict("ok", None, answer.seconds, answer.ping_seconds)
     if answer.ping in (None, "pending"):
         return None
-    return Verdict(
-        target.name,
-        target.upstream,
-        "failed",
-        answer.ping_error or f"PING {answer.ping}",
-        answer.seconds,
-        ping_failed=True,
-    )
+    ping_error = answer.ping_error or f"PING {answer.ping}"
+    return target.verdict("failed", ping_error, answer.seconds, ping_failed=True)
 
 
 def waiting_line(names: Sequence[str], timeout: float) -> str:
@@ -259,18 +237,14 @@ def await_verdicts(
     timeout: float,
     on_slow: Callable[[list[str]], None] | None = None,
 ) -> list[Verdict]:
-    """Each target's verdict, in ``targets``' order, within ``timeout`` seconds for all together.
-
-    One thread per proxy, all against one deadline, so the wait is the slowest check's, not the
-    sum. Read-only (loopback GETs); never raises for a proxy: one that does not answer is
-    ``no verdict``. A thread still asking at the deadline is a daemon whose ask times out
-    within ``_ASK_TIMEOUT_SECONDS``; its late answer is dropped. ``on_slow``, when given, is
-    called once (from a timer thread, always before this returns) with the names still awaited
-    if the wait passes ``SLOW_NOTICE_SECONDS``.
+    """Each target's verdict, in order, within ``timeout`` seconds for all together (a thread
+    each); never raises for a proxy: one that does not answer is ``no verdict``. ``on_slow`` is
+    called once, from a timer thread but before this returns, with the names still awaited if
+    the wait passes ``SLOW_NOTICE_SECONDS``.
     """
     deadline = time.monotonic() + timeout
     unchecked = {
-        index: Verdict(target.name, target.upstream, "not checked", target.unchecked_because)
+        index: target.verdict("not checked", target.unchecked_because)
         for index, target in enumerate(targets)
         if target.metrics is None
     }
@@ -308,7 +282,4 @@ def await_verdicts(
         if timer.is_alive():
             timer.join()  # a notice being said is said before the verdicts, never after
     results = {**unchecked, **answered}
-    return [
-        results.get(index) or Verdict(target.name, target.upstream, "no verdict")
-        for index, target in enumerate(targets)
-    ]
+    return [results.get(index) or target.verdict("no verdict") for index, target in enumerate(targets)]

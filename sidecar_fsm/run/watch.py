@@ -1,13 +1,8 @@
 """Watching one run's children: notice the ones that exited, restart what the policy allows.
 
-Owns ``failures`` (the ``NodeSidecars.failures()`` of ``supervise``): a ``ready`` child whose
-process exited is respawned on the address it had bound (``start.launch``, awaited with
-``start.await_ready``) while ``restart.max_restarts`` allows, else failed; each restart is
-said in one line through ``run.notify`` (the launcher prints it), as is a child stopped by a
-signal (SIGSTOP) and one that runs again. When a transition
-cannot be recorded it gives up recording and stops the run (``stop.stop``): a sidecar the record
-does not show could outlive us with nothing left to reap it. Never sets a state (it fires
-``restart`` and ``fail``); every fire and spawn is followed by ``crashpoints.hit``.
+Owns ``failures`` (``NodeSidecars.failures()``): restarts through ``start.launch`` and
+``start.await_ready``; each restart, and a child stopped (SIGSTOP) or running again, is said in
+one line through ``run.notify``, where the operator looks.
 """
 
 from __future__ import annotations
@@ -28,10 +23,7 @@ from sidecar_fsm.state import storagefault
 
 
 def failures(run: SidecarRun) -> list[str]:
-    """One message per instance that is no longer running, after restarting what may be.
-
-    See ``NodeSidecars.failures`` for the guarantees.
-    """
+    """One message per instance no longer running, after restarting what may be (``NodeSidecars``)."""
     if not run.started or run.stopped:
         return []
     try:

@@ -17,7 +17,7 @@ import threading
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Literal
 
 from sidecar_fsm.base import fanout
 
@@ -52,8 +52,16 @@ class CheckTarget:
     metrics: str | None
     unchecked_because: str = "metrics: false"
 
-    def verdict(self, outcome: Outcome, *args: Any, **kwargs: Any) -> Verdict:
-        return Verdict(self.name, self.upstream, outcome, *args, **kwargs)
+    def verdict(
+        self,
+        outcome: Outcome,
+        error: str | None = None,
+        seconds: float | None = None,
+        ping_seconds: float | None = None,
+        *,
+        ping_failed: bool = False,
+    ) -> Verdict:
+        return Verdict(self.name, self.upstream, outcome, error, seconds, ping_seconds, ping_failed)
 
 
 @dataclass(frozen=True)

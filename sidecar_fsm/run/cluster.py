@@ -155,11 +155,14 @@ def _line(error: BaseException) -> str:
 
 @dataclass(frozen=True)
 class NodeAnswer:
-    """One node's answer to :func:`on_every_node`: ``value``, or a one-line ``error``."""
+    """One node's answer to :func:`on_every_node`: its host and database (as it resolved them),
+    the work's ``value``, or a one-line ``error``."""
 
     node_id: str
     address: str
     ray_hostname: str
+    host: str | None = None
+    database: str | None = None
     value: Any = None
     error: str | None = None
 
@@ -174,8 +177,8 @@ def on_every_node(
 ) -> tuple[str, list[NodeAnswer]]:
     """Run ``task_body(*args)`` once on every alive node; (the cluster's address, every answer).
 
-    ``task_body``: a module-level function (workers import it by name); a tuple it returns
-    may start with the node id it ran on, checked against the node it was pinned to. Raises
+    ``task_body``: a module-level function (workers import it by name) that returns
+    :func:`on_this_node`'s frame, whose node id is checked against the node it was pinned to. Raises
     ``ClusterUnavailableError`` when ray is missing or nothing answers at ``address`` (checked
     before ``ray.init``, which would retry for minutes). A node that fails or stays silent past
     ``timeout`` gets its error in its ``NodeAnswer``; the others' answers are still returned.
@@ -227,10 +230,10 @@ def _gather(
         value = ray.get(ref)
     except ray_error as failure:
         return NodeAnswer(**where, error=_line(failure))
-    ran_on = value[0] if isinstance(value, tuple) and value else node_id
+    ran_on, host, database, result, error = value
     if ran_on != node_id:  # soft=False forbids this; an answer from elsewhere must not pass as this node's
         return NodeAnswer(**where, error=f"task pinned to node {node_id} ran on {ran_on}")
-    return NodeAnswer(**where, value=value)
+    return NodeAnswer(**where, host=host, database=database or None, value=result, error=error)
 
 
 def reap_cluster(
@@ -249,11 +252,7 @@ def reap_cluster(
         timeout=timeout,
         command="reap",
     )
-    nodes = []
-    for answer in answers:
-        host, database, report, error = None, None, None, answer.error
-        if error is None:
-            _, host, database, report, error = answer.value
-        where = (answer.node_id, answer.address, answer.ray_hostname)
-        nodes.append(NodeReap(*where, host, database or None, report, error))
+    nodes = [
+        NodeReap(n.node_id, n.address, n.ray_hostname, n.host, n.database, n.value, n.error) for n in answers
+    ]
     return ClusterReap(address=bootstrap, dry_run=dry_run, nodes=nodes)

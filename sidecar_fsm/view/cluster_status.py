@@ -76,10 +76,7 @@ def status_cluster(
         timeout=timeout,
         command="status",
     )
-    nodes = []
-    for answer in answers:
-        host, runs, error = None, None, answer.error
-        if answer.error is None:
-            _, host, _, runs, error = answer.value
-        nodes.append(NodeStatus(answer.node_id, answer.address, answer.ray_hostname, host, runs or [], error))
+    nodes = [
+        NodeStatus(n.node_id, n.address, n.ray_hostname, n.host, n.value or [], n.error) for n in answers
+    ]
     return ClusterStatus(address=bootstrap, nodes=nodes)

@@ -35,7 +35,7 @@ import threading
 import time
 from collections.abc import Callable
 
-from .loopthread import LoopThread
+from .loopthread import Counted, LoopThread
 
 _CHUNK = 64 * 1024
 _MAX_QUEUED = 256 * 1024
@@ -152,7 +152,7 @@ class _Pair:
                 writer.close()
 
 
-class FaultRelay(LoopThread):
+class FaultRelay(LoopThread, Counted):
     """Relay ``127.0.0.1:<port>`` → ``target_host:target_port`` with faults on command.
 
     Every fault method is safe to call from any thread while traffic flows and returns once
@@ -181,14 +181,6 @@ class FaultRelay(LoopThread):
         self._sweeper: asyncio.Task[None] | None = None
 
     # --- counters and addresses (any thread) -------------------------------------------------
-
-    def _read(self, name: str) -> int:
-        with self._lock:
-            return self._counts[name]
-
-    def _count(self, name: str) -> None:
-        with self._lock:
-            self._counts[name] += 1
 
     @property
     def connections(self) -> int:
@@ -306,17 +298,17 @@ class FaultRelay(LoopThread):
         for pair in pairs:
             pair.close(abort=abort)
             if counter is not None:
-                self._count(counter)
+                self.count(counter)
         await asyncio.gather(*(task for pair in pairs for task in pair.tasks), return_exceptions=True)
         return len(pairs)
 
     async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         assert self._path is not None
-        self._count("connections")
+        self.count("connections")
         try:
             upstream = await asyncio.wait_for(asyncio.open_connection(*self.target), _CONNECT_TIMEOUT)
         except (OSError, asyncio.TimeoutError):
-            self._count("refused")
+            self.count("refused")
             writer.transport.abort()
             return
         pair = _Pair((reader, writer), upstream)
@@ -356,7 +348,7 @@ class FaultRelay(LoopThread):
                 pairs = list(self._pairs)
             for pair in pairs:
                 if now - pair.last_activity >= idle:
-                    self._count("drops")
+                    self.count("drops")
                     self._forget(pair, abort=False)
             await asyncio.sleep(min(idle / 4, 0.25))
 
@@ -364,11 +356,7 @@ class FaultRelay(LoopThread):
         if self._sweeper is not None:
             self._sweeper.cancel()
         await self._go_down()
-        current = asyncio.current_task()
-        pending = [task for task in asyncio.all_tasks() if task is not current]
-        for task in pending:
-            task.cancel()
-        await asyncio.gather(*pending, return_exceptions=True)
+        await self._cancel_other_tasks()
 
 
 def _failed(task: asyncio.Task[None]) -> bool:

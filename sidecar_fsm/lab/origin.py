@@ -42,7 +42,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from .h2server import CLOSE_FLUSH_SECONDS, H1Protocol, H2ServerProtocol
-from .loopthread import LoopThread
+from .loopthread import Counted, LoopThread
 from .nvcf import NvcfLab
 from .tlsca import CertPaths, make_ca_and_cert
 
@@ -50,7 +50,7 @@ from .tlsca import CertPaths, make_ca_and_cert
 PINGS_POLICIES = ("answer", "ignore", "goaway")
 
 
-class TlsH2Origin(LoopThread):
+class TlsH2Origin(LoopThread, Counted):
     """A TLS HTTP/2 server on ``127.0.0.1:0`` in its own thread; see the module docstring.
 
     ``certs`` are used when given (share one CA between several origins); otherwise the origin
@@ -99,14 +99,6 @@ class TlsH2Origin(LoopThread):
         self._port: int | None = None
 
     # --- counters (any thread) -------------------------------------------------------------
-
-    def count(self, name: str) -> None:
-        with self._lock:
-            self._counts[name] += 1
-
-    def _read(self, name: str) -> int:
-        with self._lock:
-            return self._counts[name]
 
     @property
     def pings(self) -> int:
@@ -309,11 +301,7 @@ class TlsH2Origin(LoopThread):
             self._server.close()
         await self._close_all()
         # Handlers were cancelled by connection_lost; wait for them so none is destroyed pending.
-        current = asyncio.current_task()
-        pending = [task for task in asyncio.all_tasks() if task is not current]
-        for task in pending:
-            task.cancel()
-        await asyncio.gather(*pending, return_exceptions=True)
+        await self._cancel_other_tasks()
         if self._server is not None:
             await self._server.wait_closed()
 

@@ -20,7 +20,7 @@ import struct
 import threading
 import time
 
-from .loopthread import StartStop
+from .loopthread import Counted, StartStop
 
 _CHUNK = 64 * 1024
 # Per direction: once this much is waiting for a slow receiver, the sender is no longer read.
@@ -52,7 +52,7 @@ class _Pair:
         return self.upstream if side is self.client else self.client
 
 
-class IdleRelay(StartStop):
+class IdleRelay(StartStop, Counted):
     """Relay ``127.0.0.1:<port>`` → ``target_host:target_port``, dropping pairs idle for ``idle`` s.
 
     ``connections`` counts accepted clients, ``drops`` the pairs closed for idleness, ``active``
@@ -80,9 +80,7 @@ class IdleRelay(StartStop):
         self.max_connections = max_connections
         self.reset = reset
         self._lock = threading.Lock()
-        self._connections = 0
-        self._drops = 0
-        self._refused = 0
+        self._counts = {"connections": 0, "drops": 0, "refused": 0}
         self._pairs: set[_Pair] = set()
         self._listener: socket.socket | None = None
         self._thread: threading.Thread | None = None
@@ -100,18 +98,15 @@ class IdleRelay(StartStop):
 
     @property
     def connections(self) -> int:
-        with self._lock:
-            return self._connections
+        return self._read("connections")
 
     @property
     def drops(self) -> int:
-        with self._lock:
-            return self._drops
+        return self._read("drops")
 
     @property
     def refused(self) -> int:
-        with self._lock:
-            return self._refused
+        return self._read("refused")
 
     @property
     def active(self) -> int:
@@ -182,8 +177,7 @@ class IdleRelay(StartStop):
         for pair in list(self._pairs):
             deadline = pair.last_activity + self.idle
             if deadline <= now:
-                with self._lock:
-                    self._drops += 1
+                self.count("drops")
                 self._close_pair(pair, abort=self.reset)
             else:
                 next_deadline = min(next_deadline, deadline)
@@ -194,12 +188,10 @@ class IdleRelay(StartStop):
         while True:
             try:
                 client, _ = self._listener.accept()
-            except (BlockingIOError, InterruptedError):
-                return
-            except OSError:
+            except OSError:  # BlockingIOError included: nothing more to accept
                 return
             with self._lock:
-                self._connections += 1
+                self._counts["connections"] += 1
                 full = len(self._pairs) >= self.max_connections
             if full:
                 self._refuse(client)
@@ -220,8 +212,7 @@ class IdleRelay(StartStop):
             self._update_interest(pair)
 
     def _refuse(self, client: socket.socket) -> None:
-        with self._lock:
-            self._refused += 1
+        self.count("refused")
         client.close()
 
     def _service(self, pair: _Pair, side: _Side, mask: int) -> None:

@@ -46,9 +46,9 @@ class ConnectionHost(Protocol):
 
     def take_refusal(self) -> bool: ...
 
-    def opened(self, protocol: H2ServerProtocol | H1Protocol) -> None: ...
+    def opened(self, protocol: Connection) -> None: ...
 
-    def closed(self, protocol: H2ServerProtocol | H1Protocol) -> None: ...
+    def closed(self, protocol: Connection) -> None: ...
 
 
 # A stream's and the connection's receive windows. The protocol default (64 KiB) makes a large
@@ -84,12 +84,51 @@ class _StreamGone(Exception):
     """The stream was reset or the connection closed while a handler was still answering."""
 
 
-class H2ServerProtocol(asyncio.Protocol):
-    """One accepted TLS connection speaking HTTP/2, all of it on the origin's loop thread."""
+class Connection(asyncio.Protocol):
+    """One accepted connection, either kind: reported to the origin, closed within a bound."""
 
     def __init__(self, origin: ConnectionHost) -> None:
         self._origin = origin
         self._transport: asyncio.Transport | None = None
+        self.lost: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        assert isinstance(transport, asyncio.Transport)
+        self._transport = transport
+        self._origin.opened(self)
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self._origin.closed(self)
+        if not self.lost.done():
+            self.lost.set_result(None)
+
+    def abort(self) -> None:
+        """End the connection at once, no GOAWAY: what a crashed server's peer sees."""
+        if self._transport is not None:
+            self._transport.abort()
+
+    def _goodbye(self) -> None:
+        """What to send before closing (HTTP/2: a GOAWAY)."""
+
+    async def close(self) -> None:
+        """Say goodbye, let it flush for a moment, then abort: stop() must not hang on a peer."""
+        if self._transport is None:
+            return
+        if not self._transport.is_closing():
+            self._goodbye()
+            self._transport.close()
+        try:
+            await asyncio.wait_for(asyncio.shield(self.lost), CLOSE_FLUSH_SECONDS)
+        except asyncio.TimeoutError:
+            self._transport.abort()
+            await self.lost
+
+
+class H2ServerProtocol(Connection):
+    """One accepted TLS connection speaking HTTP/2, all of it on the origin's loop thread."""
+
+    def __init__(self, origin: ConnectionHost) -> None:
+        super().__init__(origin)
         config = h2.config.H2Configuration(client_side=False, header_encoding="utf-8")
         self._conn = h2.connection.H2Connection(config=config)
         self._streams: dict[int, _Stream] = {}
@@ -98,7 +137,6 @@ class H2ServerProtocol(asyncio.Protocol):
         self._closed = asyncio.Event()
         # Set by goaway(): the last stream this connection still answers.
         self._goaway_last: int | None = None
-        self.lost: asyncio.Future[None] = asyncio.get_running_loop().create_future()
 
     @property
     def stream_count(self) -> int:
@@ -108,9 +146,7 @@ class H2ServerProtocol(asyncio.Protocol):
     # --- asyncio.Protocol -------------------------------------------------------------------
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        assert isinstance(transport, asyncio.Transport)
-        self._transport = transport
-        self._origin.opened(self)
+        super().connection_made(transport)
         ssl_object = transport.get_extra_info("ssl_object")
         alpn = ssl_object.selected_alpn_protocol() if ssl_object is not None else None
         if alpn != "h2":
@@ -159,9 +195,7 @@ class H2ServerProtocol(asyncio.Protocol):
             stream.window_open.set()
             if stream.task is not None:
                 stream.task.cancel()
-        self._origin.closed(self)
-        if not self.lost.done():
-            self.lost.set_result(None)
+        super().connection_lost(exc)
 
     # --- events ----------------------------------------------------------------------------
 
@@ -273,11 +307,6 @@ class H2ServerProtocol(asyncio.Protocol):
             self._flush()
             self._close_transport()
 
-    def abort(self) -> None:
-        """End the connection at once, no GOAWAY: what a crashed server's peer sees."""
-        if self._transport is not None:
-            self._transport.abort()
-
     def _flush(self) -> None:
         data = self._conn.data_to_send()
         if data and self._origin.pings_policy != "answer":
@@ -289,20 +318,10 @@ class H2ServerProtocol(asyncio.Protocol):
         if self._transport is not None and not self._transport.is_closing():
             self._transport.close()
 
-    async def close(self) -> None:
-        """Send GOAWAY, let it flush for a moment, then abort: stop() must not hang on a peer."""
-        if self._transport is None:
-            return
-        if not self._transport.is_closing():
-            with contextlib.suppress(h2.exceptions.ProtocolError):
-                self._conn.close_connection(error_code=h2.errors.ErrorCodes.NO_ERROR)
-            self._flush()
-            self._transport.close()
-        try:
-            await asyncio.wait_for(asyncio.shield(self.lost), CLOSE_FLUSH_SECONDS)
-        except asyncio.TimeoutError:
-            self._transport.abort()
-            await self.lost
+    def _goodbye(self) -> None:
+        with contextlib.suppress(h2.exceptions.ProtocolError):
+            self._conn.close_connection(error_code=h2.errors.ErrorCodes.NO_ERROR)
+        self._flush()
 
     # --- answering -------------------------------------------------------------------------
 
@@ -430,19 +449,12 @@ class H2ServerProtocol(asyncio.Protocol):
         self._flush()
 
 
-class H1Protocol(asyncio.Protocol):
+class H1Protocol(Connection):
     """The ``h1_only`` origin: one minimal HTTP/1.1 answer per connection, then close."""
 
     def __init__(self, origin: ConnectionHost) -> None:
-        self._origin = origin
+        super().__init__(origin)
         self._buffer = bytearray()
-        self._transport: asyncio.Transport | None = None
-        self.lost: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-
-    def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        assert isinstance(transport, asyncio.Transport)
-        self._transport = transport
-        self._origin.opened(self)
 
     def data_received(self, data: bytes) -> None:
         self._buffer += data
@@ -458,25 +470,6 @@ class H1Protocol(asyncio.Protocol):
             + body
         )
         self._transport.close()
-
-    def connection_lost(self, exc: Exception | None) -> None:
-        self._origin.closed(self)
-        if not self.lost.done():
-            self.lost.set_result(None)
-
-    def abort(self) -> None:
-        if self._transport is not None:
-            self._transport.abort()
-
-    async def close(self) -> None:
-        if self._transport is None:
-            return
-        self._transport.close()
-        try:
-            await asyncio.wait_for(asyncio.shield(self.lost), CLOSE_FLUSH_SECONDS)
-        except asyncio.TimeoutError:
-            self._transport.abort()
-            await self.lost
 
 
 def _without_ping_acks(data: bytes) -> bytes:

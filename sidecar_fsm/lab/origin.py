@@ -41,7 +41,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from .h2server import CLOSE_FLUSH_SECONDS, H1Protocol, H2ServerProtocol
+from .h2server import CLOSE_FLUSH_SECONDS, Connection, H1Protocol, H2ServerProtocol
 from .loopthread import Counted, LoopThread
 from .nvcf import NvcfLab
 from .tlsca import CertPaths, make_ca_and_cert
@@ -93,7 +93,7 @@ class TlsH2Origin(LoopThread, Counted):
             "goaways": 0,
         }
         self._refusals = 0
-        self._protocols: set[H2ServerProtocol | H1Protocol] = set()
+        self._protocols: set[Connection] = set()
         self._server: asyncio.Server | None = None
         self._context: ssl.SSLContext | None = None
         self._port: int | None = None
@@ -171,12 +171,12 @@ class TlsH2Origin(LoopThread, Counted):
             protocols = list(self._protocols)
         return sum(p.stream_count for p in protocols if isinstance(p, H2ServerProtocol))
 
-    def opened(self, protocol: H2ServerProtocol | H1Protocol) -> None:
+    def opened(self, protocol: Connection) -> None:
         with self._lock:
             self._counts["connections"] += 1
             self._protocols.add(protocol)
 
-    def closed(self, protocol: H2ServerProtocol | H1Protocol) -> None:
+    def closed(self, protocol: Connection) -> None:
         with self._lock:
             self._protocols.discard(protocol)
 

@@ -26,9 +26,9 @@ import h2.events
 import h2.exceptions
 import h2.settings
 
-from .nvcf import NvcfLab
+from .nvcf import BadQuery, NvcfLab, float_arg
 
-__all__ = ["CLOSE_FLUSH_SECONDS", "ConnectionHost", "H1Protocol", "H2ServerProtocol"]
+__all__ = ["CLOSE_FLUSH_SECONDS", "Connection", "ConnectionHost", "H1Protocol", "H2ServerProtocol"]
 
 
 class ConnectionHost(Protocol):
@@ -483,20 +483,3 @@ def _without_ping_acks(data: bytes) -> bytes:
         view = view[end:]
     kept += view
     return bytes(kept)
-
-
-class BadQuery(ValueError):
-    """A query argument is not a number in range; answered with a 400."""
-
-
-def float_arg(query: dict[str, str], name: str, default: float, *, upper: float) -> float:
-    raw = query.get(name)
-    if raw is None:
-        return default
-    try:
-        value = float(raw)
-    except ValueError:
-        raise BadQuery(f"{name}: {raw!r} is not a number") from None
-    if not 0 <= value <= upper:
-        raise BadQuery(f"{name}: {raw!r} must be between 0 and {upper:g}")
-    return value

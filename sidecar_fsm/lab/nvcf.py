@@ -43,7 +43,7 @@ from dataclasses import dataclass, field
 from typing import Protocol
 from urllib.parse import urlsplit
 
-__all__ = ["LARGE_RESULT_BYTES", "NvcfLab", "Responder"]
+__all__ = ["LARGE_RESULT_BYTES", "BadQuery", "NvcfLab", "Responder", "float_arg"]
 
 # The worker answers a body over this with a zip (NVCF's MaxDirectResponseSizeBytes).
 LARGE_RESULT_BYTES = 5 << 20
@@ -142,6 +142,8 @@ class NvcfLab:
             await self._hold(conn, stream_id, job, window, headers.get(":authority", "localhost"))
         except _Refused as refused:
             await _problem(conn, stream_id, refused.status, str(refused))
+        except BadQuery as bad:
+            await _problem(conn, stream_id, 400, str(bad))
 
     def _check_auth(self, headers: dict[str, str]) -> None:
         if self._token is None:
@@ -162,8 +164,8 @@ class NvcfLab:
         return float(max(seconds, 1))
 
     def _start(self, headers: dict[str, str], body_sha256: str) -> _Job:
-        work = _number(headers, "lab-work-seconds", self.work, _MAX_WORK_SECONDS)
-        size = int(_number(headers, "lab-result-bytes", 0, _MAX_RESULT_BYTES))
+        work = float_arg(headers, "lab-work-seconds", self.work, upper=_MAX_WORK_SECONDS)
+        size = int(float_arg(headers, "lab-result-bytes", 0, upper=_MAX_RESULT_BYTES))
         self.posts[body_sha256] += 1
         job = _Job(str(uuid.uuid4()), body_sha256, size)
         self._jobs[job.reqid] = job
@@ -225,16 +227,20 @@ class NvcfLab:
         await conn.respond(stream_id, 200, type_and_length, data)
 
 
-def _number(headers: dict[str, str], name: str, default: float, upper: float) -> float:
-    raw = headers.get(name)
+class BadQuery(ValueError):
+    """A number argument (a query's or a header's) is not a number in range; answered with a 400."""
+
+
+def float_arg(args: dict[str, str], name: str, default: float, *, upper: float) -> float:
+    raw = args.get(name)
     if raw is None:
         return default
     try:
         value = float(raw)
     except ValueError:
-        raise _Refused(400, f"{name}: {raw!r} is not a number") from None
+        raise BadQuery(f"{name}: {raw!r} is not a number") from None
     if not 0 <= value <= upper:
-        raise _Refused(400, f"{name}: {raw!r} must be between 0 and {upper:g}")
+        raise BadQuery(f"{name}: {raw!r} must be between 0 and {upper:g}")
     return value
 
 

@@ -1,27 +1,22 @@
 """A TCP relay whose path can be broken on command while traffic flows: the lab's network faults.
 
 This kernel has no netem, so faults are made in user space: one asyncio loop in a background
-thread accepts on ``127.0.0.1:<port>`` and pipes each client to a fresh connection to the target,
-and the path can be switched at any moment to
+thread pipes each client of ``127.0.0.1:<port>`` to a fresh connection to the target, and the
+path can be switched at any moment to
 
-- ``blackhole()``: nothing is forwarded either way and nothing is closed; bytes wait in the
-  kernel's buffers and the relay's queues exactly as packets wait for a route that is gone
-  (TCP retransmits them), so a connection that outlives the fault resumes where it was;
-- ``reset()``: every open pair is aborted with RST on both sides (``SO_LINGER`` 0), as a load
-  balancer's hard drop; new connections are served normally;
-- ``delay(ms)``: each chunk is delivered ``ms`` milliseconds after it was read, each way (a
-  round trip gains twice that), order kept;
-- ``rate(bytes_per_second)``: each direction of each pair is paced to that many bytes a second;
+- ``blackhole()``: nothing forwarded either way, nothing closed; bytes wait in kernel buffers and
+  the relay's queues as packets wait for a route that is gone, so a connection that outlives the
+  fault resumes where it was;
+- ``reset()``: every open pair aborted with RST on both sides, as a load balancer's hard drop;
+- ``delay(ms)``: each chunk delivered ``ms`` after it was read, each way, order kept;
+- ``rate(bytes_per_second)``: each direction of each pair paced to that many bytes a second;
 - ``heal()``: no blackhole, no delay, no rate limit;
-- ``restart(down)``: every pair closed, the port refusing connections for ``down`` seconds,
-  then listening again on the same port (an upstream redeploy behind a fixed address).
+- ``restart(down)``: every pair closed, the port refusing for ``down`` seconds, then listening
+  again on the same port (an upstream redeploy behind a fixed address).
 
-With ``idle`` set, a pair that carried no byte either way for that long is closed on both
-sides, as ``IdleRelay`` does (Global Accelerator's idle drop, scaled down).
-
-Must not listen on anything but loopback, buffer without bound (a direction holding
-``_MAX_QUEUED`` bytes stops reading its sender), or leave a socket, task or thread behind:
-``stop()`` closes everything.
+With ``idle`` set, a pair silent both ways that long is closed, as ``IdleRelay`` does. Must not
+listen on anything but loopback, buffer without bound (``_MAX_QUEUED`` per direction), or leave
+a socket, task or thread behind.
 """
 
 from __future__ import annotations
@@ -153,13 +148,9 @@ class _Pair:
 
 
 class FaultRelay(LoopThread, Counted):
-    """Relay ``127.0.0.1:<port>`` → ``target_host:target_port`` with faults on command.
-
-    Every fault method is safe to call from any thread while traffic flows and returns once
-    the fault is in force. ``connections`` counts accepted clients, ``resets`` the pairs
-    aborted by ``reset()``, ``drops`` the pairs closed for idleness, ``active`` the pairs open
-    now. ``start()`` and ``stop()`` are idempotent.
-    """
+    """Relay ``127.0.0.1:<port>`` → ``target_host:target_port`` with faults on command; each fault
+    method may be called from any thread while traffic flows and returns once it is in force.
+    ``resets`` counts pairs aborted by ``reset()``, ``drops`` those closed for idleness."""
 
     def __init__(
         self, target_host: str, target_port: int, *, idle: float | None = None, port: int = 0

@@ -1,12 +1,9 @@
 """The connections of the lab's TLS origin (``origin.TlsH2Origin``): HTTP/2 with ``h2``, or HTTP/1.1.
 
-Owns one accepted connection each: ``H2ServerProtocol`` speaks HTTP/2 with the ``h2`` package
-directly (so PINGs, resets and flow control are visible and counted) and answers ``/echo``,
-``/slow``, ``/sse`` and, when the origin has an ``nvcf.NvcfLab``, NVCF's endpoints; ``H1Protocol``
-is the ``h1_only`` origin's one HTTP/1.1 answer per connection. Both run on the origin's event
-loop thread and report to it through ``ConnectionHost`` (counters, open connections). Must not
-bind, start threads or log header values; ``close()`` never waits on a peer longer than
-``CLOSE_FLUSH_SECONDS``.
+``H2ServerProtocol`` uses the ``h2`` package directly, so PINGs, resets and flow control are
+visible and counted; ``H1Protocol`` is the ``h1_only`` origin's. Both run on the origin's loop
+thread and report to it (``ConnectionHost``). Must not bind, start threads or log header values;
+``close()`` never waits on a peer longer than ``CLOSE_FLUSH_SECONDS``.
 """
 
 from __future__ import annotations
@@ -260,11 +257,8 @@ class H2ServerProtocol(Connection):
             self._close_transport()
 
     def _refuse(self, stream_id: int) -> None:
-        """Graceful GOAWAY naming the stream before ``stream_id`` as the last one processed, then close.
-
-        The request was never processed, so a client may re-send it on a new connection (RFC 9113
-        6.8); the connection closes at once, which is what a load balancer retiring it does.
-        """
+        """Graceful GOAWAY naming the stream before ``stream_id`` as the last processed, then close,
+        as a load balancer retiring a connection: the client may re-send it (RFC 9113 6.8)."""
         self._forget(stream_id, cancel=True)
         with contextlib.suppress(h2.exceptions.ProtocolError):
             self._conn.close_connection(

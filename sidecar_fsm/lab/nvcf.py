@@ -6,9 +6,9 @@ and ``get_pexec.rs``, the worker's ``large.go``):
 
 - ``POST /v1/chat/completions`` and ``POST /v2/nvcf/pexec/functions/{id}[/versions/{v}]`` (any
   method, as on a function's own host): a job that takes ``work`` seconds (``lab-work-seconds``
-  header, else the lab's default). Held for
-  the poll window: ``NVCF-POLL-SECONDS`` (whole seconds, 0 read as 1, over 3600 or not a number
-  a 400), else the lab's ``window`` (NVCF's is 60 s; tests and the demo scale it to about 1 s).
+  header, else the lab's default). Held for the poll window: ``NVCF-POLL-SECONDS`` (whole
+  seconds, 0 read as 1, over 3600 or not a number a 400), else the lab's ``window`` (NVCF's is
+  60 s; tests and the demo scale it to about 1 s).
   Done within it: ``200`` with a chat completion naming the request body's sha256 (so a client
   can tell its own answer). Not done: ``202`` with ``NVCF-REQID``, ``NVCF-STATUS: in-progress``
   and ``{"reqId": ..., "status": "in-progress"}``. A client gone before any answer cancels the
@@ -83,12 +83,8 @@ class _Refused(Exception):
 
 
 class NvcfLab:
-    """The NVCF endpoints' jobs and counters; see the module docstring.
-
-    ``window`` is the poll window when a request has no ``NVCF-POLL-SECONDS``; ``work`` the
-    job length when it has no ``lab-work-seconds``. Counters are read from other threads: each
-    is replaced or incremented by single operations on the loop thread, and a reader copies.
-    """
+    """The NVCF endpoints' jobs and counters; see the module docstring. Counters are read from
+    other threads: each changes by single operations on the loop thread, and a reader copies."""
 
     def __init__(self, *, window: float = 60.0, work: float = 0.0, token: str | None = None) -> None:
         self.window = window
@@ -122,11 +118,8 @@ class NvcfLab:
     async def answer(
         self, conn: Responder, stream_id: int, request_headers: _Headers, body_sha256: str
     ) -> None:
-        """Answer one request to an NVCF endpoint (``serves`` said yes) on ``conn``.
-
-        ``request_headers`` are the request's as received, pseudo-headers included (the 302's
-        ``Location`` points back at the origin by the ``:authority`` it was reached at).
-        """
+        """Answer one request to an NVCF endpoint (``serves`` said yes) on ``conn``; ``request_headers``
+        include the pseudo-headers (a 302 points back at the ``:authority`` it was reached at)."""
         headers = {name.lower(): value for name, value in request_headers}
         path = urlsplit(headers.get(":path", "/")).path
         try:

@@ -1,32 +1,23 @@
 """A local TLS HTTP/2 origin server for the demo and the tests: the stand-in for an NVCF endpoint.
 
-Owns one asyncio event loop in a background thread that serves HTTP/2 over TLS (ALPN ``h2`` only)
-on ``127.0.0.1:0``, its counters and its lifecycle; each connection is ``h2server``'s, which
-uses the ``h2`` package directly, so the frames the sidecar sends are visible: PINGs received,
-connections accepted, requests served and streams reset are counted. Endpoints:
+One asyncio loop in a background thread serves HTTP/2 over TLS (ALPN ``h2`` only) on
+``127.0.0.1:0``; its connections (``h2server``) use ``h2`` directly, so the frames the sidecar
+sends are visible and counted. Endpoints:
 
 - ``/echo`` (any method): JSON with the method, path, query, ``host``/``:authority``, the body's
   length and sha256, the request header *names* (never values) and ``authorization_present``.
 - ``/slow?first_byte=S[&size=N]``: response headers and the first body byte only after ``S``
   seconds, then the rest of an ``N``-byte body (default small), honouring flow control.
-- ``/sse?n=N&interval=S``: ``text/event-stream``, ``N`` events, the first at once and each next
-  one ``S`` seconds after the previous.
+- ``/sse?n=N&interval=S``: ``text/event-stream``, ``N`` events ``S`` seconds apart.
+- with ``nvcf=NvcfLab(...)``, NVCF's invocation protocol (``nvcf``).
 
-With ``nvcf=NvcfLab(...)`` it also speaks NVCF's invocation protocol (``nvcf``: chat
-completions and pexec POSTs held for a poll window, then 202 and status polls).
+``refuse_next(n)``: the next ``n`` requests meet a graceful GOAWAY refusing them (a load balancer
+retiring a connection). ``pings="ignore"`` answers no PING (as AWS ALB) and ``pings="goaway"``
+answers each with GOAWAY ``ENHANCE_YOUR_CALM`` and a close (a gRPC-style server): the two paths a
+sidecar cannot keep open. ``h1_only=True`` offers only ``http/1.1`` and answers a minimal 200 with
+``Connection: close``: the upstream the sidecar must refuse (no fallback).
 
-``refuse_next(n)`` makes the next ``n`` requests meet a graceful GOAWAY that refuses them (a load
-balancer retiring a connection), so a client's re-send on a new connection can be tested.
-
-``pings="ignore"`` makes it answer no PING (a far side that does not carry them, as AWS ALB's)
-and ``pings="goaway"`` answers each PING with GOAWAY ``ENHANCE_YOUR_CALM`` and a close (a
-gRPC-style server refusing frequent PINGs): the two paths a sidecar cannot keep open.
-
-With ``h1_only=True`` the server offers only ``http/1.1`` in ALPN and answers every request with a
-minimal HTTP/1.1 200 and ``Connection: close``: the upstream the sidecar must refuse (no fallback).
-
-Must not bind anything but loopback, log or store header values, or leave a task or thread behind:
-``stop()`` closes every connection, cancels every handler and joins the thread.
+Must not bind anything but loopback, log or store header values, or leave a task or thread behind.
 """
 
 from __future__ import annotations
@@ -53,12 +44,9 @@ PINGS_POLICIES = ("answer", "ignore", "goaway")
 class TlsH2Origin(LoopThread, Counted):
     """A TLS HTTP/2 server on ``127.0.0.1:0`` in its own thread; see the module docstring.
 
-    ``certs`` are used when given (share one CA between several origins); otherwise the origin
-    makes its own CA in a private temporary directory that ``stop()`` removes. Counters (``pings``,
-    ``connections``, ``received``, ``requests``, ``resets``, ``goaways``, ``alpn_rejected``) are
-    totals since ``start()``;
-    ``active_connections`` and ``active_streams`` are current. Reading them from another thread
-    is safe (they are updated under a lock). ``start()`` and ``stop()`` are each idempotent.
+    ``certs`` are used when given (share one CA between origins); otherwise its own CA lives in a
+    private temporary directory that ``stop()`` removes. The counters are totals, ``active_*``
+    current; any thread may read them.
     """
 
     thread_name = "sidecar-fsm-origin"
@@ -141,12 +129,8 @@ class TlsH2Origin(LoopThread, Counted):
         return self._read("refused")
 
     def refuse_next(self, count: int = 1) -> None:
-        """Refuse the next ``count`` requests (once fully received) with a graceful GOAWAY.
-
-        Each refusal names the stream before the request's as the last processed and closes the
-        connection: a request the client may re-send on a new connection, as after a load
-        balancer's GOAWAY. Later requests are answered as usual.
-        """
+        """Refuse the next ``count`` requests (once fully received) with a graceful GOAWAY that the
+        client may re-send after (``H2ServerProtocol._refuse``); later ones are answered."""
         with self._lock:
             self._refusals += count
 
@@ -254,12 +238,8 @@ class TlsH2Origin(LoopThread, Counted):
                 protocol.goaway()
 
     def go_down(self) -> None:
-        """Crash: stop listening (connects are refused) and drop every connection, no GOAWAY.
-
-        What a redeploy looks like from outside: the process is gone, the kernel closes its
-        sockets, and requests in flight get no answer and no promise that they were not
-        processed. ``come_back()`` listens again on the same port.
-        """
+        """Crash: stop listening and drop every connection, no GOAWAY, as a redeploy looks from
+        outside: requests in flight get no answer and no promise that they were not processed."""
         if self.running:
             self.call(self._crash(), CLOSE_FLUSH_SECONDS * 4 + 5)
 

@@ -1,14 +1,11 @@
 """A TCP relay that drops idle connections: AWS Global Accelerator's 340 s idle drop, scaled down.
 
-Owns one listening socket on ``127.0.0.1:0`` and one background thread (``selectors``) that pipes
-bytes between each accepted client and a fresh connection to the target, and closes *both* sides
-of any pair that carried no bytes in either direction for ``idle`` seconds. That is the behaviour
-that breaks a non-streaming HTTP/2 request whose first byte takes longer than the limit; an HTTP/2
-PING counts as bytes, which is why the sidecar survives it. TCP keepalive does not count (it
-carries no payload), exactly as with the real accelerator.
-
-Must not listen on anything but loopback, buffer without bound (a side that cannot keep up stops
-the other side's reads), or leave a socket or thread behind: ``stop()`` closes everything.
+One background thread (``selectors``) pipes each client of ``127.0.0.1:0`` to a fresh connection
+to the target and closes *both* sides of a pair silent both ways for ``idle`` seconds: what breaks
+a non-streaming HTTP/2 request whose first byte takes longer. An HTTP/2 PING counts as bytes,
+which is why the sidecar survives it; TCP keepalive carries no payload and does not, as with the
+real accelerator. Must not listen on anything but loopback, buffer without bound (a side that
+cannot keep up stops the other side's reads), or leave a socket or thread behind.
 """
 
 from __future__ import annotations
@@ -55,11 +52,8 @@ class _Pair:
 class IdleRelay(StartStop, Counted):
     """Relay ``127.0.0.1:<port>`` → ``target_host:target_port``, dropping pairs idle for ``idle`` s.
 
-    ``connections`` counts accepted clients, ``drops`` the pairs closed for idleness, ``active``
-    the pairs open now; all are safe to read from any thread. A client beyond ``max_connections``
-    open pairs, or whose target refuses, is closed at once (counted in ``refused``). With
-    ``reset=True`` a drop aborts both sides with a TCP RST instead of a FIN. ``start()`` and
-    ``stop()`` are idempotent.
+    A client beyond ``max_connections`` open pairs, or whose target refuses, is closed at once
+    (``refused``). With ``reset=True`` a drop aborts both sides with a TCP RST instead of a FIN.
     """
 
     def __init__(
@@ -114,7 +108,7 @@ class IdleRelay(StartStop, Counted):
             return len(self._pairs)
 
     def start(self) -> IdleRelay:
-        """Bind, then serve in a background thread; the port is known when this returns."""
+        """Bind, then serve in a background thread; the port is known when this returns. Idempotent."""
         if self._thread is not None:
             return self
         listener = socket.socket(socket.AF_INET, socket.SOCK_STREAM)

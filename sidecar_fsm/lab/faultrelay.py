@@ -30,7 +30,8 @@ import threading
 import time
 from collections.abc import Callable
 
-from .loopthread import Counted, LoopThread
+from .loopthread import LoopThread
+from .relay import RelayCounts
 
 _CHUNK = 64 * 1024
 _MAX_QUEUED = 256 * 1024
@@ -147,7 +148,7 @@ class _Pair:
                 writer.close()
 
 
-class FaultRelay(LoopThread, Counted):
+class FaultRelay(LoopThread, RelayCounts):
     """Relay ``127.0.0.1:<port>`` → ``target_host:target_port`` with faults on command; each fault
     method may be called from any thread while traffic flows and returns once it is in force.
     ``resets`` counts pairs aborted by ``reset()``, ``drops`` those closed for idleness."""
@@ -174,26 +175,8 @@ class FaultRelay(LoopThread, Counted):
     # --- counters and addresses (any thread) -------------------------------------------------
 
     @property
-    def connections(self) -> int:
-        return self._read("connections")
-
-    @property
     def resets(self) -> int:
         return self._read("resets")
-
-    @property
-    def drops(self) -> int:
-        return self._read("drops")
-
-    @property
-    def refused(self) -> int:
-        """Clients closed at once because the target refused their connection."""
-        return self._read("refused")
-
-    @property
-    def active(self) -> int:
-        with self._lock:
-            return len(self._pairs)
 
     @property
     def port(self) -> int:

@@ -16,6 +16,7 @@ import socket
 import struct
 import threading
 import time
+from collections.abc import Collection
 
 from .loopthread import Counted, StartStop
 
@@ -49,7 +50,31 @@ class _Pair:
         return self.upstream if side is self.client else self.client
 
 
-class IdleRelay(StartStop, Counted):
+class RelayCounts(Counted):
+    """What both relays count: accepted clients, pairs dropped for idleness, clients closed at
+    once (no room, or the target refused); and the pairs open now."""
+
+    _pairs: Collection[object]
+
+    @property
+    def connections(self) -> int:
+        return self._read("connections")
+
+    @property
+    def drops(self) -> int:
+        return self._read("drops")
+
+    @property
+    def refused(self) -> int:
+        return self._read("refused")
+
+    @property
+    def active(self) -> int:
+        with self._lock:
+            return len(self._pairs)
+
+
+class IdleRelay(StartStop, RelayCounts):
     """Relay ``127.0.0.1:<port>`` → ``target_host:target_port``, dropping pairs idle for ``idle`` s.
 
     A client beyond ``max_connections`` open pairs, or whose target refuses, is closed at once
@@ -89,23 +114,6 @@ class IdleRelay(StartStop, Counted):
         if self._port is None:
             raise RuntimeError("IdleRelay: not started; call start() first")
         return self._port
-
-    @property
-    def connections(self) -> int:
-        return self._read("connections")
-
-    @property
-    def drops(self) -> int:
-        return self._read("drops")
-
-    @property
-    def refused(self) -> int:
-        return self._read("refused")
-
-    @property
-    def active(self) -> int:
-        with self._lock:
-            return len(self._pairs)
 
     def start(self) -> IdleRelay:
         """Bind, then serve in a background thread; the port is known when this returns. Idempotent."""

@@ -1,27 +1,22 @@
 """A TCP relay whose path can be broken on command while traffic flows: the lab's network faults.
 
 This kernel has no netem, so faults are made in user space: one asyncio loop in a background
-thread accepts on ``127.0.0.1:<port>`` and pipes each client to a fresh connection to the target,
-and the path can be switched at any moment to
+thread pipes each client of ``127.0.0.1:<port>`` to a fresh connection to the target, and the
+path can be switched at any moment to
 
-- ``blackhole()``: nothing is forwarded either way and nothing is closed; bytes wait in the
-  kernel's buffers and the relay's queues exactly as packets wait for a route that is gone
-  (TCP retransmits them), so a connection that outlives the fault resumes where it was;
-- ``reset()``: every open pair is aborted with RST on both sides (``SO_LINGER`` 0), as a load
-  balancer's hard drop; new connections are served normally;
-- ``delay(ms)``: each chunk is delivered ``ms`` milliseconds after it was read, each way (a
-  round trip gains twice that), order kept;
-- ``rate(bytes_per_second)``: each direction of each pair is paced to that many bytes a second;
+- ``blackhole()``: nothing forwarded either way, nothing closed; bytes wait in kernel buffers and
+  the relay's queues as packets wait for a route that is gone, so a connection that outlives the
+  fault resumes where it was;
+- ``reset()``: every open pair aborted with RST on both sides, as a load balancer's hard drop;
+- ``delay(ms)``: each chunk delivered ``ms`` after it was read, each way, order kept;
+- ``rate(bytes_per_second)``: each direction of each pair paced to that many bytes a second;
 - ``heal()``: no blackhole, no delay, no rate limit;
-- ``restart(down)``: every pair closed, the port refusing connections for ``down`` seconds,
-  then listening again on the same port (an upstream redeploy behind a fixed address).
+- ``restart(down)``: every pair closed, the port refusing for ``down`` seconds, then listening
+  again on the same port (an upstream redeploy behind a fixed address).
 
-With ``idle`` set, a pair that carried no byte either way for that long is closed on both
-sides, as ``IdleRelay`` does (Global Accelerator's idle drop, scaled down).
-
-Must not listen on anything but loopback, buffer without bound (a direction holding
-``_MAX_QUEUED`` bytes stops reading its sender), or leave a socket, task or thread behind:
-``stop()`` closes everything.
+With ``idle`` set, a pair silent both ways that long is closed, as ``IdleRelay`` does. Must not
+listen on anything but loopback, buffer without bound (``_MAX_QUEUED`` per direction), or leave
+a socket, task or thread behind.
 """
 
 from __future__ import annotations
@@ -36,6 +31,7 @@ import time
 from collections.abc import Callable
 
 from .loopthread import LoopThread
+from .relay import RelayCounts
 
 _CHUNK = 64 * 1024
 _MAX_QUEUED = 256 * 1024
@@ -152,14 +148,10 @@ class _Pair:
                 writer.close()
 
 
-class FaultRelay(LoopThread):
-    """Relay ``127.0.0.1:<port>`` → ``target_host:target_port`` with faults on command.
-
-    Every fault method is safe to call from any thread while traffic flows and returns once
-    the fault is in force. ``connections`` counts accepted clients, ``resets`` the pairs
-    aborted by ``reset()``, ``drops`` the pairs closed for idleness, ``active`` the pairs open
-    now. ``start()`` and ``stop()`` are idempotent.
-    """
+class FaultRelay(LoopThread, RelayCounts):
+    """Relay ``127.0.0.1:<port>`` → ``target_host:target_port`` with faults on command; each fault
+    method may be called from any thread while traffic flows and returns once it is in force.
+    ``resets`` counts pairs aborted by ``reset()``, ``drops`` those closed for idleness."""
 
     def __init__(
         self, target_host: str, target_port: int, *, idle: float | None = None, port: int = 0
@@ -182,35 +174,9 @@ class FaultRelay(LoopThread):
 
     # --- counters and addresses (any thread) -------------------------------------------------
 
-    def _read(self, name: str) -> int:
-        with self._lock:
-            return self._counts[name]
-
-    def _count(self, name: str) -> None:
-        with self._lock:
-            self._counts[name] += 1
-
-    @property
-    def connections(self) -> int:
-        return self._read("connections")
-
     @property
     def resets(self) -> int:
         return self._read("resets")
-
-    @property
-    def drops(self) -> int:
-        return self._read("drops")
-
-    @property
-    def refused(self) -> int:
-        """Clients closed at once because the target refused their connection."""
-        return self._read("refused")
-
-    @property
-    def active(self) -> int:
-        with self._lock:
-            return len(self._pairs)
 
     @property
     def port(self) -> int:
@@ -306,17 +272,17 @@ class FaultRelay(LoopThread):
         for pair in pairs:
             pair.close(abort=abort)
             if counter is not None:
-                self._count(counter)
+                self.count(counter)
         await asyncio.gather(*(task for pair in pairs for task in pair.tasks), return_exceptions=True)
         return len(pairs)
 
     async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         assert self._path is not None
-        self._count("connections")
+        self.count("connections")
         try:
             upstream = await asyncio.wait_for(asyncio.open_connection(*self.target), _CONNECT_TIMEOUT)
         except (OSError, asyncio.TimeoutError):
-            self._count("refused")
+            self.count("refused")
             writer.transport.abort()
             return
         pair = _Pair((reader, writer), upstream)
@@ -356,7 +322,7 @@ class FaultRelay(LoopThread):
                 pairs = list(self._pairs)
             for pair in pairs:
                 if now - pair.last_activity >= idle:
-                    self._count("drops")
+                    self.count("drops")
                     self._forget(pair, abort=False)
             await asyncio.sleep(min(idle / 4, 0.25))
 
@@ -364,11 +330,7 @@ class FaultRelay(LoopThread):
         if self._sweeper is not None:
             self._sweeper.cancel()
         await self._go_down()
-        current = asyncio.current_task()
-        pending = [task for task in asyncio.all_tasks() if task is not current]
-        for task in pending:
-            task.cancel()
-        await asyncio.gather(*pending, return_exceptions=True)
+        await self._cancel_other_tasks()
 
 
 def _failed(task: asyncio.Task[None]) -> bool:

@@ -1,11 +1,9 @@
 """A small blocking HTTP/2-over-TLS client: the "direct" request of the demo and the tests' probe.
 
-Owns one TLS socket (ALPN ``h2`` only) and an ``h2`` client connection driven from the calling
-thread, with no background thread: frames are read only while a call waits. It sends no PING
-unless asked (``ping_interval``), so a plain request through an idle-dropping relay fails the way
-any HTTP/2 client without keepalive PINGs does; with a ping interval it survives, which is the
-sidecar's whole trick. Must not log, print or store header values, and never disables
-certificate verification: the lab's CA file is passed in.
+No background thread: frames are read only while a call waits. It sends no PING unless asked
+(``ping_interval``), so a plain request through an idle-dropping relay fails as any HTTP/2 client
+without keepalive PINGs does; with PINGs it survives, which is the sidecar's whole trick. Must not
+log, print or store header values, and never disables certificate verification.
 """
 
 from __future__ import annotations
@@ -218,17 +216,14 @@ class H2Client(ClosesOnExit):
         """Read and process what arrives before ``until``; a timeout past ``final`` raises."""
         if self._terminated is not None:
             raise H2ClientError(self._terminated)
-        final = until if final is None else final
-        remaining = until - time.monotonic()
-        if remaining <= 0:
-            if until >= final:
-                raise TimeoutError("h2 request: no complete response before the deadline")
-            return
-        self._sock.settimeout(remaining)
         try:
+            remaining = until - time.monotonic()
+            if remaining <= 0:
+                raise TimeoutError
+            self._sock.settimeout(remaining)
             data = self._sock.recv(_READ_CHUNK)
         except TimeoutError:
-            if until >= final:
+            if final is None or until >= final:
                 raise TimeoutError("h2 request: no complete response before the deadline") from None
             return
         except OSError as error:

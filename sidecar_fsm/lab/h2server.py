@@ -1,12 +1,9 @@
 """The connections of the lab's TLS origin (``origin.TlsH2Origin``): HTTP/2 with ``h2``, or HTTP/1.1.
 
-Owns one accepted connection each: ``H2ServerProtocol`` speaks HTTP/2 with the ``h2`` package
-directly (so PINGs, resets and flow control are visible and counted) and answers ``/echo``,
-``/slow``, ``/sse`` and, when the origin has an ``nvcf.NvcfLab``, NVCF's endpoints; ``H1Protocol``
-is the ``h1_only`` origin's one HTTP/1.1 answer per connection. Both run on the origin's event
-loop thread and report to it through ``ConnectionHost`` (counters, open connections). Must not
-bind, start threads or log header values; ``close()`` never waits on a peer longer than
-``CLOSE_FLUSH_SECONDS``.
+``H2ServerProtocol`` uses the ``h2`` package directly, so PINGs, resets and flow control are
+visible and counted; ``H1Protocol`` is the ``h1_only`` origin's. Both run on the origin's loop
+thread and report to it (``ConnectionHost``). Must not bind, start threads or log header values;
+``close()`` never waits on a peer longer than ``CLOSE_FLUSH_SECONDS``.
 """
 
 from __future__ import annotations
@@ -26,9 +23,9 @@ import h2.events
 import h2.exceptions
 import h2.settings
 
-from .nvcf import NvcfLab
+from .nvcf import BadQuery, NvcfLab, float_arg
 
-__all__ = ["CLOSE_FLUSH_SECONDS", "ConnectionHost", "H1Protocol", "H2ServerProtocol"]
+__all__ = ["CLOSE_FLUSH_SECONDS", "Connection", "ConnectionHost", "H1Protocol", "H2ServerProtocol"]
 
 
 class ConnectionHost(Protocol):
@@ -46,9 +43,9 @@ class ConnectionHost(Protocol):
 
     def take_refusal(self) -> bool: ...
 
-    def opened(self, protocol: H2ServerProtocol | H1Protocol) -> None: ...
+    def opened(self, protocol: Connection) -> None: ...
 
-    def closed(self, protocol: H2ServerProtocol | H1Protocol) -> None: ...
+    def closed(self, protocol: Connection) -> None: ...
 
 
 # A stream's and the connection's receive windows. The protocol default (64 KiB) makes a large
@@ -84,12 +81,51 @@ class _StreamGone(Exception):
     """The stream was reset or the connection closed while a handler was still answering."""
 
 
-class H2ServerProtocol(asyncio.Protocol):
-    """One accepted TLS connection speaking HTTP/2, all of it on the origin's loop thread."""
+class Connection(asyncio.Protocol):
+    """One accepted connection, either kind: reported to the origin, closed within a bound."""
 
     def __init__(self, origin: ConnectionHost) -> None:
         self._origin = origin
         self._transport: asyncio.Transport | None = None
+        self.lost: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        assert isinstance(transport, asyncio.Transport)
+        self._transport = transport
+        self._origin.opened(self)
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self._origin.closed(self)
+        if not self.lost.done():
+            self.lost.set_result(None)
+
+    def abort(self) -> None:
+        """End the connection at once, no GOAWAY: what a crashed server's peer sees."""
+        if self._transport is not None:
+            self._transport.abort()
+
+    def _goodbye(self) -> None:
+        """What to send before closing (HTTP/2: a GOAWAY)."""
+
+    async def close(self) -> None:
+        """Say goodbye, let it flush for a moment, then abort: stop() must not hang on a peer."""
+        if self._transport is None:
+            return
+        if not self._transport.is_closing():
+            self._goodbye()
+            self._transport.close()
+        try:
+            await asyncio.wait_for(asyncio.shield(self.lost), CLOSE_FLUSH_SECONDS)
+        except asyncio.TimeoutError:
+            self._transport.abort()
+            await self.lost
+
+
+class H2ServerProtocol(Connection):
+    """One accepted TLS connection speaking HTTP/2, all of it on the origin's loop thread."""
+
+    def __init__(self, origin: ConnectionHost) -> None:
+        super().__init__(origin)
         config = h2.config.H2Configuration(client_side=False, header_encoding="utf-8")
         self._conn = h2.connection.H2Connection(config=config)
         self._streams: dict[int, _Stream] = {}
@@ -98,7 +134,6 @@ class H2ServerProtocol(asyncio.Protocol):
         self._closed = asyncio.Event()
         # Set by goaway(): the last stream this connection still answers.
         self._goaway_last: int | None = None
-        self.lost: asyncio.Future[None] = asyncio.get_running_loop().create_future()
 
     @property
     def stream_count(self) -> int:
@@ -108,9 +143,7 @@ class H2ServerProtocol(asyncio.Protocol):
     # --- asyncio.Protocol -------------------------------------------------------------------
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        assert isinstance(transport, asyncio.Transport)
-        self._transport = transport
-        self._origin.opened(self)
+        super().connection_made(transport)
         ssl_object = transport.get_extra_info("ssl_object")
         alpn = ssl_object.selected_alpn_protocol() if ssl_object is not None else None
         if alpn != "h2":
@@ -159,9 +192,7 @@ class H2ServerProtocol(asyncio.Protocol):
             stream.window_open.set()
             if stream.task is not None:
                 stream.task.cancel()
-        self._origin.closed(self)
-        if not self.lost.done():
-            self.lost.set_result(None)
+        super().connection_lost(exc)
 
     # --- events ----------------------------------------------------------------------------
 
@@ -226,11 +257,8 @@ class H2ServerProtocol(asyncio.Protocol):
             self._close_transport()
 
     def _refuse(self, stream_id: int) -> None:
-        """Graceful GOAWAY naming the stream before ``stream_id`` as the last one processed, then close.
-
-        The request was never processed, so a client may re-send it on a new connection (RFC 9113
-        6.8); the connection closes at once, which is what a load balancer retiring it does.
-        """
+        """Graceful GOAWAY naming the stream before ``stream_id`` as the last processed, then close,
+        as a load balancer retiring a connection: the client may re-send it (RFC 9113 6.8)."""
         self._forget(stream_id, cancel=True)
         with contextlib.suppress(h2.exceptions.ProtocolError):
             self._conn.close_connection(
@@ -273,11 +301,6 @@ class H2ServerProtocol(asyncio.Protocol):
             self._flush()
             self._close_transport()
 
-    def abort(self) -> None:
-        """End the connection at once, no GOAWAY: what a crashed server's peer sees."""
-        if self._transport is not None:
-            self._transport.abort()
-
     def _flush(self) -> None:
         data = self._conn.data_to_send()
         if data and self._origin.pings_policy != "answer":
@@ -289,20 +312,10 @@ class H2ServerProtocol(asyncio.Protocol):
         if self._transport is not None and not self._transport.is_closing():
             self._transport.close()
 
-    async def close(self) -> None:
-        """Send GOAWAY, let it flush for a moment, then abort: stop() must not hang on a peer."""
-        if self._transport is None:
-            return
-        if not self._transport.is_closing():
-            with contextlib.suppress(h2.exceptions.ProtocolError):
-                self._conn.close_connection(error_code=h2.errors.ErrorCodes.NO_ERROR)
-            self._flush()
-            self._transport.close()
-        try:
-            await asyncio.wait_for(asyncio.shield(self.lost), CLOSE_FLUSH_SECONDS)
-        except asyncio.TimeoutError:
-            self._transport.abort()
-            await self.lost
+    def _goodbye(self) -> None:
+        with contextlib.suppress(h2.exceptions.ProtocolError):
+            self._conn.close_connection(error_code=h2.errors.ErrorCodes.NO_ERROR)
+        self._flush()
 
     # --- answering -------------------------------------------------------------------------
 
@@ -430,19 +443,12 @@ class H2ServerProtocol(asyncio.Protocol):
         self._flush()
 
 
-class H1Protocol(asyncio.Protocol):
+class H1Protocol(Connection):
     """The ``h1_only`` origin: one minimal HTTP/1.1 answer per connection, then close."""
 
     def __init__(self, origin: ConnectionHost) -> None:
-        self._origin = origin
+        super().__init__(origin)
         self._buffer = bytearray()
-        self._transport: asyncio.Transport | None = None
-        self.lost: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-
-    def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        assert isinstance(transport, asyncio.Transport)
-        self._transport = transport
-        self._origin.opened(self)
 
     def data_received(self, data: bytes) -> None:
         self._buffer += data
@@ -459,25 +465,6 @@ class H1Protocol(asyncio.Protocol):
         )
         self._transport.close()
 
-    def connection_lost(self, exc: Exception | None) -> None:
-        self._origin.closed(self)
-        if not self.lost.done():
-            self.lost.set_result(None)
-
-    def abort(self) -> None:
-        if self._transport is not None:
-            self._transport.abort()
-
-    async def close(self) -> None:
-        if self._transport is None:
-            return
-        self._transport.close()
-        try:
-            await asyncio.wait_for(asyncio.shield(self.lost), CLOSE_FLUSH_SECONDS)
-        except asyncio.TimeoutError:
-            self._transport.abort()
-            await self.lost
-
 
 def _without_ping_acks(data: bytes) -> bytes:
     """``data`` (whole frames: h2 serializes each frame at once) without its PING ACKs."""
@@ -490,20 +477,3 @@ def _without_ping_acks(data: bytes) -> bytes:
         view = view[end:]
     kept += view
     return bytes(kept)
-
-
-class BadQuery(ValueError):
-    """A query argument is not a number in range; answered with a 400."""
-
-
-def float_arg(query: dict[str, str], name: str, default: float, *, upper: float) -> float:
-    raw = query.get(name)
-    if raw is None:
-        return default
-    try:
-        value = float(raw)
-    except ValueError:
-        raise BadQuery(f"{name}: {raw!r} is not a number") from None
-    if not 0 <= value <= upper:
-        raise BadQuery(f"{name}: {raw!r} must be between 0 and {upper:g}")
-    return value

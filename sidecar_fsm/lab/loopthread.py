@@ -1,14 +1,9 @@
 """The life cycle the lab's servers share: one asyncio loop in a daemon thread, started and stopped.
 
-Owns starting a private event loop in a background thread, running a coroutine on it from any
-thread with a deadline (``call``), and the stop that every lab server needs to be safe in a test
-that fails: run the server's own shutdown coroutine, stop the loop, join the thread, close the
-loop, and be idempotent. ``with Server(...) as s:`` starts it and always stops it.
-
-Must not know what is served: a subclass says what ``_begin`` binds and what ``_shutdown``
-closes. The thread is a daemon so a test that forgets ``stop()`` cannot hang the interpreter at
-exit, but every fixture still stops it: a daemon thread killed at exit leaves its sockets to
-the kernel, and a pending task in a closed loop warns.
+A subclass says what ``_begin`` binds and ``_shutdown`` closes; this module must not know what is
+served. The thread is a daemon so a test that forgets ``stop()`` cannot hang the interpreter at
+exit, but every fixture still stops it: a daemon thread killed at exit leaves its sockets to the
+kernel, and a pending task in a closed loop warns.
 """
 
 from __future__ import annotations
@@ -17,7 +12,6 @@ import asyncio
 import contextlib
 import threading
 from collections.abc import Coroutine
-from types import TracebackType
 from typing import Any, TypeVar
 
 _Self = TypeVar("_Self", bound="StartStop")
@@ -32,8 +26,8 @@ _JOIN_SECONDS = 10.0
 
 
 class StartStop:
-    """``with server:`` starts it and stops it however the block ends: every lab server's
-    context manager, so a test that fails inside the block leaves no thread or socket behind."""
+    """``with server:`` starts it and stops it however the block ends: a failing test leaves no
+    thread or socket behind."""
 
     def start(self: _Self) -> _Self:
         raise NotImplementedError
@@ -44,13 +38,23 @@ class StartStop:
     def __enter__(self: _Self) -> _Self:
         return self.start()
 
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        traceback: TracebackType | None,
-    ) -> None:
+    def __exit__(self, *exc_info: object) -> None:
         self.stop()
+
+
+class Counted:
+    """Totals a server bumps on its own thread and tests read from any: ``_counts`` under ``_lock``."""
+
+    _lock: threading.Lock
+    _counts: dict[str, int]
+
+    def count(self, name: str) -> None:
+        with self._lock:
+            self._counts[name] += 1
+
+    def _read(self, name: str) -> int:
+        with self._lock:
+            return self._counts[name]
 
 
 class ClosesOnExit:
@@ -62,21 +66,12 @@ class ClosesOnExit:
     def __enter__(self: _Closing) -> _Closing:
         return self
 
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        traceback: TracebackType | None,
-    ) -> None:
+    def __exit__(self, *exc_info: object) -> None:
         self.close()
 
 
 class LoopThread(StartStop):
-    """An asyncio loop in its own thread, for a server driven from blocking code (the tests').
-
-    Subclasses implement ``_begin`` (bind and serve; runs on the loop at ``start``) and
-    ``_shutdown`` (close everything; runs on the loop at ``stop``), and name the thread.
-    """
+    """An asyncio loop in its own thread, for a server driven from blocking code (the tests')."""
 
     thread_name = "sidecar-fsm-lab"
 
@@ -113,8 +108,7 @@ class LoopThread(StartStop):
     def call(self, coro: Coroutine[Any, Any, Any], timeout: float = CALL_SECONDS) -> Any:
         """Run ``coro`` on the loop and return its result, from any thread but the loop's own.
 
-        Raises ``RuntimeError`` when the server is not started (the coroutine is closed, so it
-        never warns as "never awaited"), and ``TimeoutError`` past ``timeout``.
+        Not started: ``RuntimeError``, and ``coro`` is closed so it never warns "never awaited".
         """
         if self._loop is None:
             coro.close()
@@ -122,8 +116,8 @@ class LoopThread(StartStop):
         return asyncio.run_coroutine_threadsafe(coro, self._loop).result(timeout)
 
     def stop(self) -> None:
-        """Run ``_shutdown``, stop the loop and join its thread. Idempotent, never raises for
-        the shutdown itself: a stop in a failing test's cleanup must not hide its failure."""
+        """Run ``_shutdown``, stop the loop, join its thread. Idempotent; a failed ``_shutdown`` is
+        ignored: a stop in a failing test's cleanup must not hide its failure."""
         loop, thread = self._loop, self._thread
         if loop is not None and thread is not None:
             if thread.is_alive():
@@ -136,3 +130,12 @@ class LoopThread(StartStop):
             if not thread.is_alive():
                 loop.close()
         self._loop, self._thread = None, None
+
+    @staticmethod
+    async def _cancel_other_tasks() -> None:
+        """Cancel every task on the loop but the caller's and wait for them: none dies pending."""
+        current = asyncio.current_task()
+        pending = [task for task in asyncio.all_tasks() if task is not current]
+        for task in pending:
+            task.cancel()
+        await asyncio.gather(*pending, return_exceptions=True)

@@ -6,9 +6,9 @@ and ``get_pexec.rs``, the worker's ``large.go``):
 
 - ``POST /v1/chat/completions`` and ``POST /v2/nvcf/pexec/functions/{id}[/versions/{v}]`` (any
   method, as on a function's own host): a job that takes ``work`` seconds (``lab-work-seconds``
-  header, else the lab's default). Held for
-  the poll window: ``NVCF-POLL-SECONDS`` (whole seconds, 0 read as 1, over 3600 or not a number
-  a 400), else the lab's ``window`` (NVCF's is 60 s; tests and the demo scale it to about 1 s).
+  header, else the lab's default). Held for the poll window: ``NVCF-POLL-SECONDS`` (whole
+  seconds, 0 read as 1, over 3600 or not a number a 400), else the lab's ``window`` (NVCF's is
+  60 s; tests and the demo scale it to about 1 s).
   Done within it: ``200`` with a chat completion naming the request body's sha256 (so a client
   can tell its own answer). Not done: ``202`` with ``NVCF-REQID``, ``NVCF-STATUS: in-progress``
   and ``{"reqId": ..., "status": "in-progress"}``. A client gone before any answer cancels the
@@ -43,7 +43,7 @@ from dataclasses import dataclass, field
 from typing import Protocol
 from urllib.parse import urlsplit
 
-__all__ = ["LARGE_RESULT_BYTES", "NvcfLab", "Responder"]
+__all__ = ["LARGE_RESULT_BYTES", "BadQuery", "NvcfLab", "Responder", "float_arg"]
 
 # The worker answers a body over this with a zip (NVCF's MaxDirectResponseSizeBytes).
 LARGE_RESULT_BYTES = 5 << 20
@@ -83,12 +83,8 @@ class _Refused(Exception):
 
 
 class NvcfLab:
-    """The NVCF endpoints' jobs and counters; see the module docstring.
-
-    ``window`` is the poll window when a request has no ``NVCF-POLL-SECONDS``; ``work`` the
-    job length when it has no ``lab-work-seconds``. Counters are read from other threads: each
-    is replaced or incremented by single operations on the loop thread, and a reader copies.
-    """
+    """The NVCF endpoints' jobs and counters; see the module docstring. Counters are read from
+    other threads: each changes by single operations on the loop thread, and a reader copies."""
 
     def __init__(self, *, window: float = 60.0, work: float = 0.0, token: str | None = None) -> None:
         self.window = window
@@ -122,11 +118,8 @@ class NvcfLab:
     async def answer(
         self, conn: Responder, stream_id: int, request_headers: _Headers, body_sha256: str
     ) -> None:
-        """Answer one request to an NVCF endpoint (``serves`` said yes) on ``conn``.
-
-        ``request_headers`` are the request's as received, pseudo-headers included (the 302's
-        ``Location`` points back at the origin by the ``:authority`` it was reached at).
-        """
+        """Answer one request to an NVCF endpoint (``serves`` said yes) on ``conn``; ``request_headers``
+        include the pseudo-headers (a 302 points back at the ``:authority`` it was reached at)."""
         headers = {name.lower(): value for name, value in request_headers}
         path = urlsplit(headers.get(":path", "/")).path
         try:
@@ -142,6 +135,8 @@ class NvcfLab:
             await self._hold(conn, stream_id, job, window, headers.get(":authority", "localhost"))
         except _Refused as refused:
             await _problem(conn, stream_id, refused.status, str(refused))
+        except BadQuery as bad:
+            await _problem(conn, stream_id, 400, str(bad))
 
     def _check_auth(self, headers: dict[str, str]) -> None:
         if self._token is None:
@@ -162,8 +157,8 @@ class NvcfLab:
         return float(max(seconds, 1))
 
     def _start(self, headers: dict[str, str], body_sha256: str) -> _Job:
-        work = _number(headers, "lab-work-seconds", self.work, _MAX_WORK_SECONDS)
-        size = int(_number(headers, "lab-result-bytes", 0, _MAX_RESULT_BYTES))
+        work = float_arg(headers, "lab-work-seconds", self.work, upper=_MAX_WORK_SECONDS)
+        size = int(float_arg(headers, "lab-result-bytes", 0, upper=_MAX_RESULT_BYTES))
         self.posts[body_sha256] += 1
         job = _Job(str(uuid.uuid4()), body_sha256, size)
         self._jobs[job.reqid] = job
@@ -225,16 +220,20 @@ class NvcfLab:
         await conn.respond(stream_id, 200, type_and_length, data)
 
 
-def _number(headers: dict[str, str], name: str, default: float, upper: float) -> float:
-    raw = headers.get(name)
+class BadQuery(ValueError):
+    """A number argument (a query's or a header's) is not a number in range; answered with a 400."""
+
+
+def float_arg(args: dict[str, str], name: str, default: float, *, upper: float) -> float:
+    raw = args.get(name)
     if raw is None:
         return default
     try:
         value = float(raw)
     except ValueError:
-        raise _Refused(400, f"{name}: {raw!r} is not a number") from None
+        raise BadQuery(f"{name}: {raw!r} is not a number") from None
     if not 0 <= value <= upper:
-        raise _Refused(400, f"{name}: {raw!r} must be between 0 and {upper:g}")
+        raise BadQuery(f"{name}: {raw!r} must be between 0 and {upper:g}")
     return value
 
 

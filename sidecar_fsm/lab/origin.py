@@ -1,32 +1,23 @@
 """A local TLS HTTP/2 origin server for the demo and the tests: the stand-in for an NVCF endpoint.
 
-Owns one asyncio event loop in a background thread that serves HTTP/2 over TLS (ALPN ``h2`` only)
-on ``127.0.0.1:0``, its counters and its lifecycle; each connection is ``h2server``'s, which
-uses the ``h2`` package directly, so the frames the sidecar sends are visible: PINGs received,
-connections accepted, requests served and streams reset are counted. Endpoints:
+One asyncio loop in a background thread serves HTTP/2 over TLS (ALPN ``h2`` only) on
+``127.0.0.1:0``; its connections (``h2server``) use ``h2`` directly, so the frames the sidecar
+sends are visible and counted. Endpoints:
 
 - ``/echo`` (any method): JSON with the method, path, query, ``host``/``:authority``, the body's
   length and sha256, the request header *names* (never values) and ``authorization_present``.
 - ``/slow?first_byte=S[&size=N]``: response headers and the first body byte only after ``S``
   seconds, then the rest of an ``N``-byte body (default small), honouring flow control.
-- ``/sse?n=N&interval=S``: ``text/event-stream``, ``N`` events, the first at once and each next
-  one ``S`` seconds after the previous.
+- ``/sse?n=N&interval=S``: ``text/event-stream``, ``N`` events ``S`` seconds apart.
+- with ``nvcf=NvcfLab(...)``, NVCF's invocation protocol (``nvcf``).
 
-With ``nvcf=NvcfLab(...)`` it also speaks NVCF's invocation protocol (``nvcf``: chat
-completions and pexec POSTs held for a poll window, then 202 and status polls).
+``refuse_next(n)``: the next ``n`` requests meet a graceful GOAWAY refusing them (a load balancer
+retiring a connection). ``pings="ignore"`` answers no PING (as AWS ALB) and ``pings="goaway"``
+answers each with GOAWAY ``ENHANCE_YOUR_CALM`` and a close (a gRPC-style server): the two paths a
+sidecar cannot keep open. ``h1_only=True`` offers only ``http/1.1`` and answers a minimal 200 with
+``Connection: close``: the upstream the sidecar must refuse (no fallback).
 
-``refuse_next(n)`` makes the next ``n`` requests meet a graceful GOAWAY that refuses them (a load
-balancer retiring a connection), so a client's re-send on a new connection can be tested.
-
-``pings="ignore"`` makes it answer no PING (a far side that does not carry them, as AWS ALB's)
-and ``pings="goaway"`` answers each PING with GOAWAY ``ENHANCE_YOUR_CALM`` and a close (a
-gRPC-style server refusing frequent PINGs): the two paths a sidecar cannot keep open.
-
-With ``h1_only=True`` the server offers only ``http/1.1`` in ALPN and answers every request with a
-minimal HTTP/1.1 200 and ``Connection: close``: the upstream the sidecar must refuse (no fallback).
-
-Must not bind anything but loopback, log or store header values, or leave a task or thread behind:
-``stop()`` closes every connection, cancels every handler and joins the thread.
+Must not bind anything but loopback, log or store header values, or leave a task or thread behind.
 """
 
 from __future__ import annotations
@@ -41,8 +32,8 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from .h2server import CLOSE_FLUSH_SECONDS, H1Protocol, H2ServerProtocol
-from .loopthread import LoopThread
+from .h2server import CLOSE_FLUSH_SECONDS, Connection, H1Protocol, H2ServerProtocol
+from .loopthread import Counted, LoopThread
 from .nvcf import NvcfLab
 from .tlsca import CertPaths, make_ca_and_cert
 
@@ -50,15 +41,12 @@ from .tlsca import CertPaths, make_ca_and_cert
 PINGS_POLICIES = ("answer", "ignore", "goaway")
 
 
-class TlsH2Origin(LoopThread):
+class TlsH2Origin(LoopThread, Counted):
     """A TLS HTTP/2 server on ``127.0.0.1:0`` in its own thread; see the module docstring.
 
-    ``certs`` are used when given (share one CA between several origins); otherwise the origin
-    makes its own CA in a private temporary directory that ``stop()`` removes. Counters (``pings``,
-    ``connections``, ``received``, ``requests``, ``resets``, ``goaways``, ``alpn_rejected``) are
-    totals since ``start()``;
-    ``active_connections`` and ``active_streams`` are current. Reading them from another thread
-    is safe (they are updated under a lock). ``start()`` and ``stop()`` are each idempotent.
+    ``certs`` are used when given (share one CA between origins); otherwise its own CA lives in a
+    private temporary directory that ``stop()`` removes. The counters are totals, ``active_*``
+    current; any thread may read them.
     """
 
     thread_name = "sidecar-fsm-origin"
@@ -93,20 +81,12 @@ class TlsH2Origin(LoopThread):
             "goaways": 0,
         }
         self._refusals = 0
-        self._protocols: set[H2ServerProtocol | H1Protocol] = set()
+        self._protocols: set[Connection] = set()
         self._server: asyncio.Server | None = None
         self._context: ssl.SSLContext | None = None
         self._port: int | None = None
 
     # --- counters (any thread) -------------------------------------------------------------
-
-    def count(self, name: str) -> None:
-        with self._lock:
-            self._counts[name] += 1
-
-    def _read(self, name: str) -> int:
-        with self._lock:
-            return self._counts[name]
 
     @property
     def pings(self) -> int:
@@ -149,12 +129,8 @@ class TlsH2Origin(LoopThread):
         return self._read("refused")
 
     def refuse_next(self, count: int = 1) -> None:
-        """Refuse the next ``count`` requests (once fully received) with a graceful GOAWAY.
-
-        Each refusal names the stream before the request's as the last processed and closes the
-        connection: a request the client may re-send on a new connection, as after a load
-        balancer's GOAWAY. Later requests are answered as usual.
-        """
+        """Refuse the next ``count`` requests (once fully received) with a graceful GOAWAY that the
+        client may re-send after (``H2ServerProtocol._refuse``); later ones are answered."""
         with self._lock:
             self._refusals += count
 
@@ -179,12 +155,12 @@ class TlsH2Origin(LoopThread):
             protocols = list(self._protocols)
         return sum(p.stream_count for p in protocols if isinstance(p, H2ServerProtocol))
 
-    def opened(self, protocol: H2ServerProtocol | H1Protocol) -> None:
+    def opened(self, protocol: Connection) -> None:
         with self._lock:
             self._counts["connections"] += 1
             self._protocols.add(protocol)
 
-    def closed(self, protocol: H2ServerProtocol | H1Protocol) -> None:
+    def closed(self, protocol: Connection) -> None:
         with self._lock:
             self._protocols.discard(protocol)
 
@@ -262,12 +238,8 @@ class TlsH2Origin(LoopThread):
                 protocol.goaway()
 
     def go_down(self) -> None:
-        """Crash: stop listening (connects are refused) and drop every connection, no GOAWAY.
-
-        What a redeploy looks like from outside: the process is gone, the kernel closes its
-        sockets, and requests in flight get no answer and no promise that they were not
-        processed. ``come_back()`` listens again on the same port.
-        """
+        """Crash: stop listening and drop every connection, no GOAWAY, as a redeploy looks from
+        outside: requests in flight get no answer and no promise that they were not processed."""
         if self.running:
             self.call(self._crash(), CLOSE_FLUSH_SECONDS * 4 + 5)
 
@@ -309,11 +281,7 @@ class TlsH2Origin(LoopThread):
             self._server.close()
         await self._close_all()
         # Handlers were cancelled by connection_lost; wait for them so none is destroyed pending.
-        current = asyncio.current_task()
-        pending = [task for task in asyncio.all_tasks() if task is not current]
-        for task in pending:
-            task.cancel()
-        await asyncio.gather(*pending, return_exceptions=True)
+        await self._cancel_other_tasks()
         if self._server is not None:
             await self._server.wait_closed()
 

@@ -1,14 +1,11 @@
 """A TCP relay that drops idle connections: AWS Global Accelerator's 340 s idle drop, scaled down.
 
-Owns one listening socket on ``127.0.0.1:0`` and one background thread (``selectors``) that pipes
-bytes between each accepted client and a fresh connection to the target, and closes *both* sides
-of any pair that carried no bytes in either direction for ``idle`` seconds. That is the behaviour
-that breaks a non-streaming HTTP/2 request whose first byte takes longer than the limit; an HTTP/2
-PING counts as bytes, which is why the sidecar survives it. TCP keepalive does not count (it
-carries no payload), exactly as with the real accelerator.
-
-Must not listen on anything but loopback, buffer without bound (a side that cannot keep up stops
-the other side's reads), or leave a socket or thread behind: ``stop()`` closes everything.
+One background thread (``selectors``) pipes each client of ``127.0.0.1:0`` to a fresh connection
+to the target and closes *both* sides of a pair silent both ways for ``idle`` seconds: what breaks
+a non-streaming HTTP/2 request whose first byte takes longer. An HTTP/2 PING counts as bytes,
+which is why the sidecar survives it; TCP keepalive carries no payload and does not, as with the
+real accelerator. Must not listen on anything but loopback, buffer without bound (a side that
+cannot keep up stops the other side's reads), or leave a socket or thread behind.
 """
 
 from __future__ import annotations
@@ -19,8 +16,9 @@ import socket
 import struct
 import threading
 import time
+from collections.abc import Collection
 
-from .loopthread import StartStop
+from .loopthread import Counted, StartStop
 
 _CHUNK = 64 * 1024
 # Per direction: once this much is waiting for a slow receiver, the sender is no longer read.
@@ -52,14 +50,35 @@ class _Pair:
         return self.upstream if side is self.client else self.client
 
 
-class IdleRelay(StartStop):
+class RelayCounts(Counted):
+    """What both relays count: accepted clients, pairs dropped for idleness, clients closed at
+    once (no room, or the target refused); and the pairs open now."""
+
+    _pairs: Collection[object]
+
+    @property
+    def connections(self) -> int:
+        return self._read("connections")
+
+    @property
+    def drops(self) -> int:
+        return self._read("drops")
+
+    @property
+    def refused(self) -> int:
+        return self._read("refused")
+
+    @property
+    def active(self) -> int:
+        with self._lock:
+            return len(self._pairs)
+
+
+class IdleRelay(StartStop, RelayCounts):
     """Relay ``127.0.0.1:<port>`` → ``target_host:target_port``, dropping pairs idle for ``idle`` s.
 
-    ``connections`` counts accepted clients, ``drops`` the pairs closed for idleness, ``active``
-    the pairs open now; all are safe to read from any thread. A client beyond ``max_connections``
-    open pairs, or whose target refuses, is closed at once (counted in ``refused``). With
-    ``reset=True`` a drop aborts both sides with a TCP RST instead of a FIN. ``start()`` and
-    ``stop()`` are idempotent.
+    A client beyond ``max_connections`` open pairs, or whose target refuses, is closed at once
+    (``refused``). With ``reset=True`` a drop aborts both sides with a TCP RST instead of a FIN.
     """
 
     def __init__(
@@ -80,9 +99,7 @@ class IdleRelay(StartStop):
         self.max_connections = max_connections
         self.reset = reset
         self._lock = threading.Lock()
-        self._connections = 0
-        self._drops = 0
-        self._refused = 0
+        self._counts = {"connections": 0, "drops": 0, "refused": 0}
         self._pairs: set[_Pair] = set()
         self._listener: socket.socket | None = None
         self._thread: threading.Thread | None = None
@@ -98,28 +115,8 @@ class IdleRelay(StartStop):
             raise RuntimeError("IdleRelay: not started; call start() first")
         return self._port
 
-    @property
-    def connections(self) -> int:
-        with self._lock:
-            return self._connections
-
-    @property
-    def drops(self) -> int:
-        with self._lock:
-            return self._drops
-
-    @property
-    def refused(self) -> int:
-        with self._lock:
-            return self._refused
-
-    @property
-    def active(self) -> int:
-        with self._lock:
-            return len(self._pairs)
-
     def start(self) -> IdleRelay:
-        """Bind, then serve in a background thread; the port is known when this returns."""
+        """Bind, then serve in a background thread; the port is known when this returns. Idempotent."""
         if self._thread is not None:
             return self
         listener = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
@@ -182,8 +179,7 @@ class IdleRelay(StartStop):
         for pair in list(self._pairs):
             deadline = pair.last_activity + self.idle
             if deadline <= now:
-                with self._lock:
-                    self._drops += 1
+                self.count("drops")
                 self._close_pair(pair, abort=self.reset)
             else:
                 next_deadline = min(next_deadline, deadline)
@@ -194,12 +190,10 @@ class IdleRelay(StartStop):
         while True:
             try:
                 client, _ = self._listener.accept()
-            except (BlockingIOError, InterruptedError):
-                return
-            except OSError:
+            except OSError:  # BlockingIOError included: nothing more to accept
                 return
             with self._lock:
-                self._connections += 1
+                self._counts["connections"] += 1
                 full = len(self._pairs) >= self.max_connections
             if full:
                 self._refuse(client)
@@ -220,8 +214,7 @@ class IdleRelay(StartStop):
             self._update_interest(pair)
 
     def _refuse(self, client: socket.socket) -> None:
-        with self._lock:
-            self._refused += 1
+        self.count("refused")
         client.close()
 
     def _service(self, pair: _Pair, side: _Side, mask: int) -> None:

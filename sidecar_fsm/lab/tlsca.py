@@ -77,25 +77,28 @@ def _key_usage(*, signs_certificates: bool) -> x509.KeyUsage:
     )
 
 
-def _validity(builder: x509.CertificateBuilder) -> x509.CertificateBuilder:
-    """From a few minutes ago (clock skew between processes) to a day from now."""
+def _builder(
+    subject: x509.Name, issuer: x509.Name, key: ec.EllipticCurvePrivateKey
+) -> x509.CertificateBuilder:
+    """A certificate for ``key``, valid from a few minutes ago (clock skew) to a day from now."""
     now = datetime.datetime.now(datetime.timezone.utc)
-    return builder.not_valid_before(now - _BACKDATE).not_valid_after(now + _VALIDITY)
+    return (
+        x509.CertificateBuilder()
+        .subject_name(subject)
+        .issuer_name(issuer)
+        .public_key(key.public_key())
+        .serial_number(x509.random_serial_number())
+        .not_valid_before(now - _BACKDATE)
+        .not_valid_after(now + _VALIDITY)
+    )
 
 
 def _make_ca() -> tuple[ec.EllipticCurvePrivateKey, x509.Certificate]:
     """A self-signed CA that may sign server certificates but no further CA (path length 0)."""
     key = ec.generate_private_key(ec.SECP256R1())
     name = _name("sidecar-fsm lab CA")
-    builder = (
-        x509.CertificateBuilder()
-        .subject_name(name)
-        .issuer_name(name)
-        .public_key(key.public_key())
-        .serial_number(x509.random_serial_number())
-    )
     cert = (
-        _validity(builder)
+        _builder(name, name, key)
         .add_extension(x509.BasicConstraints(ca=True, path_length=0), critical=True)
         .add_extension(_key_usage(signs_certificates=True), critical=True)
         .add_extension(x509.SubjectKeyIdentifier.from_public_key(key.public_key()), critical=False)
@@ -109,15 +112,8 @@ def _make_leaf(
 ) -> tuple[ec.EllipticCurvePrivateKey, x509.Certificate]:
     """A server certificate for ``hosts`` (names and IPs as SANs), signed by the CA."""
     key = ec.generate_private_key(ec.SECP256R1())
-    builder = (
-        x509.CertificateBuilder()
-        .subject_name(_name(hosts[0]))
-        .issuer_name(ca_cert.subject)
-        .public_key(key.public_key())
-        .serial_number(x509.random_serial_number())
-    )
     cert = (
-        _validity(builder)
+        _builder(_name(hosts[0]), ca_cert.subject, key)
         .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
         .add_extension(x509.SubjectAlternativeName(_subject_alt_names(hosts)), critical=False)
         .add_extension(x509.ExtendedKeyUsage([ExtendedKeyUsageOID.SERVER_AUTH]), critical=False)

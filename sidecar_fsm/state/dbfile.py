@@ -1,20 +1,15 @@
 """The state database as a file: where it lives, whether it can be used, creating and migrating it.
 
-Owns ``<log_dir>/sidecar-fsm/<host>.db`` up to the moment a connection is handed to ``store``:
-making its directory, refusing what cannot be used (a path through a file, no permission, a
-read-only or full filesystem, a file that is not ours, a corrupt file, a newer schema, a folder
-or file another user can write: ``trust``) with one line naming the path and the reason,
-creating a new database, having ``schema`` migrate it, and turning SQLite and OS errors into
-that one line (``storage_error``, also used by ``store`` for writes and reads that fail later).
-Must not read or write runs, instances or transitions (that is ``store``), and never
-overwrites, truncates or deletes a file it did not create: on failure it removes only its own
-temp file and the directories it made itself.
+Owns ``<log_dir>/sidecar-fsm/<host>.db`` until a connection is handed to ``store``: making its
+directory, refusing what cannot be used (a path through a file, no permission, a read-only or
+full filesystem, a foreign, corrupt or newer file, a folder or file others can write: ``trust``)
+with one line naming the path and the reason (``storage_error``, also ``store``'s for later
+failures), creating it and having ``schema`` migrate it. Must not read or write rows, and never
+overwrites, truncates or deletes a file it did not create.
 
 A new database is built under a private temp name and hard-linked into place, so a failure (a
-full disk half-way through the schema) leaves nothing behind, and two processes creating it at
-once never see a half-made file: the link of the second fails, and it opens the first's.
-Migrations of an existing database run in one ``BEGIN IMMEDIATE`` transaction (``schema.migrate``):
-SQLite's write lock serializes the processes that open an old database at once.
+full disk half-way through the schema) leaves nothing behind, and of two processes creating it at
+once the second's link fails and it opens the first's.
 
 Past 400 lines because each way a file can be unusable needs its own check and its own line.
 """
@@ -71,11 +66,8 @@ _open_files_lock = threading.Lock()
 
 
 def database_path(log_dir: str | Path, host: str | None = None) -> Path:
-    """``<log_dir>/sidecar-fsm/<host>.db``: one file per host, so hosts never share a SQLite file.
-
-    ``host`` defaults to ``hostname.host_name()`` (``$SIDECAR_FSM_HOST`` or the machine's name),
-    the name ``reap --ray`` uses for each node, so every command agrees on "this host's" file.
-    """
+    """``<log_dir>/sidecar-fsm/<host>.db``: one file per host, so hosts never share a SQLite file;
+    ``host`` defaults to ``hostname.host_name()``, so every command agrees on "this host's" file."""
     return Path(log_dir) / DB_DIR_NAME / f"{host or host_name()}.db"
 
 
@@ -107,11 +99,7 @@ def open_for_writing(log_dir: str | Path, host: str) -> tuple[Path, sqlite3.Conn
             _create(path)
         return path, _connect(path)
     except BaseException:
-        for directory in reversed(made):
-            try:
-                os.rmdir(directory)
-            except OSError:
-                break  # another process put a file in it meanwhile: it is theirs now
+        _remove_made(made)
         raise
 
 
@@ -132,12 +120,8 @@ def open_for_reading(path: Path) -> sqlite3.Connection:
 
 
 def migrate_if_below(path: Path, step: int) -> None:
-    """Migrate the existing database at ``path`` if its schema is below ``step``, as readers do.
-
-    A no-op for a database at ``step`` or newer (a newer one is not refused here: its caller
-    reads only what every later schema keeps). Raises like ``open_for_reading``, which does the
-    work: on a read-only filesystem an older database is refused, not altered.
-    """
+    """Migrate the existing database at ``path`` if its schema is below ``step``, as readers do;
+    a newer one is not refused here (its caller reads only what every later schema keeps)."""
     # 0 for a file this process already holds open: open_for_reading then finds it current.
     if _header_schema_version(path) < step:
         close(open_for_reading(path))
@@ -145,10 +129,7 @@ def migrate_if_below(path: Path, step: int) -> None:
 
 def database_files(log_dir: str | Path) -> list[Path]:
     """Every host's database file under ``<log_dir>/sidecar-fsm/``, sorted; [] if there is none yet.
-
-    Read-only. A log dir that does not exist holds no state; one that exists but cannot be
-    listed (a file in the way, no permission) raises ``UnusableStateError``.
-    """
+    A log dir that cannot be listed (a file in the way, no permission) raises ``UnusableStateError``."""
     directory = Path(log_dir) / DB_DIR_NAME
     try:
         with os.scandir(directory) as entries:
@@ -208,13 +189,17 @@ def _make_directories(path: Path) -> list[Path]:
         if not path.parent.is_dir():
             raise OSError(errno.ENOTDIR, os.strerror(errno.ENOTDIR), str(path.parent))
     except OSError as exc:
-        for directory in reversed(made):
-            try:
-                os.rmdir(directory)
-            except OSError:
-                break
+        _remove_made(made)
         raise UnusableStateError(f"{path}: {_directory_reason(path.parent, exc)}") from None
     return made
+
+
+def _remove_made(made: list[Path]) -> None:
+    for directory in reversed(made):
+        try:
+            os.rmdir(directory)
+        except OSError:
+            break  # another process put a file in it meanwhile: it is theirs now
 
 
 def _directory_reason(directory: Path, exc: OSError) -> str:
@@ -385,12 +370,11 @@ def storage_error(
     doing: str = "",
     waited: float | None = None,
 ) -> sqlite3.Error | SidecarError:
-    """``exc`` as one line naming ``path`` and the reason, if it is about the file or filesystem.
+    """``exc`` as one line naming ``path`` and the reason if it is about the file or filesystem,
+    else ``exc`` itself (a constraint, a bug in a statement) for the caller to raise.
 
-    Any other error (a constraint, a bug in a statement) is returned as it is, for the caller to
-    raise. ``kind`` is ``UnusableStateError`` at open (the CLI exits 2: nothing was started) and
-    ``SidecarError`` for a write or read that fails later, during a run; ``doing`` (e.g.
-    "write rolled back") goes between the path and the reason; ``waited`` is how long a locked
+    ``kind`` is ``UnusableStateError`` at open (the CLI exits 2: nothing was started);
+    ``doing`` (e.g. "write rolled back") goes before the reason; ``waited`` is how long a locked
     write waited (default: the busy timeout).
     """
     code = getattr(exc, "sqlite_errorcode", None)

@@ -1,16 +1,13 @@
 """The instance state machine: the only code that changes an instance's state.
 
-Owns the transition table (``TRANSITIONS``, data that reads like SPEC's diagram; the states and
-their groups are ``states``', re-exported here) and ``InstanceMachine``, which fires events and
-persists each transition through ``Store`` before it takes effect. Must not act on a state
-(build, spawn, signal, remove files): callers do that after ``fire`` returns, so whatever they
-do is already on record. Must not write SQL: the store does, in one transaction per transition.
+Owns the transition table (``TRANSITIONS``; the states and their groups are ``states``',
+re-exported) and ``InstanceMachine``, which persists each transition through ``Store`` before it
+takes effect. Must not act on a state (build, spawn, signal, remove files): callers do that after
+``fire`` returns, so it is already on record. Must not write SQL.
 
-Built on ``transitions`` with ``auto_transitions=False`` (no ``to_<state>()`` bypass) and one
-machine-level ``before_state_change`` callback that writes the transition. ``transitions`` runs
-that callback before it moves the model, so a failed write leaves the machine and the database
-where they were; an event that is illegal in the current state raises ``MachineError`` before
-any callback runs, so nothing is written.
+Built on ``transitions`` with ``auto_transitions=False`` (no ``to_<state>()`` bypass) and a
+``before_state_change`` callback that writes the transition: a failed write leaves machine and
+database where they were, and an illegal event raises ``MachineError`` before anything is written.
 """
 
 from __future__ import annotations
@@ -118,10 +115,8 @@ class _RequiresFacts:
 
 
 class _Model:
-    """What ``transitions`` moves; kept private so its generated trigger methods stay internal.
-
-    Carries what the persisting callback needs (the store and the instance's row).
-    """
+    """What ``transitions`` moves (private, so its generated triggers stay internal), carrying
+    what the persisting callback needs."""
 
     state: str
 
@@ -131,11 +126,8 @@ class _Model:
 
 
 def _new_machine(model: _Model, state: str) -> Machine:
-    """A ``transitions`` machine with the table, moving ``model`` only, starting in ``state``.
-
-    One per instance: a group of transitions is made all-or-nothing by the store's transaction
-    (``fire_together``), not by sharing a machine, so nothing is gained by sharing one.
-    """
+    """A ``transitions`` machine with the table, moving ``model`` only, starting in ``state``; one
+    per instance (a group is made all-or-nothing by the store's transaction, not a shared machine)."""
     return Machine(
         model=model,
         states=list(STATES),
@@ -174,12 +166,10 @@ def _persist(event_data: EventData) -> None:
 
 
 class InstanceMachine:
-    """One instance's state machine, persisted through ``store``.
+    """One instance's state machine, persisted through ``store``; ``fire`` is serialized per machine.
 
     ``state`` must be the instance's state as stored (``InstanceRecord.state``); if it is stale,
-    the first ``fire`` raises ``SidecarError`` from the store and changes nothing. One machine
-    per instance; ``fire`` is serialized per machine, so threads may share one, and machines of
-    different instances run in parallel (the store serializes the writes).
+    the first ``fire`` raises ``SidecarError`` from the store and changes nothing.
     """
 
     def __init__(self, store: Store, instance_id: int, state: str = "configured") -> None:
@@ -199,10 +189,8 @@ class InstanceMachine:
     def fire(self, event: str, detail: str | None = None, **facts: Any) -> None:
         """Fire ``event``: persist the transition (with ``detail`` and ``facts``), then move.
 
-        Raises ``MachineError`` if ``event`` is illegal in the current state (terminal states
-        accept nothing), ``ValueError`` for an unknown event or fact or a missing required fact,
-        and whatever the store raises (``SidecarError``) when the write fails; in every case
-        neither the machine nor the database changed.
+        Raises ``MachineError`` for an illegal event, ``ValueError`` for an unknown event or fact or
+        a missing one, ``SidecarError`` for a failed write; then neither machine nor database moved.
         """
         _check_event(event)
         with self._fire_lock:
@@ -233,14 +221,10 @@ class Firing(NamedTuple):
 def fire_together(firings: Sequence[Firing]) -> None:
     """Fire each event on its machine, in order, all in one store transaction: all happen, or none.
 
-    For events that must be on record together: an instance's ``build`` and ``spawn`` (its
-    process exists, so the record has its pid or shows nothing happened), a run's ``ready``
-    (one commit before the caller gets the addresses). A machine may appear more than once;
-    its events fire in the order given (``build`` then ``spawn``). Raises what ``fire`` raises
-    for the first firing that fails (illegal event, missing or unknown fact, a failed write);
-    then the database holds none of the group and every machine is back in the state it had
-    before the group. The machines must share one store. Each machine's lock is held for the
-    whole group, so no other thread fires on it in between.
+    For events that must be on record together (an instance's ``build`` and ``spawn``, a run's
+    ``ready``); a machine may appear more than once. Raises what ``fire`` raises for the first
+    firing that fails; then the database holds none of the group and every machine is back where
+    it was. The machines must share one store; each one's lock is held for the whole group.
     """
     if not firings:
         return

@@ -1,24 +1,18 @@
 """Read-only queries over every host's database of a log dir, through the documented views.
 
 Owns ``sidecar-fsm query``'s SQL: attaching each host's file read-only to one in-memory
-connection, presenting each view the migrations make (``VIEWS``, the contract) as one TEMP view
-or table over every host, refusing any statement that would write, and stopping a statement at
-its deadline. Must not write a row, take a write lock, or change a file's bytes: a launcher
-writing a live database beside the query is never blocked (WAL readers take no lock a writer
-waits for), and a refused statement changes nothing anywhere.
+connection, presenting each of ``VIEWS`` (the contract) as one TEMP view or table over every
+host, refusing any statement that would write, and stopping a statement at its deadline. Must
+not write a row, take a write lock (a launcher writing beside the query is never blocked), or
+change a file's bytes. Three gates, so a bug in one is caught by the next: each file is attached
+``mode=ro`` (or ``immutable=1``), ``PRAGMA query_only`` is on, and an authorizer allows only reads.
 
-Why reading is safe, three times over: each file is attached with ``mode=ro`` (or
-``immutable=1``, below), ``PRAGMA query_only`` is on, and an authorizer allows only reads, so a
-bug in one gate is caught by the next.
-
-``mode=ro`` on a WAL database needs its ``-shm`` index, which SQLite creates next to it when it
-is missing (a database nobody has open). Those two files would outlive the query (a read-only
-connection cannot checkpoint or remove them), so they are removed again by one ordinary
-open and close when this query created them: SQLite removes them only if no other connection
-holds the database, under its own lock. In a folder that cannot be written (a log dir mounted
-read-only to inspect a finished job), ``mode=ro`` fails when the ``-shm`` is absent, so such a
-file is opened ``immutable=1``: nothing can be writing it through a read-only folder, and a
-WAL with commits not yet in the file is refused rather than silently missed.
+``mode=ro`` on a WAL database nobody has open creates its ``-shm`` and ``-wal``, which a read-only
+connection cannot remove; when this query created them, one ordinary open and close removes them
+(SQLite does so only if no other connection holds the database). In a folder that cannot be
+written (a log dir mounted read-only), ``mode=ro`` fails without the ``-shm``, so the file is
+opened ``immutable=1``: nothing can be writing it there, and a WAL with commits not yet in the
+file is refused rather than silently missed.
 """
 
 from __future__ import annotations
@@ -122,17 +116,14 @@ def run_query(
     timeout: float = DEFAULT_TIMEOUT_SECONDS,
     cancel: threading.Event | None = None,
 ) -> QueryResult:
-    """Run one read-only SELECT over the views of every host's database under ``log_dir``.
+    """Run one read-only SELECT over the views of every host's database under ``log_dir`` (or
+    ``hosts``' only); each view name means the rows of every chosen host, each with its ``host``.
 
-    ``hosts`` limits it to those hosts' databases. Each view name (``VIEWS``) means the rows of
-    every chosen host at once, each carrying its ``host``. Raises ``QueryRefused`` for a
-    statement that would write, several statements or a SQL error (nothing is written),
-    ``QueryTimeout`` past ``timeout`` seconds, ``LookupError`` for a host with no database, and
-    ``UnusableStateError`` for a database that cannot be read. A database older than the views
-    is migrated first, as every reader does (migrations only add). Setting ``cancel`` (from a
-    SIGINT handler: Ctrl-C) stops the statement within a millisecond's work and raises
-    ``KeyboardInterrupt``; a KeyboardInterrupt raised inside SQLite's callbacks would instead be
-    swallowed by sqlite3 and turn into a misleading SQL error.
+    Raises ``QueryRefused`` (a write, several statements, a SQL error), ``QueryTimeout``,
+    ``LookupError`` for a host with no database and ``UnusableStateError``. Setting ``cancel``
+    (from a SIGINT handler) stops the statement within a millisecond's work and raises
+    ``KeyboardInterrupt``: one raised inside SQLite's callbacks would be swallowed by sqlite3 and
+    turn into a misleading SQL error.
     """
     files = _chosen_files(log_dir, hosts)
     created: list[Path] = []
@@ -222,12 +213,9 @@ def _present_views(conn: sqlite3.Connection, files: list[Path], created: list[Pa
 def _list_in_main_schema(conn: sqlite3.Connection) -> None:
     """Make ``SELECT * FROM sqlite_master`` list each view, as it does on one host's file.
 
-    The views over every host are TEMP (a view in ``main`` may not read an attached database),
-    and ``sqlite_master`` is ``main``'s schema, which would then be empty: the first thing a
-    user asks a database shows nothing. ``main`` (this connection's own in-memory database)
-    gets a view of each name with the same columns and no rows; every unqualified use of the
-    name finds the TEMP view first (SQLite searches temp, then main), so only
-    ``main.<view>`` reads the empty one, and its SQL says so.
+    The views over every host are TEMP (a view in ``main`` may not read an attached database), so
+    ``main`` gets an empty view of each name with the same columns: an unqualified name finds the
+    TEMP view first, and only ``main.<view>`` reads the empty one, whose SQL says so.
     """
     for view, columns in VIEWS.items():
         nulls = ", ".join(f'NULL AS "{column}"' for column in columns)
@@ -263,10 +251,7 @@ def _attach(conn: sqlite3.Connection, path: Path, schema: str, created: list[Pat
 
 
 def _read_only_uri(path: Path, had_index: bool) -> str:
-    """``mode=ro`` where the folder can be written (or the -shm exists); else ``immutable=1``.
-
-    See the module docstring for why, and why a WAL still holding commits is refused then.
-    """
+    """``mode=ro`` where the folder can be written (or the -shm exists); else ``immutable=1``."""
     base = path.resolve().as_uri()
     if os.access(path.parent, os.W_OK) or had_index and os.path.exists(f"{path}-shm"):
         return f"{base}?mode=ro"
@@ -280,12 +265,8 @@ def _read_only_uri(path: Path, had_index: bool) -> str:
 
 
 def _remove_index_files(path: Path) -> None:
-    """Remove the -wal and -shm a read-only attach left beside an idle database (see above).
-
-    An ordinary connection that reads the schema and closes: as the last connection SQLite
-    checkpoints the (empty) WAL and deletes both files; if a launcher has the database open
-    meanwhile, it leaves them to that launcher. Best effort: the files are harmless if kept.
-    """
+    """Remove the -wal and -shm a read-only attach left beside an idle database (module docstring);
+    best effort: they are harmless if kept."""
     with contextlib.suppress(sqlite3.Error, OSError):
         conn = sqlite3.connect(f"{path.resolve().as_uri()}?mode=rw", uri=True, timeout=1.0)
         try:

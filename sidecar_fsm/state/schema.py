@@ -1,11 +1,8 @@
 """The schema of the state database: its numbered steps and applying the missing ones.
 
-Owns reading ``migrations/`` (``load_migrations``: numbered 1..N, never edited once merged), the
-version this code writes (``schema_version``), refusing a database newer than that
-(``refuse_if_newer``) and ``migrate``: every missing step and the new version in one
-``BEGIN IMMEDIATE`` transaction, the version read again inside it, so of two processes opening
-an old database at once the second finds the work done. Must not open, create or locate the
-file (``dbfile`` does, then calls ``migrate``) nor read or write runs (``store``).
+Owns reading ``migrations/`` (numbered 1..N, never edited once merged), the version this code
+writes, refusing a newer database, and ``migrate``. Must not open, create or locate the file
+(``dbfile`` does, then calls ``migrate``) nor read or write runs (``store``).
 """
 
 from __future__ import annotations
@@ -33,11 +30,8 @@ class Migration:
 
 
 def load_migrations(directory: Path | None = None) -> list[Migration]:
-    """The schema steps in ``directory`` (default: the packaged ``migrations/``), in order.
-
-    Read-only. Raises ``SidecarError`` when the steps are not numbered 1, 2, ... without gaps or
-    duplicates: applying a broken sequence could skip a step forever.
-    """
+    """The schema steps in ``directory`` (default: the packaged ``migrations/``), in order. Raises
+    ``SidecarError`` for gaps or duplicates: applying a broken sequence could skip a step forever."""
     directory = resources.MIGRATIONS_DIR if directory is None else directory
     steps = []
     for path in sorted(directory.glob("*.sql")):
@@ -74,9 +68,8 @@ def user_version(conn: sqlite3.Connection) -> int:
 def migrate(conn: sqlite3.Connection, path: Path) -> None:
     """Apply the missing steps and record the version, all in one transaction; a no-op if current.
 
-    The version is read inside the transaction, after the write lock is taken, so of two
-    processes opening an old database at once the second finds the work done. A failure rolls
-    every step back: the database stays at the schema it had.
+    The version is read after the write lock is taken, so of two processes opening an old
+    database at once the second finds the work done. A failure rolls every step back.
     """
     latest = schema_version()
     conn.execute("BEGIN IMMEDIATE")

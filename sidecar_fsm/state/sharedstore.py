@@ -24,13 +24,10 @@ _owner_identities: dict[int, procs.ProcessIdentity | None] = {}
 def shared_store(log_dir: str) -> Store:
     """This process's ``Store`` for ``log_dir``'s host database, opened once and kept open.
 
-    Opening takes the migration lock and closing the last connection of a WAL database
-    checkpoints it, so a process that starts many runs (tests, a long Gym session restarting its
-    sidecars) keeps one connection per database (``Store`` is thread-safe); it is closed at
-    interpreter exit. Keyed by pid as well: after ``fork`` the child must not use its parent's
-    SQLite handle. If the file was removed or replaced since (a log dir cleaned between runs), a
-    new connection is opened: writing to the unlinked file would hide the run from every reader.
-    Raises what ``Store.open`` raises for a database that cannot be used.
+    Opening takes the migration lock and closing a WAL database's last connection checkpoints it,
+    so a process starting many runs keeps one connection. Keyed by pid: a forked child must not
+    use its parent's SQLite handle. A file removed or replaced since (a log dir cleaned between
+    runs) is opened anew: writing to the unlinked file would hide the run from every reader.
     """
     key = (os.getpid(), os.path.realpath(log_dir))
     with _shared_stores_lock:

@@ -1,18 +1,11 @@
 """A state database that fails under a live run: noticing it, who holds its lock, the one line.
 
-Owns four facts about the file a run records itself in, and their wording:
-- whether the file at the database path is still the one the run's connection writes
-  (``RecordWatch``): deleted or replaced under a live run, every later transition would go to an
-  unlinked inode that no ``status`` or ``reap`` ever reads;
-- which processes hold its write lock (``lock_holders``, from ``/proc/locks``), so "database is
-  locked" can name the stuck process instead of "another process";
-- the one line a launcher gives when it stopped a run's sidecars because their state could no
-  longer be recorded (``stopped_message``);
-- which SQLite result codes are about the file or its filesystem rather than a statement
-  (``is_storage_error``; ``dbfile.storage_error`` words them).
-The decision itself, stop every sidecar the record cannot follow, is taken in
-``run.watch.failures``. This module must not signal, stop or record anything, and
-reads only ``/proc`` and ``stat``: it runs on the error path of a write that already failed.
+Owns whether the file at the database path is still the one a run writes (``RecordWatch``), which
+processes hold its write lock (``lock_holders``), the line a launcher gives when it stopped a
+run's sidecars because their state could no longer be recorded (``stopped_message``), and which
+SQLite result codes are about the file rather than a statement (``is_storage_error``). Stopping
+is decided in ``run.watch.failures``. Must not signal, stop or record anything, and reads only
+``/proc`` and ``stat``: it runs on the error path of a write that already failed.
 """
 
 from __future__ import annotations
@@ -108,11 +101,8 @@ def _file_identity(path: Path) -> tuple[int, int] | None:
 
 
 def stopped_message(path: Path, run_id: str, error: BaseException) -> str:
-    """The one line for a run whose sidecars were stopped because ``error`` kept a transition unrecorded.
-
-    A full filesystem gets its own wording (the fix is the user's: free space); any other
-    failure keeps the store's line, which already names the database and the reason.
-    """
+    """The one line for a run whose sidecars were stopped because ``error`` kept a transition
+    unrecorded; a full filesystem gets its own (the fix is the user's), else the store's line."""
     if isinstance(error, RecordLostError):
         return str(error)
     if _is_no_space(error):

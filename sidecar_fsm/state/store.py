@@ -1,30 +1,19 @@
-"""The per-host state database's rows: with ``dbfile``, the only code that speaks SQL.
+"""The per-host state database's rows: with ``dbfile`` (the file itself), the only code that speaks SQL.
 
 Owns every write (runs, instances, transitions, traffic records) and every query of
-``<log_dir>/sidecar-fsm/<host>.db``; ``dbfile`` owns the file itself (where it lives, refusing
-one that cannot be used, creating and migrating it), ``records`` the values it returns and
-``states`` the state groups it selects by, split off so each reads in one sitting. The longest
-state module because it is one transaction discipline (``_write``, savepoints, the sliced lock
-wait) and every statement that relies on it; the traffic block (``record_traffic`` to
-``_QUANTILES_SQL``) is the part that can move to a module of its own next, if it grows.
-Must not decide state changes: ``fsm`` decides, and ``record_transition`` only checks the
-expected source state and stores what it was told. Must not inspect or signal processes
-(whether a run's owner is alive is ``procs``' call, from the pid and start time stored here),
-and never stores a URL with userinfo or a query string.
+``<log_dir>/sidecar-fsm/<host>.db``; ``records`` are the values it returns, ``states`` the groups
+it selects by. Must not decide state changes (``fsm`` does; ``record_transition`` only checks the
+expected source state), inspect or signal processes (``procs``), or store a URL with userinfo or
+a query string.
 
-Concurrency: several launchers, reapers and CLI readers on one host share the file. The journal
-is WAL (readers never block the writer). Every write is one ``BEGIN IMMEDIATE`` transaction: the
-write lock is taken up front, so a transaction never fails half-way with ``SQLITE_BUSY_SNAPSHOT``
-when it upgrades from reading to writing, and a writer that finds the lock held waits in
-SQLite's own busy handler (``dbfile.BUSY_TIMEOUT_SECONDS``). ``synchronous=NORMAL``: a commit
-survives the process being killed at any instant; only an OS crash or power loss can lose the
-last commits, never corrupt the file, and then every process those commits describe is gone as
-well. Opening, creating, migrating and refusing the file is ``dbfile``'s; a write or read that
-fails because of the file or its filesystem (full, read-only, corrupt) raises ``SidecarError``
-with one line naming the database, and a failed write is rolled back whole.
-
-A ``Store`` is safe to share between threads (one connection behind a lock) but not across
-``fork``: open a new one in the child.
+Concurrency: launchers, reapers and readers on one host share the file (WAL: readers never block
+the writer). Every write is one ``BEGIN IMMEDIATE`` transaction, so none fails half-way with
+``SQLITE_BUSY_SNAPSHOT`` when it upgrades from reading to writing; a writer finding the lock held
+waits (``dbfile.BUSY_TIMEOUT_SECONDS``). ``synchronous=NORMAL``: a commit survives the process
+being killed at any instant; an OS crash can lose the last commits, never corrupt the file, and
+then the processes they describe are gone too. A failed write is rolled back whole; one failing
+because of the file (full, read-only, corrupt) raises a one-line ``SidecarError``. A ``Store`` is
+thread-safe (one connection behind a lock), not fork-safe: open a new one in the child.
 """
 
 from __future__ import annotations
@@ -88,8 +77,7 @@ _LOCK_SLICE_SECONDS = 0.05
 
 
 def _begin_immediate(conn: sqlite3.Connection, wait_seconds: float, busy_timeout: float) -> None:
-    """``BEGIN IMMEDIATE``, waiting up to ``wait_seconds`` for the write lock in short slices,
-    so that Python runs signal handlers (a ``KeyboardInterrupt``) between them; the
+    """``BEGIN IMMEDIATE``, waiting up to ``wait_seconds`` for the lock in slices (see above); the
     connection's ``busy_timeout`` (seconds) is put back afterwards."""
     deadline = time.monotonic() + wait_seconds
     conn.execute(f"PRAGMA busy_timeout = {int(_LOCK_SLICE_SECONDS * 1000)}")
@@ -131,12 +119,8 @@ class Store:
 
     @property
     def _db(self) -> sqlite_utils.Database:
-        """sqlite-utils over our connection, made at the first write.
-
-        Reads go to the connection itself (``_rows``, ``_first``): importing sqlite-utils (with
-        click and dateutil) costs a read command such as ``status`` more than all its queries,
-        and reading rows as dicts needs none of it.
-        """
+        """sqlite-utils over our connection, made at the first write: importing it (with click and
+        dateutil) would cost a read command such as ``status`` more than all its queries."""
         if self._writer is None:
             import sqlite_utils
 
@@ -149,9 +133,8 @@ class Store:
     def open(cls, log_dir: str | Path, host: str | None = None) -> Store:
         """Open (creating it and its directory if needed) and migrate this host's database.
 
-        Raises ``UnusableStateError`` (a ``SidecarError``) with one line naming the database and
-        the reason when the log dir or the file cannot be used (see ``dbfile``), before anything
-        is created, and ``SchemaTooNewError`` (one of those) when a newer sidecar-fsm made it.
+        Raises ``UnusableStateError`` (``SchemaTooNewError`` for a newer schema) with one line
+        when the log dir or the file cannot be used (see ``dbfile``), before anything is created.
         """
         host = host or host_name()
         path, conn = dbfile.open_for_writing(log_dir, host)
@@ -159,11 +142,8 @@ class Store:
 
     @classmethod
     def open_existing(cls, path: str | Path) -> Store:
-        """Open an existing database (any host's), for reading; refuses what ``open`` refuses.
-
-        A database made by an older sidecar-fsm is migrated first (the queries need the current
-        columns); migrations only add, so an older launcher still writing it keeps working.
-        """
+        """Open an existing database (any host's) for reading, migrated if older; refuses what
+        ``open`` refuses."""
         path = Path(path)
         return cls(path, path.stem, dbfile.open_for_reading(path))
 
@@ -189,26 +169,19 @@ class Store:
     def transaction(self, wait_seconds: float | None = None) -> Iterator[None]:
         """Group the writes made inside the block into one transaction: all are stored or none.
 
-        For a caller that makes several changes in step (a run and its instances, one event for
-        each instance of a run): one commit and one turn of the write lock instead of one each,
-        and no reader ever sees half of the group. Each write inside keeps its own
-        all-or-nothing guarantee through a savepoint, so a write that raises and is caught leaves
-        the rest of the group intact. Any exception out of the block rolls all of it back.
-        Other threads' writes wait until the block ends: keep it short and free of waits.
-        ``wait_seconds`` bounds the wait for another process's write lock for this transaction
-        only (a start's deadline); otherwise SQLite's busy timeout applies.
+        One commit and one turn of the write lock, and no reader sees half of the group. Each write
+        inside is a savepoint, so one that raises and is caught leaves the rest intact; an
+        exception out of the block rolls all back. Other threads' writes wait until the block
+        ends: keep it short. ``wait_seconds`` bounds the wait for another process's lock (a start's
+        deadline); otherwise SQLite's busy timeout applies.
         """
         with self._write(wait_seconds):
             yield
 
     @contextmanager
     def _write(self, wait_seconds: float | None = None) -> Iterator[sqlite_utils.Database]:
-        """One write transaction, holding SQLite's write lock from its first statement.
-
-        Rolled back on any exception, so a failed write leaves the database as it was; an error
-        of the file or filesystem (full, read-only, locked past the busy timeout) is raised as
-        one-line ``SidecarError``. Inside ``transaction()`` it is a savepoint of that transaction.
-        """
+        """One write transaction holding the write lock from its first statement, rolled back on
+        any exception; inside ``transaction()``, a savepoint of that transaction."""
         with self._lock:
             if self._nesting:
                 with self._savepoint():
@@ -267,11 +240,8 @@ class Store:
         owner_start_time: float | None,
         config_summary: Mapping[str, Any],
     ) -> RunRecord:
-        """Record a live run owned by ``owner_pid`` (whose start time tells it from a reused pid).
-
-        URL values anywhere in ``config_summary`` are redacted before storage. Raises
-        ``sqlite3.IntegrityError`` if ``run_id`` exists.
-        """
+        """Record a live run owned by ``owner_pid`` (whose start time tells it from a reused pid),
+        URLs in ``config_summary`` redacted. Raises ``sqlite3.IntegrityError`` if ``run_id`` exists."""
         summary = redact_tree(dict(config_summary))
         row = {
             "run_id": run_id,
@@ -285,15 +255,12 @@ class Store:
         }
         with self._write() as db:
             db.table("runs").insert(row)
-        return run_record({**row, "config_summary": row["config_summary"]})
+        return run_record(row)
 
     def end_run(self, run_id: str, outcome: str) -> None:
-        """Mark a run finished with ``outcome`` ("ended", "failed" or "reaped"); sets ``ended_at``.
-
-        Idempotent: a run that already ended keeps its first outcome and time (a reaper racing the
-        owner's own shutdown must not overwrite "ended" with "reaped"). Raises ``SidecarError`` for
-        an unknown run or outcome.
-        """
+        """Mark a run finished with ``outcome`` (``RUN_OUTCOMES``) now. Idempotent: an ended run
+        keeps its first outcome and time (a reaper racing the owner's shutdown must not overwrite
+        "ended" with "reaped"). Raises ``SidecarError`` for an unknown run."""
         if outcome not in RUN_OUTCOMES:
             raise ValueError(f"end_run: '{outcome}' is not an outcome; use one of {sorted(RUN_OUTCOMES)}")
         with self._write() as db:
@@ -305,12 +272,9 @@ class Store:
                 raise SidecarError(f"end_run: run '{run_id}' does not exist in {self.path}")
 
     def delete_ended_run(self, run_id: str) -> list[InstanceRecord]:
-        """Delete an ended run with its instances, their transitions and traffic, in one transaction.
-
-        The run is read again inside the write lock, so a run that is live (or was never
-        recorded) is never touched, whatever the caller read before: the answer is then [].
-        Returns the deleted instances (their files are the caller's to remove).
-        """
+        """Delete an ended run with its instances, their transitions and traffic; return the deleted
+        instances (their files are the caller's). Re-read inside the write lock: a live or unknown
+        run is never touched, whatever the caller read before, and the answer is then []."""
         with self._write() as db:
             row = _first(db, "SELECT ended_at FROM runs WHERE run_id = ?", [run_id])
             if row is None or row["ended_at"] is None:
@@ -336,19 +300,13 @@ class Store:
         ready_path: str | None,
     ) -> InstanceRecord:
         """Record an instance of ``run_id`` in state ``configured``; ``upstream`` is stored redacted.
-
-        Raises ``sqlite3.IntegrityError`` for an unknown run or a name already used in the run.
-        """
+        Raises ``sqlite3.IntegrityError`` for an unknown run or a name already used in the run."""
         new = NewInstance(name, listen, upstream, binary, log_path, ready_path)
         return self.create_instances(run_id, [new])[0]
 
     def create_instances(self, run_id: str, instances: Sequence[NewInstance]) -> list[InstanceRecord]:
-        """Record several instances of ``run_id`` at once, as ``create_instance`` does each; all or none.
-
-        One statement per instance and one to read them back: a launcher records every instance
-        of a run before its first proxy starts. Raises ``sqlite3.IntegrityError`` like
-        ``create_instance``, with none of them recorded.
-        """
+        """Record several instances of ``run_id`` in one transaction, as ``create_instance`` does
+        each; raises like it, with none of them recorded."""
         now = time.time()
         with self._write() as db:
             table = db.table("instances")
@@ -381,14 +339,11 @@ class Store:
         detail: str | None,
         facts: Mapping[str, Any],
     ) -> None:
-        """Move the instance from ``source`` to ``dest`` and append its history row, atomically.
+        """Move the instance from ``source`` to ``dest`` with ``facts`` (``FACT_COLUMNS``) and append
+        its history row, atomically; URLs in ``detail`` and ``error`` are redacted.
 
-        Called by ``fsm`` before its machine moves, so the database is never behind what the
-        launcher acts on. The update only applies if the row is still in ``source``: two machines
-        (two processes) driving one instance cannot both win, and the loser gets ``SidecarError``
-        with nothing written. ``facts`` (keys from ``FACT_COLUMNS``) are written in the same
-        transaction; an unknown key raises ``ValueError`` before anything is written. URLs inside
-        ``detail`` and ``error`` are redacted.
+        Applies only if the row is still in ``source``: of two processes driving one instance the
+        loser gets ``SidecarError`` with nothing written. An unknown fact raises ``ValueError``.
         """
         unknown = sorted(set(facts) - FACT_COLUMNS)
         if unknown:
@@ -467,11 +422,8 @@ class Store:
         return [TransitionRecord(**row) for row in rows]
 
     def instances_in_states(self, states: Iterable[str]) -> list[InstanceRecord]:
-        """Instances of any run whose state is one of ``states``, in creation order.
-
-        Scans the instance table on purpose (see migrations/0002): an index on ``state`` would be
-        rewritten by every transition, inside the write lock all writers share.
-        """
+        """Instances of any run whose state is one of ``states``, in creation order. A scan on
+        purpose (migrations/0002): an index on ``state`` would be rewritten by every transition."""
         wanted = sorted(set(states))
         if not wanted:
             return []
@@ -494,16 +446,12 @@ class Store:
     # -- traffic (issue 28): one proxy process's record, and the view every reader reads ------
 
     def record_traffic(self, instance_id: int, record: TrafficRecord) -> bool:
-        """Store one proxy process's record for ``instance_id``, as written; True when that changed a row.
+        """Store one proxy process's record for ``instance_id``; True when that changed a row.
 
-        One row per (instance, pid): a process not seen yet is added, a record with a later
-        ``as_of`` replaces that process's older one, and anything else (the same file imported
-        again, an older file) changes nothing, so importing is idempotent and a restart's
-        processes add up in ``traffic_summary``. The upsert is one statement (no read-then-write
-        race between two importers: a launcher's stop and a reap); when it changed the row, the
-        instance's percentiles are recomputed from every one of its processes' buckets
-        (``_QUANTILES_SQL``) in the same transaction. Raises ``sqlite3.IntegrityError`` for an
-        unknown instance.
+        One row per (instance, pid), replaced only by a later ``as_of``: importing is idempotent
+        and a restart's processes add up. One upsert statement, so two importers (a launcher's stop
+        and a reap) cannot race; a changed row recomputes the instance's percentiles in the same
+        transaction. Raises ``sqlite3.IntegrityError`` for an unknown instance.
         """
         sql = (
             "INSERT INTO traffic (instance_id, pid, as_of, record) VALUES (?, ?, ?, ?) "
@@ -531,10 +479,9 @@ class Store:
 
 
 def _quantile(histogram: str, above: int, of: int) -> str:
-    """The upper bound of the first bucket of the records' ``histogram`` whose cumulative count,
-    every process of the instance added together, reaches the rank ``below * above >= of * total``
-    (the nearest rank: ``ceil(q * n)``, in integers, so no float product lands just above a whole
-    number); NULL in the +Inf bucket (the count without a bound) or when nothing was counted.
+    """The upper bound of the first bucket of ``histogram``, every process of the instance added,
+    whose cumulative count reaches the nearest rank ``below * above >= of * total`` (integers: no
+    float product lands just above a whole number); NULL in +Inf or when nothing was counted.
     ``+ 0.0``: a bound written as ``1`` is the REAL 1.0."""
     return (
         "(SELECT min(le) FROM ("
@@ -560,11 +507,10 @@ _QUANTILES_SQL = "INSERT OR REPLACE INTO traffic_quantiles VALUES (:instance_id,
 
 
 def open_all_hosts(log_dir: str | Path) -> list[Store]:
-    """Every host's database under ``<log_dir>/sidecar-fsm/``, sorted by host (read side).
+    """Every host's database under ``<log_dir>/sidecar-fsm/``, sorted by host; [] when there is none.
 
-    Read-only; [] when the log dir holds no state yet. Raises like ``Store.open_existing``
-    (``UnusableStateError`` with one line, ``SchemaTooNewError`` for a newer host's database),
-    also for a log dir that cannot be listed; the stores opened before the failure are closed.
+    Raises like ``Store.open_existing``, also for a log dir that cannot be listed; the stores
+    opened before the failure are closed.
     """
     stores: list[Store] = []
     try:

@@ -23,12 +23,9 @@ _TEMP_NAME = re.compile(r"\.(?P<host>.+)\.db\.(?P<pid>\d+)\.[0-9a-f]{8}\.tmp(-wa
 
 
 def abandoned_temp_files(log_dir: str | Path, host: str) -> list[Path]:
-    """The temp files of a database creation that ``host``'s process ``pid`` never finished.
-
-    ``_create`` removes its temp files on every way out but SIGKILL (or a power cut). Only this
-    host's files are judged, and only when no process runs at their pid any more: a live pid may
-    still be creating (or be a reused pid, which costs only keeping a few KiB). Read-only.
-    """
+    """The temp files of a database creation ``host``'s process never finished: only when no
+    process runs at their pid (a live one may still be creating, or be a reused pid, which costs
+    only keeping a few KiB)."""
     directory = Path(log_dir) / DB_DIR_NAME
     try:
         names = sorted(os.listdir(directory))

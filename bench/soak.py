@@ -443,7 +443,7 @@ def checks(result: dict[str, Any]) -> list[tuple[str, str, bool]]:
         (
             "requests in the proxy's final traffic record vs sent by the soak",
             f"{record['requests']} vs {result['sent']}" if record else result.get("record_error", "none"),
-            bool(record) and record["final"] and record["requests"] == result["sent"],
+            record is not None and bool(record["final"]) and record["requests"] == result["sent"],
         )
     )
     rows.append(

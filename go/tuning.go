@@ -25,9 +25,13 @@ const defaultProcs = 1
 // peak grow past what such a node is promised. Kept for that user-felt figure, peak RSS at
 // 10,000 waits under 500 MiB (bench/proxy.py --phases paired, issue 27): with 50, 405 MiB
 // (median of 5 runs, 393-429); with the runtime's default, 488 (7 runs, 423-510, 3 of them
-// over 500). Its cost, CPU per request at 16 connections, stays under 0.75x NeMo Gym's
-// sidecar: 0.60-0.69x in the same runs. (A finalizer-driven tuner that re-derived GOGC
-// after every cycle gave 414 MiB and 0.53-0.60x: no figure a user feels.)
+// over 500). Its cost: at 16 and 128 connections the live heap is 0-2 MB and the runtime's
+// minimum goal (4 MB x GOGC/100) sets the pace, about 120 collections a second, 5 % / 14 %
+// of the time (gctrace). A higher GOGC buys that back only with peak RSS, the figure issue
+// 38 keeps: 80 gave 0.96x / 0.88x the CPU per request for 1.10x / 1.05x the peak RSS, 100
+// 0.97x / 0.81x for 1.15x / 1.11x (bench/cpu_compare.py, 2026-12-08). (A finalizer-driven
+// tuner that re-derived GOGC after every cycle gave 414 MiB at 10,000 waits, at twice the
+// RSS under throughput: no figure a user feels.)
 const gcPercent = 50
 
 // limitProcs applies defaultProcs; getenv is os.Getenv outside tests. main calls it first

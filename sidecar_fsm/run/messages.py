@@ -56,12 +56,16 @@ EXIT_LISTEN_IN_USE, EXIT_METRICS_IN_USE = 3, 4
 def address_taken(exit_code: int, before_ready: bool, listen: str, codes_known: bool) -> str | None:
     """Which address a proxy that exited found taken: ``"listen"``, ``"metrics"`` or None.
 
-    By its exit code when ``codes_known`` (ours, or one that describes itself); else (NeMo
-    Gym's exits 1 on any failure) by whether its listen address still refuses a bind.
+    Only before ready: a proxy binds before it writes its ready file, so a later exit, whatever
+    its code, is not a clash (a user-named binary's 3 is its own). Then by its exit code when
+    ``codes_known`` (ours, or one that describes itself); else (NeMo Gym's exits 1 on any
+    failure) by whether its listen address still refuses a bind.
     """
+    if not before_ready:
+        return None
     if codes_known:
         return {EXIT_LISTEN_IN_USE: "listen", EXIT_METRICS_IN_USE: "metrics"}.get(exit_code)
-    return "listen" if before_ready and exit_code != 0 and _bind_refused(listen) else None
+    return "listen" if exit_code != 0 and _bind_refused(listen) else None
 
 
 def _bind_refused(listen: str) -> bool:

@@ -154,34 +154,24 @@ def test_port_in_use_names_the_holder(
 
 
 def test_an_exit_after_ready_is_never_a_port_clash(
-    log_dir: Path, tmp_path: Path, tls_origin: TlsH2Origin
+    node_run: Callable[..., NodeSidecars], tmp_path: Path
 ) -> None:
     """Exit code 3 is our proxy's "-listen is taken", but a proxy binds before it is ready: a
-    binary that was ready and then exits 3 crashed (NeMo Gym's test_crash_after_start_is_reported,
-    run on NodeSidecars built directly, as Gym's test builds it)."""
-    script = (
-        "import sys, time\nargs = sys.argv[1:]\n"
+    binary that was ready and then exits 3 crashed. NeMo Gym's test_crash_after_start_is_reported,
+    its stand-in word for word, on NodeSidecars built directly as Gym's test builds it."""
+    binary = tmp_path / "h2-ping-sidecar"
+    binary.write_text(
+        f"#!{sys.executable}\nimport sys, time\nargs = sys.argv[1:]\n"
         'open(args[args.index("-ready-file") + 1], "w").write("1\\n")\n'
         "time.sleep(0.3)\nraise SystemExit(3)\n"
     )
-    binary = tmp_path / "h2-ping-sidecar"
-    binary.write_text(f"#!{sys.executable}\n{script}")
     binary.chmod(0o755)
-    block = {
-        "enabled": True,
-        "instances": [{"name": "nvcf", "upstream": tls_origin.url}],
-        "log_dir": str(log_dir),
-    }
-    parsed = h2_ping_sidecar_config_from_global_config(OmegaConf.create({"sidecar": block}))
-    sidecars = NodeSidecars(parsed, parsed.instances, str(binary), str(log_dir))
+    sidecars = node_run(binary)
     sidecars.start()
-    try:
-        wait_until(sidecars.failures, 10, "the crash to be reported")
-        (message,) = sidecars.failures()
-        assert "exited with code 3 unexpectedly" in message.splitlines()[0]
-        assert "already in use" not in message
-    finally:
-        sidecars.stop()
+    wait_until(sidecars.failures, 10, "the crash to be reported")
+    (message,) = sidecars.failures()
+    assert "exited with code 3 unexpectedly" in message.splitlines()[0]
+    assert "already in use" not in message
 
 
 def test_child_exits_before_ready(
